@@ -1,0 +1,1 @@
+"""elastic-etcd: a torchrun rendezvous backend on the etcd v3 API."""

@@ -1,0 +1,244 @@
+"""The ``elastic-etcd`` torchrun rendezvous handler (etcd v3, leases, watches, no agent store).
+
+torchrun finds it through the ``torchrun.handlers`` entry point ``elastic-etcd``:
+
+    torchrun --rdzv-backend=elastic-etcd --rdzv-endpoint=HOST:PORT[,HOST:PORT] \
+             --rdzv-id=JOB --nnodes=MIN:MAX --rdzv-conf=lease_ttl=5,... train.py
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from datetime import timedelta
+
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStoreInfo,
+    RendezvousTimeoutError,
+)
+
+from . import leave as leave_hook
+from .config import ConfigError, RendezvousConfig
+from .etcd_client import EtcdConnectionError, connect
+from .keys import RunKeys
+from .membership import Membership
+from .round_formation import (
+    LastCallClock,
+    RoundRecord,
+    decide,
+    is_admitted,
+    leader_of,
+    nodes_waiting_count,
+    waiting_nodes,
+)
+from .store import EtcdStore
+
+log = logging.getLogger(__name__)
+
+BACKEND_NAME = "elastic-etcd"
+STORE_TIMEOUT = timedelta(seconds=300)
+# Longest sleep between two looks at the cache while waiting (deadlines are checked this often).
+MAX_WAIT_SLICE_S = 1.0
+
+
+def _advertised_addr(local_addr: str | None) -> str:
+    if local_addr:
+        return local_addr
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+class ElasticEtcdRendezvousHandler(RendezvousHandler):
+    """One torchrun agent's view of the job. See docs/rendezvous.md for the protocol."""
+
+    def __init__(self, config: RendezvousConfig) -> None:
+        self._config = config
+        self._keys = RunKeys(config.run_prefix)
+        self.node_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._addr = _advertised_addr(config.local_addr)
+        try:
+            self._client = connect(config)
+        except EtcdConnectionError as error:
+            raise RendezvousConnectionError(str(error)) from error
+        self._membership = Membership(self._client, self._keys, config, self.node_id, self._addr)
+        self._round: RoundRecord | None = None
+        self._left = threading.Event()
+        self._lock = threading.Lock()
+        leave_hook.register(self)
+        atexit.register(self.leave, "process exit")
+        log.info("elastic-etcd handler ready node=%s run=%s endpoints=%s nnodes=%d:%d",
+                 self.node_id, config.run_id, ",".join(map(str, config.endpoints)),
+                 config.min_nodes, config.max_nodes)
+
+    # -- RendezvousHandler --------------------------------------------------------------------
+    def get_backend(self) -> str:
+        return BACKEND_NAME
+
+    @property
+    def use_agent_store(self) -> bool:
+        # Workers bootstrap from MASTER_ADDR/PORT published through the etcd store; no agent
+        # hosts a store the others depend on.
+        return False
+
+    def get_run_id(self) -> str:
+        return self._config.run_id
+
+    def is_closed(self) -> bool:
+        return self._membership.closed()
+
+    def set_closed(self) -> None:
+        self._membership.close_run()
+
+    def num_nodes_waiting(self) -> int:
+        current_round = self._round
+        if current_round is None or self._left.is_set():
+            return 0
+        if self._membership.node_lease_lost:
+            return 1  # peers declared us dead; restart and re-join
+        live, latest = self._membership.view()
+        if latest.number != current_round.number:
+            return max(1, nodes_waiting_count(live, latest, self._config.max_nodes))
+        return nodes_waiting_count(live, latest, self._config.max_nodes)
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        if self._left.is_set():
+            raise RendezvousClosedError(f"node {self.node_id} has left the run")
+        if self.is_closed():
+            raise RendezvousClosedError(f"run {self._config.run_id} is closed")
+        started = time.monotonic()
+        while True:
+            current = self._wait_for_round()
+            info = self._enter_round(current)
+            if info is not None:
+                log.info("joined round node=%s round=%d rank=%d world=%d waited_s=%.2f",
+                         self.node_id, current.number, info.rank, info.world_size,
+                         time.monotonic() - started)
+                return info
+
+    def shutdown(self) -> bool:
+        if self._left.is_set():
+            return True
+        try:
+            self.set_closed()
+        except Exception as error:  # noqa: BLE001 - still leave below
+            log.warning("could not mark run closed run=%s error=%r", self._config.run_id, error)
+        self.leave("shutdown")
+        return True
+
+    # -- leaving ------------------------------------------------------------------------------
+    def leave(self, reason: str) -> None:
+        """Revoke our lease now so peers re-form at once; safe to call many times."""
+        with self._lock:
+            if self._left.is_set():
+                return
+            self._left.set()
+        log.info("leaving run node=%s run=%s reason=%s", self.node_id, self._config.run_id,
+                 reason)
+        self._membership.leave()
+        self._client.close()
+
+    # -- rounds -------------------------------------------------------------------------------
+    def _wait_for_round(self) -> RoundRecord:
+        config = self._config
+        membership = self._membership
+        _, latest = membership.view()
+        after_round = max(self._round.number if self._round else 0, latest.number)
+        membership.publish(waiting=True, after_round=after_round)
+        log.info("waiting for round node=%s after_round=%d", self.node_id, after_round)
+        deadline = time.monotonic() + config.join_timeout
+        clock = LastCallClock()
+        while True:
+            if self._left.is_set():
+                raise RendezvousClosedError(f"node {self.node_id} has left the run")
+            if membership.closed():
+                raise RendezvousClosedError(f"run {config.run_id} is closed")
+            revision = membership.revision
+            if membership.node_lease_lost or membership.my_record() is None:
+                membership.register()
+                membership.publish(waiting=True, after_round=after_round)
+                continue
+            live, current = membership.view()
+            me = membership.my_record()
+            if me is not None and is_admitted(me, current):
+                return current
+            now = time.monotonic()
+            recheck_at: float | None = None
+            if leader_of(live, current) == self.node_id:
+                waiting = waiting_nodes(live, current)
+                min_reached_at = clock.observe(len(waiting) >= config.min_nodes, now)
+                decision = decide(live, current, config.min_nodes, config.max_nodes, now,
+                                  min_reached_at, config.last_call_timeout)
+                if decision.form and membership.form_round(current, decision.participants):
+                    log.info("formed round round=%d leader=%s world=%d reason=%s",
+                             current.number + 1, self.node_id, len(decision.participants),
+                             decision.reason)
+                    continue
+                recheck_at = decision.recheck_at
+            if self._on_redundancy_list(live, current):
+                deadline = now + config.join_timeout
+            if now >= deadline:
+                raise RendezvousTimeoutError(
+                    f"node {self.node_id}: no round with >= {config.min_nodes} nodes formed "
+                    f"within join_timeout={config.join_timeout}s "
+                    f"({len(waiting_nodes(live, current))} waiting, {len(live)} live)"
+                )
+            slice_end = min(deadline, now + MAX_WAIT_SLICE_S)
+            if recheck_at is not None:
+                slice_end = min(slice_end, recheck_at)
+            membership.wait_for_change(revision, max(0.0, slice_end - now))
+
+    def _on_redundancy_list(self, live: list, current: RoundRecord) -> bool:
+        """A full, healthy round is running without us: wait for a place as long as it runs."""
+        live_ids = {n.node_id for n in live}
+        return (len(current.participants) >= self._config.max_nodes
+                and all(p in live_ids for p in current.participants))
+
+    def _enter_round(self, current: RoundRecord) -> RendezvousInfo | None:
+        rank = current.rank_of(self.node_id)
+        assert rank is not None
+        self._round = current
+        store = EtcdStore(self._client, self._keys.store(current.number),
+                          lease_id=current.run_lease, timeout=STORE_TIMEOUT,
+                          abort_if=self._round_broken)
+        try:
+            bootstrap = RendezvousStoreInfo.build(rank, store, local_addr=self._addr)
+        except Exception as error:  # noqa: BLE001 - a peer vanished mid-bootstrap: next round
+            if not self._round_broken():
+                raise
+            log.info("round broke during bootstrap round=%d node=%s error=%r",
+                     current.number, self.node_id, error)
+            return None
+        return RendezvousInfo(store, rank, len(current.participants), bootstrap)
+
+    def _round_broken(self) -> bool:
+        return self.num_nodes_waiting() > 0 or self._left.is_set()
+
+
+def create_handler(params: RendezvousParameters) -> ElasticEtcdRendezvousHandler:
+    """The creator torch's registry calls with torchrun's parameters."""
+    try:
+        config = RendezvousConfig.from_params(
+            endpoint=params.endpoint, run_id=params.run_id, min_nodes=params.min_nodes,
+            max_nodes=params.max_nodes, local_addr=params.local_addr, conf=dict(params.config),
+        )
+    except ConfigError as error:
+        raise ValueError(f"elastic-etcd: {error}") from None
+    return ElasticEtcdRendezvousHandler(config)
+
+
+def entry_point() -> object:
+    """``torchrun.handlers`` entry point: a zero-argument callable returning the creator."""
+    return create_handler
+
