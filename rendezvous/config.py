@@ -47,6 +47,9 @@ class RendezvousConfig:
     join_timeout: float = 600.0
     # After min nodes wait for the first round, how long to wait for more (torch's name).
     last_call_timeout: float = 1.0
+    # Later rounds: how long to wait for members of the previous round to come back (a member
+    # that does not is hung: its agent lives but does not restart).
+    rejoin_timeout: float = 30.0
     # How long a node that finished keeps waiting for others in shutdown (torch's name).
     close_timeout: float = 30.0
     # Liveness: a node whose lease is not refreshed for this long is dead (etcd clamps to >= 2).
@@ -109,7 +112,8 @@ class RendezvousConfig:
         return config
 
     def validate(self) -> None:
-        for name in ("join_timeout", "last_call_timeout", "close_timeout", "request_timeout"):
+        for name in ("join_timeout", "last_call_timeout", "rejoin_timeout", "close_timeout",
+                     "request_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--rdzv-conf {name}={getattr(self, name)} must be > 0")
         if self.lease_ttl < 2:
@@ -134,8 +138,8 @@ class RendezvousConfig:
                 raise ConfigError(f"--rdzv-conf {name}={path}: no such file")
 
 
-_FLOAT_KEYS = {"join_timeout", "last_call_timeout", "close_timeout", "lease_ttl",
-               "request_timeout"}  # fmt: skip
+_FLOAT_KEYS = {"join_timeout", "last_call_timeout", "rejoin_timeout", "close_timeout",
+               "lease_ttl", "request_timeout"}  # fmt: skip
 _INT_KEYS = {"probe_fanout"}
 _BOOL_KEYS = {"peer_probe"}
 _STR_KEYS = {"key_prefix", "cacert", "cert", "key", "user", "password"}

@@ -37,6 +37,7 @@ from .round_formation import (
     RoundRecord,
     decide,
     is_admitted,
+    is_full_and_healthy,
     leader_of,
     nodes_waiting_count,
     waiting_nodes,
@@ -179,14 +180,16 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
                 waiting = waiting_nodes(live, current)
                 min_reached_at = clock.observe(len(waiting) >= config.min_nodes, now)
                 decision = decide(live, current, config.min_nodes, config.max_nodes, now,
-                                  min_reached_at, config.last_call_timeout)
+                                  min_reached_at, config.last_call_timeout,
+                                  config.rejoin_timeout)
                 if decision.form and membership.form_round(current, decision.participants):
                     log.info("formed round round=%d leader=%s world=%d reason=%s",
                              current.number + 1, self.node_id, len(decision.participants),
                              decision.reason)
                     continue
                 recheck_at = decision.recheck_at
-            if self._on_redundancy_list(live, current):
+            if is_full_and_healthy(live, current, config.max_nodes):
+                # On the redundancy list: wait for a place as long as the full round runs.
                 deadline = now + config.join_timeout
             if now >= deadline:
                 raise RendezvousTimeoutError(
@@ -198,12 +201,6 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             if recheck_at is not None:
                 slice_end = min(slice_end, recheck_at)
             membership.wait_for_change(revision, max(0.0, slice_end - now))
-
-    def _on_redundancy_list(self, live: list, current: RoundRecord) -> bool:
-        """A full, healthy round is running without us: wait for a place as long as it runs."""
-        live_ids = {n.node_id for n in live}
-        return (len(current.participants) >= self._config.max_nodes
-                and all(p in live_ids for p in current.participants))
 
     def _enter_round(self, current: RoundRecord) -> RendezvousInfo | None:
         rank = current.rank_of(self.node_id)

@@ -146,8 +146,11 @@ class Membership:
     # -- rounds -------------------------------------------------------------------------------
     def form_round(self, current: RoundRecord, participants: tuple[str, ...]) -> bool:
         """Write round ``current.number + 1`` if nothing changed since we read ``current``."""
-        run_lease = self._ensure_run_lease()
         entry = self._cache.get(self._keys.round)
+        cached_number = RoundRecord.from_json(entry.value).number if entry is not None else 0
+        if cached_number != current.number:
+            return False  # decided on an outdated view
+        run_lease = self._ensure_run_lease()
         tx = self._client.transactions
         guard = (tx.mod(self._keys.round) == entry.mod_revision if entry is not None
                  else tx.version(self._keys.round) == 0)

@@ -102,6 +102,16 @@ def nodes_waiting_count(
     return len(newcomers) if len(current.participants) < max_nodes else 0
 
 
+def is_full_and_healthy(
+    live: Sequence[NodeRecord], current: RoundRecord, max_nodes: int
+) -> bool:
+    """Every place of the round is taken by a live node that is still running in it."""
+    running = {n.node_id for n in live if not is_waiting(n, current)}
+    return len(current.participants) >= max_nodes and all(
+        p in running for p in current.participants
+    )
+
+
 @dataclass(frozen=True)
 class Decision:
     form: bool
@@ -133,19 +143,24 @@ def decide(
     now: float,
     min_reached_at: float | None,
     last_call_timeout: float,
+    rejoin_timeout: float = 30.0,
 ) -> Decision:
     """Should the leader form round ``current.number + 1`` now, and with whom?
 
-    - fewer than min waiting: wait;
+    - fewer than min waiting, or the round is full and every member still runs in it: wait;
     - max waiting: form at once;
-    - re-forming (a round existed) and every live node waits: form at once, nobody else is
-      coming, this is what makes recovery after a loss fast;
-    - otherwise form when the last call (``last_call_timeout`` after min was reached) ends.
+    - first round: form when the last call (``last_call_timeout`` after min was reached) ends;
+    - later rounds: members still running the old round have been told to restart
+      (``num_nodes_waiting``), so wait for them, at most ``rejoin_timeout`` (a hung member);
+      once every live node waits, form at once: nobody else is coming. This is what makes
+      recovery after a loss fast.
     Previous participants come first, then by registration order; past max, nodes stay waiting.
     """
     waiting = waiting_nodes(live, current)
     if len(waiting) < min_nodes:
         return Decision(False, reason=f"{len(waiting)} of min {min_nodes} nodes waiting")
+    if is_full_and_healthy(live, current, max_nodes):
+        return Decision(False, reason=f"round {current.number} is full and healthy")
     previous = set(current.participants)
     ordered = sorted(waiting, key=lambda n: (n.node_id not in previous, n.create_revision))
     chosen = tuple(n.node_id for n in ordered[:max_nodes])
@@ -154,7 +169,11 @@ def decide(
     if current.number > 0 and len(waiting) == len(live):
         return Decision(True, chosen, reason="every live node is waiting")
     started = now if min_reached_at is None else min_reached_at
-    deadline = started + last_call_timeout
-    if now >= deadline:
-        return Decision(True, chosen, reason=f"last call of {last_call_timeout}s ended")
-    return Decision(False, reason="last call", recheck_at=deadline)
+    if current.number == 0:
+        timeout, why = last_call_timeout, f"last call of {last_call_timeout}s ended"
+    else:
+        timeout, why = rejoin_timeout, f"members did not rejoin within {rejoin_timeout}s"
+    if now >= started + timeout:
+        return Decision(True, chosen, reason=why)
+    return Decision(False, reason="last call" if current.number == 0 else "members rejoining",
+                    recheck_at=started + timeout)

@@ -144,7 +144,8 @@ class EtcdStore(dist.Store):
                 return [present[self._key(k)] for k in keys]
             changed = threading.Event()
             watch_id = self._client.add_watch_prefix_callback(
-                self._prefix, lambda _response, event=changed: event.set(), start_revision=revision + 1
+                self._prefix, lambda _response, event=changed: event.set(),
+                start_revision=revision + 1,
             )
             try:
                 while not changed.wait(min(ABORT_CHECK_S, max(0.0, deadline - time.monotonic()))):

@@ -1,0 +1,295 @@
+"""The elastic-etcd handler against a real etcd, several agents in one process."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from pyetcd.client import Endpoint, MultiEndpointEtcd3Client
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousInfo,
+    RendezvousTimeoutError,
+)
+
+from rendezvous.cache import WatchedPrefix
+from rendezvous.handler import ElasticEtcdRendezvousHandler
+
+
+def raw_client(etcd) -> MultiEndpointEtcd3Client:
+    return MultiEndpointEtcd3Client(
+        [Endpoint("127.0.0.1", etcd.client_port, secure=False, time_retry=0.5)], timeout=5,
+        failover=True,
+    )
+
+
+def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+class Joiner:
+    """Runs ``next_rendezvous`` in a thread and keeps the result or error."""
+
+    def __init__(self, handler: ElasticEtcdRendezvousHandler) -> None:
+        self.handler = handler
+        self.info: RendezvousInfo | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.info = self.handler.next_rendezvous()
+        except BaseException as error:  # noqa: BLE001 - reported to the test
+            self.error = error
+
+    def result(self, timeout: float = 15.0) -> RendezvousInfo:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "next_rendezvous did not return"
+        if self.error:
+            raise self.error
+        assert self.info is not None
+        return self.info
+
+
+class AgentLoop:
+    """Acts like torchrun's agent: rendezvous, then restart whenever num_nodes_waiting() > 0."""
+
+    def __init__(self, handler: ElasticEtcdRendezvousHandler) -> None:
+        self.handler = handler
+        self.info: RendezvousInfo | None = None
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.info = self.handler.next_rendezvous()
+            except Exception:  # noqa: BLE001 - left or closed: stop like an agent would
+                return
+            while not self._stop.wait(0.05) and self.handler.num_nodes_waiting() == 0:
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(5)
+
+
+def crash(handler: ElasticEtcdRendezvousHandler) -> None:
+    """Stop a handler like a SIGKILL would: no revoke, its sockets closed, no more refreshes."""
+    membership = handler._membership
+    membership._left = True
+    membership._keeper.stop()
+    membership._cache.stop()
+    if membership._probe is not None:
+        membership._probe.stop()
+    handler._left.set()
+
+
+def join_all(handlers: list[ElasticEtcdRendezvousHandler], stagger: float = 0.0) -> list:
+    joiners = []
+    for handler in handlers:
+        joiners.append(Joiner(handler))
+        time.sleep(stagger)
+    return [j.result() for j in joiners]
+
+
+def test_first_round_forms_after_last_call_with_ranks_in_join_order(make_handler) -> None:
+    handlers = [make_handler(2, 3, last_call_timeout=0.5) for _ in range(2)]
+    infos = join_all(handlers, stagger=0.3)
+    assert [i.rank for i in infos] == [0, 1]
+    assert {i.world_size for i in infos} == {2}
+    ports = {i.bootstrap_store_info.master_port for i in infos}
+    assert len(ports) == 1  # every node got the same MASTER_PORT through the etcd store
+
+
+def test_max_nodes_form_at_once_without_last_call(make_handler) -> None:
+    handlers = [make_handler(1, 2, last_call_timeout=60) for _ in range(2)]
+    infos = join_all(handlers)
+    assert sorted(i.rank for i in infos) == [0, 1]
+
+
+def test_nodes_past_max_wait_and_fill_a_freed_place(make_handler) -> None:
+    a, b, c = (make_handler(1, 2, last_call_timeout=0.3) for _ in range(3))
+    infos = join_all([a, b], stagger=0.1)
+    assert [i.world_size for i in infos] == [2, 2]
+    spare = Joiner(c)
+    time.sleep(1.0)
+    assert spare.thread.is_alive()  # on the redundancy list
+    assert a.num_nodes_waiting() == 0  # a full round is not disturbed by a spare
+    b.leave("test")
+    assert eventually(lambda: a.num_nodes_waiting() > 0)
+    joiner_a = Joiner(a)
+    info_a, info_c = joiner_a.result(), spare.result()
+    assert (info_a.world_size, info_c.world_size) == (2, 2)
+    assert {info_a.rank, info_c.rank} == {0, 1}
+
+
+def test_newcomer_below_max_makes_members_restart(make_handler) -> None:
+    a, b = (make_handler(1, 3, last_call_timeout=0.3) for _ in range(2))
+    join_all([a, b], stagger=0.1)
+    c = make_handler(1, 3, last_call_timeout=0.3)
+    newcomer = Joiner(c)
+    assert eventually(lambda: a.num_nodes_waiting() == 1 and b.num_nodes_waiting() == 1)
+    joiners = [Joiner(a), Joiner(b), newcomer]
+    infos = [j.result() for j in joiners]
+    assert [i.world_size for i in infos] == [3, 3, 3]
+    assert [i.rank for i in infos] == [0, 1, 2]  # survivors keep their places
+
+
+def test_dead_peer_detected_by_lease_expiry(make_handler) -> None:
+    a, b = (make_handler(1, 2, lease_ttl=2, peer_probe="false") for _ in range(2))
+    join_all([a, b], stagger=0.1)
+    crash(b)
+    assert a.num_nodes_waiting() == 0
+    assert eventually(lambda: a.num_nodes_waiting() == 1, timeout=10)
+    info = Joiner(a).result()
+    assert (info.rank, info.world_size) == (0, 1)
+
+
+def test_dead_peer_detected_by_probe_before_lease_expiry(make_handler) -> None:
+    a, b = (make_handler(1, 2, lease_ttl=60) for _ in range(2))
+    join_all([a, b], stagger=0.1)
+    crash(b)
+    # The 60 s lease is still valid: only the closed probe connection can tell a.
+    assert eventually(lambda: a.num_nodes_waiting() == 1, timeout=10)
+
+
+def test_graceful_leave_is_seen_at_once(make_handler) -> None:
+    a, b = (make_handler(1, 2, lease_ttl=60, peer_probe="false") for _ in range(2))
+    join_all([a, b], stagger=0.1)
+    b.leave("SIGTERM")
+    assert eventually(lambda: a.num_nodes_waiting() == 1, timeout=10)
+
+
+def test_first_node_can_die(make_handler) -> None:
+    a, b, c = (make_handler(2, 3, lease_ttl=60) for _ in range(3))
+    join_all([a, b, c], stagger=0.1)
+    crash(a)  # the earliest registered node: rank 0 and leader
+    assert eventually(lambda: b.num_nodes_waiting() > 0 and c.num_nodes_waiting() > 0)
+    infos = [Joiner(b), Joiner(c)]
+    assert sorted(j.result().rank for j in infos) == [0, 1]
+
+
+def test_keys_are_json_under_the_run_prefix(make_handler, etcd, run_id) -> None:
+    a, b = (make_handler(1, 2) for _ in range(2))
+    join_all([a, b])
+    client = raw_client(etcd)
+    try:
+        entries = {m.key.decode(): v for v, m in client.get_prefix(f"/kfp-elastic/{run_id}/")}
+    finally:
+        client.close()
+    rdzv = {k: v for k, v in entries.items() if "/rdzv/" in k}
+    assert f"/kfp-elastic/{run_id}/rdzv/round" in rdzv
+    assert sum("/rdzv/nodes/" in k for k in rdzv) == 2
+    for value in rdzv.values():
+        json.loads(value)  # every record of ours is JSON
+    round_record = json.loads(rdzv[f"/kfp-elastic/{run_id}/rdzv/round"])
+    assert round_record["round"] == 1 and len(round_record["participants"]) == 2
+    assert any(k.startswith(f"/kfp-elastic/{run_id}/store/1/") for k in entries)
+
+
+def test_stale_round_write_loses_the_compare_and_swap(make_handler) -> None:
+    a = make_handler(1, 1)
+    info = Joiner(a).result()
+    _, current = a._membership.view()
+    stale = type(current)(current.number - 1, current.participants)
+    assert not a._membership.form_round(stale, current.participants)
+    _, after = a._membership.view()
+    assert after.number == current.number and info.rank == 0
+
+
+def test_set_closed_stops_everyone(make_handler) -> None:
+    a, b = (make_handler(1, 2) for _ in range(2))
+    join_all([a, b])
+    a.set_closed()
+    assert eventually(b.is_closed)
+    with pytest.raises(RendezvousClosedError):
+        b.next_rendezvous()
+
+
+def test_join_timeout_raises_instead_of_hanging(make_handler) -> None:
+    lonely = make_handler(2, 2, join_timeout=1)
+    with pytest.raises(RendezvousTimeoutError, match="join_timeout=1.0s"):
+        Joiner(lonely).result(timeout=10)
+
+
+def test_every_key_is_gone_after_the_job(make_handler, etcd, run_id) -> None:
+    a, b = (make_handler(1, 2, close_timeout=2) for _ in range(2))
+    join_all([a, b])
+    a.shutdown()
+    b.shutdown()
+    client = raw_client(etcd)
+    try:
+        assert eventually(lambda: not list(client.get_prefix(f"/kfp-elastic/{run_id}/")), 15)
+    finally:
+        client.close()
+
+
+def test_node_whose_lease_was_revoked_rejoins(make_handler, etcd) -> None:
+    a, b = (make_handler(1, 2, peer_probe="false") for _ in range(2))
+    join_all([a, b])
+    assert a._round.number == 1
+    client = raw_client(etcd)
+    try:
+        client.revoke_lease(b._membership._node_lease)
+    finally:
+        client.close()
+    loops = [AgentLoop(a), AgentLoop(b)]
+    try:
+        assert eventually(lambda: all(loop.info and loop.info.world_size == 2 for loop in loops)
+                          and a._round.number >= 3 and a._round == b._round, 15)
+    finally:
+        for loop in loops:
+            loop.stop()
+
+
+def test_watch_resumes_after_compaction(private_etcd) -> None:
+    client = raw_client(private_etcd)
+    try:
+        client.put("/c/a", "1")
+        first = client.put("/c/b", "2").header.revision
+        client.put("/c/a", "3")
+        latest = client.put("/c/z", "4").header.revision
+        client.compact(latest)
+        cache = WatchedPrefix(client, "/c/")
+        cache.start(start_revision=first)  # already compacted away
+        client.put("/c/after", "5")
+        assert eventually(lambda: cache.get("/c/after") is not None)
+        assert cache.get("/c/a").value == b"3"
+        cache.stop()
+    finally:
+        client.close()
+
+
+def test_watch_resumes_after_etcd_restart(private_etcd) -> None:
+    client = raw_client(private_etcd)
+    try:
+        cache = WatchedPrefix(client, "/r/")
+        cache.start()
+        client.put("/r/before", "1")
+        assert eventually(lambda: cache.get("/r/before") is not None)
+        private_etcd.restart()
+        assert eventually(lambda: _put_ok(client, "/r/after"), 15)
+        assert eventually(lambda: cache.get("/r/after") is not None, 15)
+        assert cache.resync_count >= 1
+        cache.stop()
+    finally:
+        client.close()
+
+
+def _put_ok(client: MultiEndpointEtcd3Client, key: str) -> bool:
+    try:
+        client.put(key, "1")
+        return True
+    except Exception:  # noqa: BLE001 - etcd still starting
+        return False

