@@ -1,0 +1,98 @@
+"""Real torchrun agents (gloo, one worker each) on the elastic-etcd backend.
+
+Each test runs a tiny DDP job, disturbs it as a cluster would (SIGKILL of a whole node,
+SIGTERM as a preemption notice, a node joining) and checks the job trains on and finishes.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness import (
+    Agent,
+    AgentGroup,
+    first_step_with_world,
+    new_run_id,
+    read_events,
+    tiny_ddp_args,
+    wait_for,
+    wait_for_events,
+)
+
+BACKEND = "elastic-etcd"
+STEP_TIME = 0.05
+# Generous bounds: they only turn a hang into a failure, they do not measure speed.
+FORM_TIMEOUT = 90
+RECOVER_TIMEOUT = 60
+
+
+def start_agents(group: AgentGroup, etcd, run_id: str, events: Path, count: int,
+                 nnodes: str, steps: int, **conf: object) -> list[Agent]:
+    conf = {"last_call_timeout": 1, **conf}
+    agents = []
+    for index in range(count):
+        agents.append(group.start(
+            backend=BACKEND, endpoint=etcd.endpoint, run_id=run_id, nnodes=nnodes,
+            script_args=tiny_ddp_args(events, steps=steps, step_time=STEP_TIME,
+                                      state_dir=events.parent),
+            rdzv_conf=conf, name=f"node{index}",
+        ))
+        time.sleep(0.3)  # registration order = node index, so node0 is rank 0
+    return agents
+
+
+def world_reached(events: Path, world: int, after: float = 0.0):
+    return wait_for_events(events, lambda ev: first_step_with_world(ev, world, after),
+                           FORM_TIMEOUT, what=f"a step of world {world}")
+
+
+def finished_ok(group: AgentGroup, agents: list[Agent], timeout: float = 120) -> None:
+    codes = [agent.wait(timeout) for agent in agents]
+    assert codes == [0] * len(agents), group.logs()
+
+
+@pytest.mark.parametrize("victim", [1, 0], ids=["non-first-node", "first-node"])
+def test_sigkill_of_a_node_leaves_survivors_training(tmp_path: Path, etcd, victim: int) -> None:
+    events = tmp_path / "events.jsonl"
+    with AgentGroup(tmp_path) as group:
+        agents = start_agents(group, etcd, new_run_id(), events, 3, "2:3", steps=120)
+        world_reached(events, 3)
+        killed_at = agents[victim].sigkill_tree()
+        step = wait_for_events(events, lambda ev: first_step_with_world(ev, 2, killed_at),
+                               RECOVER_TIMEOUT, what="a step of the 2-node world")
+        assert step["t"] > killed_at
+        survivors = [a for i, a in enumerate(agents) if i != victim]
+        finished_ok(group, survivors)
+    done = [e for e in read_events(events) if e["event"] == "done"]
+    assert {e["world_size"] for e in done} == {2}
+
+
+def test_a_node_joining_grows_the_world(tmp_path: Path, etcd) -> None:
+    events = tmp_path / "events.jsonl"
+    run_id = new_run_id()
+    with AgentGroup(tmp_path) as group:
+        agents = start_agents(group, etcd, run_id, events, 3, "2:4", steps=120)
+        world_reached(events, 3)
+        joined_at = time.time()
+        agents += start_agents(group, etcd, run_id, events, 1, "2:4", steps=120)
+        wait_for_events(events, lambda ev: first_step_with_world(ev, 4, joined_at),
+                        RECOVER_TIMEOUT, what="a step of the 4-node world")
+        finished_ok(group, agents)
+
+
+def test_sigterm_leaves_gracefully(tmp_path: Path, etcd) -> None:
+    events = tmp_path / "events.jsonl"
+    with AgentGroup(tmp_path) as group:
+        # A long lease and no probe: only the graceful leave can make survivors re-form fast.
+        agents = start_agents(group, etcd, new_run_id(), events, 3, "2:3", steps=120,
+                              lease_ttl=600, peer_probe="false")
+        world_reached(events, 3)
+        terminated_at = agents[2].sigterm()
+        agents[2].wait(60)
+        wait_for_events(events, lambda ev: first_step_with_world(ev, 2, terminated_at),
+                        RECOVER_TIMEOUT, what="a step of the 2-node world after SIGTERM")
+        assert "leaving run" in agents[2].log_text()
+        finished_ok(group, agents[:2])
