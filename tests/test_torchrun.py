@@ -18,7 +18,6 @@ from tests.harness import (
     new_run_id,
     read_events,
     tiny_ddp_args,
-    wait_for,
     wait_for_events,
 )
 
