@@ -1,0 +1,58 @@
+"""Bad input fails torchrun within seconds with a message that says what to fix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rendezvous.embedded_etcd import free_port
+from tests.harness import TINY_DDP
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# A hang would be the bug; 10 s is the promise to users, the subprocess limit only a backstop.
+PROMISED_S = 10
+
+
+def run_torchrun(endpoint: str, nnodes: str = "1:2", conf: str = "") -> tuple[float, str]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend=elastic-etcd",
+               f"--rdzv-endpoint={endpoint}", "--rdzv-id=bad-input", f"--nnodes={nnodes}",
+               "--nproc-per-node=1"]
+    if conf:
+        command.append(f"--rdzv-conf={conf}")
+    command += [str(TINY_DDP), "--steps", "1"]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    started = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env,
+                            cwd=REPO_ROOT)
+    elapsed = time.monotonic() - started
+    assert result.returncode != 0
+    return elapsed, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "nnodes", "conf", "message"),
+    [
+        ("UNREACHABLE", "1:2", "request_timeout=2", "cannot use etcd at 127.0.0.1:"),
+        ("127.0.0.1:notaport", "1:2", "", "port 'notaport' is not 1-65535"),
+        ("ETCD", "3:2", "", "min_nodes must be > 0 and <= max_nodes, got min_nodes=3"),
+        ("ETCD", "1:2", "join_timout=5", "unknown --rdzv-conf key 'join_timout'"),
+        ("ETCD", "1:2", "lease_ttl=soon", "lease_ttl='soon' is not a number"),
+        ("ETCD", "1:2", "cacert=/no/such/ca.pem", "cacert=/no/such/ca.pem: no such file"),
+    ],
+    ids=["unreachable", "malformed-endpoint", "min-above-max", "unknown-key", "bad-value",
+         "missing-tls-file"],
+)
+def test_torchrun_fails_fast_and_clearly(etcd, endpoint: str, nnodes: str, conf: str,
+                                         message: str) -> None:
+    if endpoint == "UNREACHABLE":
+        endpoint = f"127.0.0.1:{free_port()}"
+    elif endpoint == "ETCD":
+        endpoint = etcd.endpoint
+    elapsed, output = run_torchrun(endpoint, nnodes, conf)
+    assert message in output, output
+    assert elapsed < PROMISED_S, f"took {elapsed:.1f}s:\n{output}"
