@@ -233,3 +233,10 @@ class TokenRefresher(
     def intercept_stream_stream(self, continuation: Any, client_call_details: Any,
                                 request_iterator: Any) -> Any:
         return continuation(self._details(client_call_details)[0], request_iterator)
+
+
+def connect_to(endpoint: str, **conf: object) -> MultiEndpointEtcd3Client:
+    """A checked client for ``HOST:PORT[,...]`` with the same TLS/auth keys as ``--rdzv-conf``
+    (``cacert``, ``cert``, ``key``, ``user``, ``password``, ``request_timeout``)."""
+    config = RendezvousConfig.from_params(endpoint, "client", 1, 1, None, dict(conf))
+    return connect(config)
