@@ -1,0 +1,1 @@
+"""Example model definitions for ``--model-def``."""

@@ -1,0 +1,232 @@
+"""Training progress in etcd: the shard manifest, the committed position, the shard queues.
+
+Keys (under ``{key_prefix}/{run_id}/``, JSON values, no leases: they outlive every process):
+
+| key                                   | value                                             |
+|---------------------------------------|---------------------------------------------------|
+| ``shards/manifest``                   | ``{"shards": [[id, start, end]...], "epochs", ...}``|
+| ``shards/epoch/{e}/todo/{shard}``     | ``{}``                                            |
+| ``shards/epoch/{e}/doing/{shard}``    | ``{"consumed": n}``                               |
+| ``shards/epoch/{e}/done/{shard}``     | ``{}``                                            |
+| ``progress/committed``                | ``Committed`` (step, epoch, position, snapshot)   |
+
+The committed record is the truth: it names the snapshot the model can be restored to and the
+data position saved inside that snapshot. The queues are its projection (``queue_state``); they
+move in the same transaction as the record, so ``etcdctl get --prefix`` shows the same story.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from pyetcd.client import MultiEndpointEtcd3Client
+
+from .data_plan import QueueState, Shard, queue_state, shard_order
+
+# etcd refuses transactions with more than 128 operations by default (--max-txn-ops).
+MAX_TXN_OPS = 120
+
+
+@dataclass(frozen=True)
+class Manifest:
+    shards: tuple[Shard, ...]
+    epochs: int
+    seed: int = 0
+    shuffle: bool = True
+
+    @property
+    def num_samples(self) -> int:
+        return sum(s.size for s in self.shards)
+
+    def to_json(self) -> str:
+        return json.dumps({"shards": [[s.shard_id, s.start, s.end] for s in self.shards],
+                           "epochs": self.epochs, "seed": self.seed, "shuffle": self.shuffle})
+
+    @classmethod
+    def from_json(cls, text: bytes | str) -> Manifest:
+        data = json.loads(text)
+        return cls(tuple(Shard(*row) for row in data["shards"]), int(data["epochs"]),
+                   int(data.get("seed", 0)), bool(data.get("shuffle", True)))
+
+    def visit_order(self, epoch: int) -> list[int]:
+        return shard_order(self.shards, epoch, self.seed, self.shuffle)
+
+    def queues(self, epoch: int, position: int) -> QueueState:
+        return queue_state(self.shards, self.visit_order(epoch), position)
+
+
+@dataclass(frozen=True)
+class Committed:
+    step: int  # optimizer steps since the start of the job
+    epoch: int
+    position: int  # samples of ``epoch`` consumed
+    snapshot: str = ""  # file name of the snapshot holding this state ("" = initial state)
+    world_size: int = 0
+    global_batch: int = 0  # effective batch of the steps since the last commit (policy)
+    lr: float = 0.0
+    complete: bool = False
+    losses: tuple[float, ...] = field(default=())  # mean loss of the steps since last commit
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["losses"] = list(self.losses)
+        return json.dumps(data)
+
+    @classmethod
+    def from_json(cls, text: bytes | str) -> Committed:
+        data = json.loads(text)
+        data["losses"] = tuple(data.get("losses", ()))
+        return cls(**data)
+
+
+INITIAL = Committed(step=0, epoch=0, position=0)
+
+
+@dataclass(frozen=True)
+class ProgressKeys:
+    run_prefix: str
+
+    @property
+    def manifest(self) -> str:
+        return f"{self.run_prefix}/shards/manifest"
+
+    def queue(self, epoch: int, state: str, shard_id: int | None = None) -> str:
+        base = f"{self.run_prefix}/shards/epoch/{epoch}/{state}/"
+        return base if shard_id is None else f"{base}{shard_id}"
+
+    @property
+    def committed(self) -> str:
+        return f"{self.run_prefix}/progress/committed"
+
+    @property
+    def base_world_size(self) -> str:
+        return f"{self.run_prefix}/progress/base_world_size"
+
+
+class Progress:
+    """Reads and commits progress for one run. All writes are compare-and-swap transactions."""
+
+    def __init__(self, client: MultiEndpointEtcd3Client, run_prefix: str) -> None:
+        self._client = client
+        self.keys = ProgressKeys(run_prefix)
+
+    # -- manifest -----------------------------------------------------------------------------
+    def publish_manifest(self, manifest: Manifest) -> Manifest:
+        """Write the manifest and every epoch's TODO queue once; return the one in etcd."""
+        tx = self._client.transactions
+        self._client.transaction(
+            compare=[tx.version(self.keys.manifest) == 0],
+            success=[tx.put(self.keys.manifest, manifest.to_json())], failure=[],
+        )
+        stored = self.manifest()
+        assert stored is not None
+        if self.committed_record()[0] is None:
+            for epoch in range(stored.epochs):
+                self._ensure_todo(stored, epoch)
+        return stored
+
+    def _ensure_todo(self, manifest: Manifest, epoch: int) -> None:
+        tx = self._client.transactions
+        ops = []
+        for shard in manifest.shards:
+            keys = [self.keys.queue(epoch, state, shard.shard_id)
+                    for state in ("todo", "doing", "done")]
+            ops.append(([tx.version(k) == 0 for k in keys],
+                        [tx.put(keys[0], "{}")]))
+        for compare, success in ops:  # one small txn per shard: idempotent, never too big
+            self._client.transaction(compare=compare, success=success, failure=[])
+
+    def manifest(self) -> Manifest | None:
+        value, _ = self._client.get(self.keys.manifest)
+        return Manifest.from_json(value) if value is not None else None
+
+    # -- committed position -------------------------------------------------------------------
+    def committed_record(self) -> tuple[Committed | None, int]:
+        """The committed record and its mod revision (0 when none)."""
+        value, meta = self._client.get(self.keys.committed)
+        if value is None:
+            return None, 0
+        return Committed.from_json(value), meta.mod_revision
+
+    def commit(self, manifest: Manifest, previous: Committed | None, previous_revision: int,
+               new: Committed) -> bool:
+        """Move from ``previous`` to ``new`` if nobody else committed since; queues follow."""
+        tx = self._client.transactions
+        guard = (tx.mod(self.keys.committed) == previous_revision if previous_revision
+                 else tx.version(self.keys.committed) == 0)
+        moves = self._queue_moves(manifest, previous or INITIAL, new)
+        first, rest = moves[:MAX_TXN_OPS - 1], moves[MAX_TXN_OPS - 1:]
+        ok, _ = self._client.transaction(
+            compare=[guard], success=[tx.put(self.keys.committed, new.to_json()), *first],
+            failure=[],
+        )
+        if ok:
+            for start in range(0, len(rest), MAX_TXN_OPS):
+                self._client.transaction(compare=[], success=rest[start:start + MAX_TXN_OPS],
+                                         failure=[])
+        return bool(ok)
+
+    def _queue_moves(self, manifest: Manifest, old: Committed, new: Committed) -> list:
+        """Puts and deletes that turn the queues of ``old`` into those of ``new``."""
+        tx = self._client.transactions
+        before = self._placement(manifest, old)
+        after = self._placement(manifest, new)
+        ops: list = []
+        for (epoch, shard_id), (state, consumed) in after.items():
+            old_state = before.get((epoch, shard_id), ("todo", 0))
+            if old_state == (state, consumed):
+                continue
+            if old_state[0] != state:
+                ops.append(tx.delete(self.keys.queue(epoch, old_state[0], shard_id)))
+            value = json.dumps({"consumed": consumed}) if state == "doing" else "{}"
+            ops.append(tx.put(self.keys.queue(epoch, state, shard_id), value))
+        return ops
+
+    def _placement(self, manifest: Manifest, at: Committed) -> dict[tuple[int, int], tuple]:
+        """(epoch, shard) → (queue, samples consumed) for every epoch of the job."""
+        sizes = {s.shard_id: s.size for s in manifest.shards}
+        placement: dict[tuple[int, int], tuple] = {}
+        for epoch in range(manifest.epochs):
+            if epoch < at.epoch or at.complete:
+                position = manifest.num_samples
+            elif epoch == at.epoch:
+                position = at.position
+            else:
+                position = 0
+            consumed = 0
+            queues = manifest.queues(epoch, position)
+            for shard_id in manifest.visit_order(epoch):
+                begins, consumed = consumed, consumed + sizes[shard_id]
+                state = ("done" if shard_id in queues.done else
+                         "doing" if shard_id in queues.doing else "todo")
+                placement[(epoch, shard_id)] = (state, max(0, min(position, consumed) - begins)
+                                                if state == "doing" else 0)
+        return placement
+
+    def base_world_size(self, proposed: int) -> int:
+        """The world size the batch policy scales from: the first proposal wins, for good."""
+        tx = self._client.transactions
+        self._client.transaction(compare=[tx.version(self.keys.base_world_size) == 0],
+                                 success=[tx.put(self.keys.base_world_size, str(proposed))],
+                                 failure=[])
+        value, _ = self._client.get(self.keys.base_world_size)
+        return int(value)
+
+    def queue_counts(self, epoch: int) -> dict[str, int]:
+        counts = {}
+        for state in ("todo", "doing", "done"):
+            response = self._client.get_prefix_response(self.keys.queue(epoch, state),
+                                                        keys_only=True, count_only=True)
+            counts[state] = int(response.count)
+        return counts
+
+
+def manifest_from_shards(shards: Sequence[Shard], epochs: int, seed: int = 0,
+                         shuffle: bool = True) -> Manifest:
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    if not shards or sum(s.size for s in shards) == 0:
+        raise ValueError("the shard manifest is empty: nothing to train on")
+    return Manifest(tuple(shards), epochs, seed, shuffle)

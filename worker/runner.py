@@ -1,0 +1,263 @@
+"""The elastic training loop behind ``torchrun ... -m worker --model-def pkg.module``.
+
+Every (re)start restores the committed snapshot (model, optimizer, data position, RNG), so a
+membership change rolls model and data back together and every sample of every epoch reaches
+the final model exactly once. Steps take the next global batch of the epoch's fixed order,
+dealt to ranks round-robin; the loss is weighted so that the gradient does not depend on how
+many samples each rank got or on the world size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from rendezvous.etcd_client import connect_to
+
+from .data_plan import epoch_order, shards_for_length
+from .model_def import ModelDef, load_model_def
+from .policy import BatchPolicy, step_shape
+from .progress import INITIAL, Committed, Manifest, Progress, manifest_from_shards
+from .snapshot import SnapshotError, Snapshotter
+
+log = logging.getLogger("worker")
+EXIT_PREEMPTED = 143  # what a process killed by SIGTERM reports; never "success" mid-job
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--model-def", required=True, help="module with model/loss/dataset")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=32, help="per worker, at base size")
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--policy", default="fixed-global-batch",
+                        help="fixed-global-batch | linear | sqrt")
+    parser.add_argument("--base-world-size", type=int, default=0,
+                        help="world size the policy scales from (default: the first one)")
+    parser.add_argument("--shard-size", type=int, default=0, help="samples per shard")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--snapshot-every", type=int, default=10, help="steps between snapshots")
+    parser.add_argument("--snapshot-dir", default=os.environ.get("KFP_ELASTIC_SNAPSHOT_DIR"),
+                        help="persisted snapshots (a PVC in a cluster)")
+    parser.add_argument("--local-snapshot-dir", default=None, help="fast node-local copy")
+    parser.add_argument("--output", help="write the final model state_dict here")
+    parser.add_argument("--etcd", default=os.environ.get("KFP_ELASTIC_ETCD_ENDPOINT"))
+    parser.add_argument("--key-prefix", default="/kfp-elastic")
+    parser.add_argument("--step-time", type=float, default=0.0, help="min seconds per step")
+    args = parser.parse_args(argv)
+    if not args.etcd:
+        parser.error("--etcd HOST:PORT (or KFP_ELASTIC_ETCD_ENDPOINT) is required")
+    if not args.snapshot_dir:
+        parser.error("--snapshot-dir (or KFP_ELASTIC_SNAPSHOT_DIR) is required")
+    if min(args.epochs, args.batch_size, args.snapshot_every) < 1:
+        parser.error("--epochs, --batch-size and --snapshot-every must be >= 1")
+    BatchPolicy.parse(args.policy)
+    return args
+
+
+def _shared(value: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``value`` on every rank."""
+    box = [value]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+class Trainer:
+    def __init__(self, args: argparse.Namespace, model_def: ModelDef) -> None:
+        self.args = args
+        self.md = model_def
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.policy = BatchPolicy.parse(args.policy)
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "local")
+        self.progress: Progress | None = None
+        if self.rank == 0:
+            client = connect_to(args.etcd)
+            self.progress = Progress(client, f"{args.key_prefix.rstrip('/')}/{run_id}")
+        self.snapshots = Snapshotter(args.snapshot_dir, args.local_snapshot_dir)
+        self.train_set = model_def.dataset("train")
+        self.stop_requested = False
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.manifest: Manifest = _shared(self._manifest() if self.rank == 0 else None)
+        base = args.base_world_size or self.world
+        self.base_world: int = _shared(
+            self.progress.base_world_size(base) if self.progress else None)
+        self.committed: Committed
+        self.committed_revision = 0
+        self.model = model_def.model()
+        self.optimizer = (model_def.optimizer(self.model.parameters()) if model_def.optimizer
+                          else torch.optim.SGD(self.model.parameters(), lr=args.lr))
+        self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        self._restore()
+        self.ddp = DistributedDataParallel(self.model)
+        self.losses: list[float] = []
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        self.stop_requested = True
+
+    # -- state --------------------------------------------------------------------------------
+    def _manifest(self) -> Manifest:
+        assert self.progress is not None
+        existing = self.progress.manifest()
+        if existing is None:
+            length = len(self.train_set)
+            shard_size = self.args.shard_size or max(1, length // 64)
+            existing = self.progress.publish_manifest(manifest_from_shards(
+                shards_for_length(length, shard_size), self.args.epochs, self.args.seed))
+        if existing.num_samples != len(self.train_set):
+            raise ValueError(f"shard manifest covers {existing.num_samples} samples but "
+                             f"dataset('train') of {self.md.name} has {len(self.train_set)}")
+        return existing
+
+    def _restore(self) -> None:
+        found = self._find_restore_point() if self.rank == 0 else None
+        committed, revision, state = _shared(found)
+        self.committed, self.committed_revision = committed, revision
+        if state is not None:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["rng"])
+        log.info("restored rank=%d world=%d step=%d epoch=%d position=%d snapshot=%s",
+                 self.rank, self.world, committed.step, committed.epoch, committed.position,
+                 committed.snapshot or "-")
+
+    def _find_restore_point(self) -> tuple[Committed, int, dict | None]:
+        assert self.progress is not None
+        committed, revision = self.progress.committed_record()
+        if committed is None or not committed.snapshot:
+            return committed or INITIAL, revision, None
+        try:
+            return committed, revision, self.snapshots.load(committed.snapshot)
+        except SnapshotError as error:
+            log.error("%s; falling back to an older snapshot", error)
+        for name in self.snapshots.available():
+            if name >= committed.snapshot:
+                continue
+            try:
+                state = self.snapshots.load(name)
+            except SnapshotError:
+                continue
+            older = Committed(step=state["step"], epoch=state["epoch"],
+                              position=state["position"], snapshot=name, world_size=self.world)
+            if not self.progress.commit(self.manifest, committed, revision, older):
+                raise SnapshotError("another process committed while rolling back; restart")
+            log.warning("rolled back to older snapshot=%s step=%d", name, older.step)
+            return older, self.progress.committed_record()[1], state
+        raise SnapshotError(
+            f"committed snapshot {committed.snapshot} is corrupt or missing in "
+            f"{self.args.snapshot_dir} and no older one is readable; nothing was overwritten: "
+            "restore the file or delete the run's progress keys to start over")
+
+    def _commit(self, step: int, epoch: int, position: int, shape_batch: int, lr: float,
+                complete: bool = False, wait: bool = False) -> None:
+        if self.rank != 0:
+            return
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "step": step, "epoch": epoch, "position": position, "rng": torch.get_rng_state()}
+        losses, self.losses = tuple(self.losses), []
+
+        def commit(name: str) -> None:
+            assert self.progress is not None
+            new = Committed(step, epoch, position, name, self.world, shape_batch, lr, complete,
+                            losses)
+            if not self.progress.commit(self.manifest, self.committed, self.committed_revision,
+                                        new):
+                raise RuntimeError(f"commit of step {step} lost a race; another rank 0 exists")
+            self.committed, self.committed_revision = new, self.progress.committed_record()[1]
+            log.info("committed step=%d epoch=%d position=%d snapshot=%s world=%d", step, epoch,
+                     position, name, self.world)
+
+        self.snapshots.save(step, state, commit, wait=wait)
+
+    # -- training -----------------------------------------------------------------------------
+    def run(self) -> int:
+        step, epoch, position = (self.committed.step, self.committed.epoch,
+                                 self.committed.position)
+        total = self.manifest.num_samples
+        while epoch < self.manifest.epochs and not self.committed.complete:
+            order = epoch_order(self.manifest.shards, epoch, self.manifest.seed,
+                                self.manifest.shuffle)
+            while position < total:
+                began = time.monotonic()
+                shape = step_shape(self.policy, self.world, self.base_world,
+                                   self.args.batch_size)
+                for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs,
+                                          strict=True):
+                    group["lr"] = base_lr * shape.lr_scale
+                ids = order[position:position + shape.global_batch]
+                stop = self._train_step(ids, shape.accumulation)
+                step, position = step + 1, position + len(ids)
+                if position >= total:
+                    epoch, position = epoch + 1, 0
+                    log.info("epoch end rank=%d epoch=%d step=%d", self.rank, epoch - 1, step)
+                done = epoch >= self.manifest.epochs
+                if stop or done or position == 0 or step % self.args.snapshot_every == 0:
+                    self._commit(step, epoch, position, shape.global_batch,
+                                 self.base_lrs[0] * shape.lr_scale,
+                                 complete=done, wait=stop or done)
+                if stop:
+                    log.warning("stopping on SIGTERM rank=%d step=%d (snapshot committed)",
+                                self.rank, step)
+                    return EXIT_PREEMPTED
+                if done:
+                    break
+                time.sleep(max(0.0, self.args.step_time - (time.monotonic() - began)))
+        if self.rank == 0:
+            self.snapshots.wait()
+            if self.args.output:
+                Path(self.args.output).parent.mkdir(parents=True, exist_ok=True)
+                torch.save(self.model.state_dict(), self.args.output)
+        dist.barrier()
+        return 0
+
+    def _train_step(self, ids: list[int], accumulation: int) -> bool:
+        """One optimizer step over the global batch ``ids``; returns "stop requested"."""
+        mine = ids[self.rank::self.world]
+        chunk = -(-len(mine) // accumulation) if mine else 0
+        loss_sum = torch.zeros(())
+        for micro in range(accumulation):
+            part = mine[micro * chunk:(micro + 1) * chunk] if chunk else []
+            last = micro == accumulation - 1
+            if not part and not last:
+                continue
+            with (self.ddp.no_sync() if not last else contextlib.nullcontext()):
+                if part:
+                    batch = self.md.collate([self.train_set[i] for i in part])
+                    loss = self.md.loss(self.ddp, batch)
+                    weight = (self.world if self.md.loss_reduction == "sum"
+                              else self.world * len(part) / len(ids))
+                    (loss * weight).backward()
+                    per_sample = loss.detach() * (1 if self.md.loss_reduction == "sum"
+                                                  else len(part))
+                    loss_sum += per_sample
+                else:  # no samples left for this rank: still join the gradient allreduce
+                    sum(p.sum() * 0 for p in self.ddp.parameters()).backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        shared = torch.stack([loss_sum, torch.tensor(float(self.stop_requested))])
+        dist.all_reduce(shared)
+        self.losses.append(round(float(shared[0]) / max(1, len(ids)), 6))
+        return bool(shared[1] > 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("KFP_ELASTIC_LOG_LEVEL", "INFO"),
+                        format="[%(asctime)s] worker %(levelname)s %(message)s")
+    args = parse_args(argv)
+    model_def = load_model_def(args.model_def)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+    try:
+        return Trainer(args, model_def).run()
+    finally:
+        dist.destroy_process_group()
+

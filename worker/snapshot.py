@@ -1,0 +1,118 @@
+"""Training-state snapshots: a fast node-local copy, a persisted copy, then a commit in etcd.
+
+Only rank 0 writes (DDP replicas are identical). ``save`` copies the state to CPU at once, so
+training goes on while a background thread writes ``snapshot-{step:09d}.pt`` first into the
+node-local directory, then into the persisted one (a PVC in a cluster), each by write-to-temp
+and rename, and only then calls ``on_persisted`` (the etcd commit). A snapshot that is
+committed therefore always exists in the persisted directory; a node that survives restores
+from its local copy, anyone else from the persisted one, and newcomers get it by broadcast.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+KEEP = 3  # snapshots kept per directory: the committed one and a couple to fall back to
+
+
+class SnapshotError(RuntimeError):
+    """A snapshot is missing or unreadable; the message names the file and what to do."""
+
+
+def snapshot_name(step: int) -> str:
+    return f"snapshot-{step:09d}.pt"
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+class Snapshotter:
+    def __init__(self, persist_dir: str | os.PathLike[str],
+                 local_dir: str | os.PathLike[str] | None = None) -> None:
+        self.persist_dir = Path(persist_dir)
+        self.local_dir = Path(local_dir) if local_dir else None
+        for directory in self._dirs():
+            directory.mkdir(parents=True, exist_ok=True)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _dirs(self) -> list[Path]:
+        return [d for d in (self.local_dir, self.persist_dir) if d is not None]
+
+    def save(self, step: int, state: dict[str, Any],
+             on_persisted: Callable[[str], None], wait: bool = False) -> None:
+        """Write ``state`` as the snapshot of ``step``; ``on_persisted(name)`` after it is safe."""
+        self.wait()
+        cpu_state = _to_cpu(state)
+        self._thread = threading.Thread(target=self._write, args=(step, cpu_state, on_persisted),
+                                        daemon=True, name=f"snapshot-{step}")
+        self._thread.start()
+        if wait:
+            self.wait()
+
+    def wait(self) -> None:
+        """Block until the snapshot in flight is persisted and committed (re-raise its error)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _write(self, step: int, state: dict[str, Any],
+               on_persisted: Callable[[str], None]) -> None:
+        name = snapshot_name(step)
+        try:
+            for directory in self._dirs():
+                temporary = directory / f".{name}.tmp{os.getpid()}"
+                torch.save(state, temporary)
+                os.replace(temporary, directory / name)
+                self._prune(directory)
+            on_persisted(name)
+        except BaseException as error:  # noqa: BLE001 - surfaced by wait()
+            log.exception("snapshot failed step=%d", step)
+            self._error = error
+
+    @staticmethod
+    def _prune(directory: Path) -> None:
+        for old in sorted(directory.glob("snapshot-*.pt"))[:-KEEP]:
+            old.unlink(missing_ok=True)
+
+    def load(self, name: str) -> dict[str, Any]:
+        """The named snapshot, from the local copy if this node has a good one."""
+        errors = []
+        for directory in self._dirs():
+            path = directory / name
+            if not path.exists():
+                errors.append(f"{path}: missing")
+                continue
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as error:  # noqa: BLE001 - try the next copy, then explain
+                errors.append(f"{path}: unreadable ({type(error).__name__}: {error})")
+        raise SnapshotError(f"snapshot {name} cannot be restored: " + "; ".join(errors))
+
+    def available(self) -> list[str]:
+        """Snapshot names in the persisted directory, newest first."""
+        return sorted((p.name for p in self.persist_dir.glob("snapshot-*.pt")), reverse=True)
+
+    def copy_persisted_to_local(self, name: str) -> None:
+        if self.local_dir is not None and not (self.local_dir / name).exists():
+            shutil.copyfile(self.persist_dir / name, self.local_dir / name)
