@@ -208,9 +208,9 @@ class Trainer:
                     log.warning("stopping on SIGTERM rank=%d step=%d (snapshot committed)",
                                 self.rank, step)
                     return EXIT_PREEMPTED
-                if done:
-                    break
                 time.sleep(max(0.0, self.args.step_time - (time.monotonic() - began)))
+                if position == 0:
+                    break  # a new epoch: its own order
         if self.rank == 0:
             self.snapshots.wait()
             if self.args.output:
