@@ -1,0 +1,267 @@
+"""Worker pod manifests: pure (no cluster, no network); every field lands, bad input is named."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from torch.distributed.run import get_args_parser
+
+from master.pod_spec import (
+    ATTEMPT_LABEL,
+    INDEX_LABEL,
+    JOB_LABEL,
+    RUN_ID_LABEL,
+    WorkerPodSpec,
+    build_pod,
+    parse_quantity,
+    selector,
+)
+
+BASE = WorkerPodSpec(job_name="mnist", image="kfp-elastic-worker:0.1.0", entrypoint="train.py",
+                     rdzv_endpoint="kfp-elastic-etcd-0.kfp-elastic-etcd-headless:2379",
+                     min_nodes=2, max_nodes=4)  # fmt: skip
+
+FULL = WorkerPodSpec(
+    job_name="resnet",
+    run_id="resnet-run.7",
+    worker_index=3,
+    attempt=2,
+    namespace="kfp-elastic",
+    image="registry.example/worker@sha256:" + "a" * 64,
+    entrypoint="trainer.main",
+    module=True,
+    entrypoint_args=("--epochs", "3", "--snapshot", "/snapshots/resnet"),
+    rdzv_endpoint="$(KFP_ELASTIC_RDZV_ENDPOINT)",
+    min_nodes=1,
+    max_nodes=8,
+    nproc_per_node="gpu",
+    rdzv_conf={"join_timeout": "120", "lease_ttl": "10"},
+    max_restarts=5,
+    torchrun_args=("--monitor-interval=1",),
+    command=("python", "-m", "torch.distributed.run"),
+    cpu="3500m",
+    cpu_limit=8,
+    memory="24Gi",
+    memory_limit="32Gi",
+    gpu=2,
+    priority_class="kfp-elastic-worker-low",
+    service_account="kfp-elastic-worker",
+    tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                 {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute",
+                  "tolerationSeconds": 30}),  # fmt: skip
+    node_selector={"cloud.google.com/gke-accelerator": "nvidia-l4"},
+    affinity={"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 50, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                           "labelSelector": {"matchLabels": {JOB_LABEL: "resnet"}}}}
+    ]}},  # fmt: skip
+    labels={"team": "vision"},
+    annotations={"example.com/owner": "alice", "cluster-autoscaler.kubernetes.io/safe-to-evict":
+                 "true"},  # fmt: skip
+    env={"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "4"},
+    env_from_config_maps=("kfp-elastic-config",),
+    volumes=({"name": "snapshots", "persistentVolumeClaim": {"claimName": "resnet-snapshots"}},),
+    volume_mounts=({"name": "snapshots", "mountPath": "/snapshots"},),
+    etcd_tls_secret="kfp-elastic-etcd-client-tls",
+    shm_size="2Gi",
+    termination_grace_period_s=90,
+    image_pull_policy="IfNotPresent",
+    image_pull_secrets=("regcred",),
+    run_as_user=2000,
+    owner_reference={"apiVersion": "v1", "kind": "Pod", "name": "resnet-master",
+                     "uid": "0b6f3ad4-1111-2222-3333-444455556666"},  # fmt: skip
+)
+
+
+def container(pod: dict[str, Any]) -> dict[str, Any]:
+    (only,) = pod["spec"]["containers"]
+    return only
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(pod)["env"]}
+
+
+def test_defaults_make_a_preemptible_never_restarting_worker() -> None:
+    pod = build_pod(BASE)
+    assert pod["apiVersion"] == "v1" and pod["kind"] == "Pod"
+    assert pod["metadata"]["name"] == "mnist-worker-0-0"
+    assert "namespace" not in pod["metadata"] and "ownerReferences" not in pod["metadata"]
+    labels = pod["metadata"]["labels"]
+    assert labels[JOB_LABEL] == "mnist" and labels[RUN_ID_LABEL] == "mnist"  # run id = job
+    assert labels[INDEX_LABEL] == "0" and labels[ATTEMPT_LABEL] == "0"
+    assert labels["app.kubernetes.io/part-of"] == "kfp-elastic"
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never"
+    assert spec["priorityClassName"] == "kfp-elastic-worker-low"  # manifests/base/priorityclasses
+    assert spec["serviceAccountName"] == "kfp-elastic-worker"  # manifests/base/rbac.yaml
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["terminationGracePeriodSeconds"] == 30
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] == 1000  # the user of images/worker
+    assert "volumes" not in spec and "tolerations" not in spec and "nodeSelector" not in spec
+    c = container(pod)
+    assert c["command"] == ["torchrun"] and "resources" in c and c["resources"] == {}
+    assert c["args"] == [
+        "--nnodes=2:4", "--nproc-per-node=1", "--rdzv-backend=elastic-etcd",
+        "--rdzv-endpoint=kfp-elastic-etcd-0.kfp-elastic-etcd-headless:2379", "--rdzv-id=mnist",
+        "--max-restarts=3", "--local-addr=$(POD_IP)", "train.py",
+    ]  # fmt: skip
+    env = env_of(pod)
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["KFP_ELASTIC_WORKER_INDEX"] == "0" and env["KFP_ELASTIC_RUN_ID"] == "mnist"
+
+
+def test_args_are_what_torchrun_itself_parses() -> None:
+    args = get_args_parser().parse_args(container(build_pod(FULL))["args"])
+    assert (args.nnodes, args.nproc_per_node, args.rdzv_backend) == ("1:8", "gpu", "elastic-etcd")
+    assert args.rdzv_endpoint == "$(KFP_ELASTIC_RDZV_ENDPOINT)" and args.rdzv_id == "resnet-run.7"
+    assert args.rdzv_conf == (
+        "join_timeout=120,lease_ttl=10,cacert=/etc/kfp-elastic/etcd-tls/ca.crt,"
+        "cert=/etc/kfp-elastic/etcd-tls/tls.crt,key=/etc/kfp-elastic/etcd-tls/tls.key"
+    )
+    assert args.max_restarts == 5 and args.monitor_interval == 1.0
+    assert args.local_addr == "$(POD_IP)"
+    assert args.module is True and args.training_script == "trainer.main"
+    assert args.training_script_args == ["--epochs", "3", "--snapshot", "/snapshots/resnet"]
+
+
+def test_every_passthrough_field_lands_in_the_manifest() -> None:
+    pod = build_pod(FULL)
+    meta, spec, c = pod["metadata"], pod["spec"], container(pod)
+    assert meta["name"] == "resnet-worker-3-2" and meta["namespace"] == "kfp-elastic"
+    assert meta["labels"]["team"] == "vision" and meta["labels"][INDEX_LABEL] == "3"
+    assert meta["labels"][ATTEMPT_LABEL] == "2" and meta["labels"][RUN_ID_LABEL] == "resnet-run.7"
+    assert meta["annotations"] == dict(FULL.annotations)
+    assert meta["ownerReferences"] == [{"controller": True, **FULL.owner_reference}]
+    assert spec["priorityClassName"] == "kfp-elastic-worker-low"
+    assert spec["serviceAccountName"] == "kfp-elastic-worker"
+    assert spec["tolerations"] == [dict(t) for t in FULL.tolerations]
+    assert spec["nodeSelector"] == dict(FULL.node_selector)
+    assert spec["affinity"] == dict(FULL.affinity)
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert spec["terminationGracePeriodSeconds"] == 90
+    assert spec["securityContext"]["fsGroup"] == 2000  # the snapshot PVC is writable
+    assert c["image"] == FULL.image and c["imagePullPolicy"] == "IfNotPresent"
+    assert c["command"] == ["python", "-m", "torch.distributed.run"]
+    assert c["resources"] == {
+        "requests": {"cpu": "3500m", "memory": "24Gi", "nvidia.com/gpu": "2"},
+        "limits": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"},
+    }
+    env = env_of(pod)
+    assert env["NCCL_DEBUG"] == "WARN" and env["OMP_NUM_THREADS"] == "4"
+    assert env["KFP_ELASTIC_ATTEMPT"] == "2" and env["KFP_ELASTIC_JOB"] == "resnet"
+    assert c["envFrom"] == [{"configMapRef": {"name": "kfp-elastic-config"}}]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["snapshots"]["persistentVolumeClaim"] == {"claimName": "resnet-snapshots"}
+    assert volumes["etcd-tls"]["secret"]["secretName"] == "kfp-elastic-etcd-client-tls"
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert mounts == {"/snapshots": "snapshots", "/etc/kfp-elastic/etcd-tls": "etcd-tls",
+                      "/dev/shm": "dshm"}  # fmt: skip
+
+
+def test_memory_limit_defaults_to_request_and_cpu_is_not_limited() -> None:
+    resources = container(build_pod(replace(BASE, cpu=2, memory="8Gi")))["resources"]
+    assert resources == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
+
+
+def test_optional_identity_fields_can_be_left_to_the_cluster() -> None:
+    spec = build_pod(replace(BASE, priority_class=None, service_account=None, run_as_user=None))
+    assert "priorityClassName" not in spec["spec"] and "serviceAccountName" not in spec["spec"]
+    assert spec["spec"]["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def test_build_is_a_pure_function_of_the_spec() -> None:
+    before = copy.deepcopy(FULL)
+    first = build_pod(FULL)
+    first["metadata"]["labels"]["team"] = "changed"
+    first["spec"]["volumes"][0]["name"] = "changed"
+    assert build_pod(FULL) == build_pod(before) != first
+    assert FULL == before
+
+
+def test_selector_matches_the_pod_labels() -> None:
+    labels = build_pod(BASE)["metadata"]["labels"]
+    for term in selector("mnist").split(","):
+        key, value = term.split("=")
+        assert labels[key] == value
+
+
+def test_manifest_passes_the_kubernetes_schema() -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    for version in ("1.30", kubernetes_validate.latest_version()):
+        for spec in (BASE, FULL):
+            kubernetes_validate.validate(build_pod(spec), version, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("250m", Decimal("0.25")), ("2", Decimal(2)), ("1.5Gi", Decimal(1610612736)),
+     ("4k", Decimal(4000)), ("1e3", Decimal(1000)), ("+.5", Decimal("0.5")), (3, Decimal(3)),
+     ("-1", Decimal(-1)), ("1E", Decimal(10**18))],
+)  # fmt: skip
+def test_parse_quantity(text: str, value: Decimal) -> None:
+    assert parse_quantity(text) == value
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"job_name": "My_Job"}, "job_name='My_Job' is not a DNS-1123 label"),
+        ({"job_name": "-job"}, "not a DNS-1123 label"),
+        ({"job_name": "j" * 60}, "longer than 63 characters"),
+        ({"namespace": "Kfp"}, "namespace='Kfp' is not a DNS-1123 label"),
+        ({"run_id": "run/1"}, "run_id='run/1'"),
+        ({"worker_index": -1}, "worker_index=-1 must be an integer >= 0"),
+        ({"attempt": True}, "attempt=True must be an integer >= 0"),
+        ({"min_nodes": 0}, "min_nodes=0 must be an integer >= 1"),
+        ({"min_nodes": 5, "max_nodes": 4}, "min_nodes=5 > max_nodes=4"),
+        ({"nproc_per_node": 0}, "nproc_per_node=0"),
+        ({"nproc_per_node": "many"}, "nproc_per_node='many'"),
+        ({"image": ""}, "image=''"),
+        ({"image": "a b"}, "image='a b'"),
+        ({"entrypoint": ""}, "entrypoint must name"),
+        ({"command": ()}, "command must be"),
+        ({"rdzv_endpoint": "etcd:99999"}, "rdzv_endpoint: --rdzv-endpoint entry 'etcd:99999'"),
+        ({"rdzv_conf": {"joint_timeout": "1"}}, "rdzv_conf keys ['joint_timeout'] are unknown"),
+        ({"rdzv_conf": {"join_timeout": "1,2"}}, "contain no ','"),
+        ({"rdzv_conf": {"cacert": "/x"}, "etcd_tls_secret": "tls"}, "do not pass them too"),
+        ({"cpu": "-1"}, "cpu='-1' must not be negative"),
+        ({"memory": "-2Gi"}, "memory='-2Gi' must not be negative"),
+        ({"memory": "lots"}, "memory: 'lots' is not a Kubernetes quantity"),
+        ({"cpu": "1", "cpu_limit": "500m"}, "cpu_limit='500m' is below cpu='1'"),
+        ({"memory": "8Gi", "memory_limit": "4Gi"}, "memory_limit='4Gi' is below memory='8Gi'"),
+        ({"gpu": -1}, "gpu=-1 must be an integer >= 0"),
+        ({"gpu": 1, "gpu_resource": "bad resource"}, "gpu_resource key 'bad resource'"),
+        ({"shm_size": "-1Mi"}, "shm_size='-1Mi' must not be negative"),
+        ({"termination_grace_period_s": -5}, "termination_grace_period_s=-5"),
+        ({"priority_class": "Low"}, "priority_class='Low' is not a DNS-1123 subdomain"),
+        ({"service_account": "sa_1"}, "service_account='sa_1'"),
+        ({"image_pull_policy": "Sometimes"}, "image_pull_policy='Sometimes'"),
+        ({"labels": {JOB_LABEL: "other"}}, "set by the launcher"),
+        ({"labels": {"team": "a b"}}, "label value 'a b'"),
+        ({"labels": {"bad key!": "x"}}, "key 'bad key!'"),
+        ({"node_selector": {"zone": "x" * 64}}, "not a valid label value"),
+        ({"annotations": {"UPPER.example/x": "y"}}, "annotations key prefix"),
+        ({"env": {"POD_IP": "1.2.3.4"}}, "env 'POD_IP' is set by the launcher"),
+        ({"env": {"1=2": "x"}}, "env name '1=2'"),
+        ({"tolerations": ({"key": "k", "operator": "In"},)}, "operator 'In'"),
+        ({"tolerations": ({"operator": "Exists", "value": "v"},)}, "Exists takes no value"),
+        ({"tolerations": ({"key": "k", "effect": "NoRun"},)}, "effect 'NoRun'"),
+        ({"tolerations": ({"key": "k", "tolerationSeconds": 5},)}, "only applies to"),
+        ({"tolerations": ({"key": "k", "colour": "red"},)}, "unknown fields ['colour']"),
+        ({"volume_mounts": ({"name": "data", "mountPath": "/data"},)}, "names no volume"),
+        ({"volumes": ({"name": "dshm", "emptyDir": {}},)}, "used twice (or is reserved)"),
+        ({"volumes": ({"name": "d", "emptyDir": {}},),
+          "volume_mounts": ({"name": "d", "mountPath": "rel"},)}, "must be absolute"),
+        ({"owner_reference": {"kind": "Pod", "name": "m"}}, "owner_reference lacks"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_named(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=None) as caught:
+        build_pod(replace(BASE, **change))
+    assert message in str(caught.value)
