@@ -41,6 +41,11 @@ def latest_step(events_path: Path) -> tuple[int, int]:
     return last["step"], last["world_size"]
 
 
+def progress_line(events_path: Path) -> str:
+    step, world = latest_step(events_path)
+    return f"training with world size {world} at step {step}"
+
+
 def wait_world(events_path: Path, world: int, after: float, what: str) -> float:
     step = wait_for_events(events_path, lambda ev: first_step_with_world(ev, world, after),
                            PHASE_TIMEOUT_S, what=what)
@@ -65,14 +70,14 @@ def run(steps: int, workdir: Path) -> int:
         say(f"started 3 torchrun agents, run id {run_id}, --nnodes=2:3")
         wait_world(events, 3, 0.0, "the 3-node world")
         time.sleep(3)
-        say("training with world size %d at step %d" % latest_step(events)[::-1])
+        say(progress_line(events))
 
         killed_at = group.agents[1].sigkill_tree()
         say("SIGKILLed node1's whole process tree (a preempted node)")
         recovered = wait_world(events, 2, killed_at, "the 2-node world")
         say(f"survivors train with world size 2, {recovered - killed_at:.1f}s after the kill")
         time.sleep(3)
-        say("training with world size %d at step %d" % latest_step(events)[::-1])
+        say(progress_line(events))
 
         joined_at = time.time()
         start_node("node3")
@@ -84,7 +89,7 @@ def run(steps: int, workdir: Path) -> int:
         deadline = time.monotonic() + PHASE_TIMEOUT_S + steps * 0.1
         while any(a.alive() for a in survivors) and time.monotonic() < deadline:
             time.sleep(2)
-            say("training with world size %d at step %d" % latest_step(events)[::-1])
+            say(progress_line(events))
         codes = [a.returncode for a in survivors]
         if codes != [0] * len(survivors):
             say(f"agents ended with codes {codes}; logs:\n{group.logs()}")

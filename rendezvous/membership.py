@@ -43,6 +43,11 @@ class Membership:
         self.node_lease_lost = False
         self._record = NodeRecord(node_id, 0, waiting=False, after_round=0, addr=addr)
         self._cache = WatchedPrefix(client, keys.rdzv)
+        self._view_lock = threading.Lock()
+        self._view_revision = -1
+        self._parsed: dict[str, tuple[int, NodeRecord]] = {}
+        self._view_live: list[NodeRecord] = []
+        self._view_round = NO_ROUND
         self._cache.start()
         self._keeper = LeaseKeeper(client, config.lease_ttl / 3, self._on_lease_lost)
         self._probe: PeerProbe | None = None
@@ -62,17 +67,30 @@ class Membership:
         self._cache.wait_for_change(after_revision, timeout)
 
     def view(self) -> tuple[list[NodeRecord], RoundRecord]:
-        _, entries = self._cache.snapshot()
-        live: list[NodeRecord] = []
-        current = NO_ROUND
-        for key, entry in entries.items():
-            if key.startswith(self._keys.nodes):
-                node_id = key[len(self._keys.nodes):]
-                with contextlib.suppress(ValueError, KeyError):
-                    live.append(NodeRecord.from_json(node_id, entry.create_revision, entry.value))
-            elif key == self._keys.round:
-                current = RoundRecord.from_json(entry.value)
-        return live, current
+        """Live nodes and the current round, parsed once per revision of each key."""
+        revision, entries = self._cache.snapshot()
+        with self._view_lock:
+            if revision == self._view_revision:
+                return list(self._view_live), self._view_round
+            parsed: dict[str, tuple[int, NodeRecord]] = {}
+            current = NO_ROUND
+            for key, entry in entries.items():
+                if key.startswith(self._keys.nodes):
+                    known = self._parsed.get(key)
+                    if known is not None and known[0] == entry.mod_revision:
+                        parsed[key] = known
+                        continue
+                    with contextlib.suppress(ValueError, KeyError):
+                        record = NodeRecord.from_json(key[len(self._keys.nodes):],
+                                                      entry.create_revision, entry.value)
+                        parsed[key] = (entry.mod_revision, record)
+                elif key == self._keys.round:
+                    current = RoundRecord.from_json(entry.value)
+            self._parsed = parsed
+            self._view_revision = revision
+            self._view_live = [record for _, record in parsed.values()]
+            self._view_round = current
+            return list(self._view_live), current
 
     def my_record(self) -> NodeRecord | None:
         entry = self._cache.get(self._keys.node(self.node_id))
