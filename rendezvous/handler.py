@@ -223,19 +223,6 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         return self.num_nodes_waiting() > 0 or self._left.is_set()
 
 
-def _show_logs_under_torchrun() -> None:
-    """torchrun shows only its own loggers; make ours visible (``KFP_ELASTIC_LOG_LEVEL``)."""
-    package_logger = logging.getLogger("rendezvous")
-    if package_logger.handlers:
-        return
-    stream = logging.StreamHandler()
-    stream.setFormatter(logging.Formatter(
-        "[%(asctime)s] elastic-etcd %(levelname)s %(name)s: %(message)s"))
-    package_logger.addHandler(stream)
-    package_logger.setLevel(os.environ.get("KFP_ELASTIC_LOG_LEVEL", "INFO").upper())
-    package_logger.propagate = False
-
-
 def create_handler(params: RendezvousParameters) -> ElasticEtcdRendezvousHandler:
     """The creator torch's registry calls with torchrun's parameters."""
     try:
@@ -246,10 +233,3 @@ def create_handler(params: RendezvousParameters) -> ElasticEtcdRendezvousHandler
     except ConfigError as error:
         raise ValueError(f"elastic-etcd: {error}") from None
     return ElasticEtcdRendezvousHandler(config)
-
-
-def entry_point() -> object:
-    """``torchrun.handlers`` entry point: a zero-argument callable returning the creator."""
-    _show_logs_under_torchrun()
-    return create_handler
-

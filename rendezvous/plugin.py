@@ -1,0 +1,38 @@
+"""The ``torchrun.handlers`` entry point, kept free of torch imports.
+
+torch loads entry points while ``torch.distributed.elastic.rendezvous`` is being imported, which
+may itself be happening inside an import of :mod:`rendezvous.handler`; so the creator returned
+here imports the handler only when torchrun calls it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+
+def _show_logs_under_torchrun() -> None:
+    """torchrun shows only its own loggers; make ours visible (``KFP_ELASTIC_LOG_LEVEL``)."""
+    package_logger = logging.getLogger("rendezvous")
+    if package_logger.handlers:
+        return
+    stream = logging.StreamHandler()
+    stream.setFormatter(logging.Formatter(
+        "[%(asctime)s] elastic-etcd %(levelname)s %(name)s: %(message)s"))
+    package_logger.addHandler(stream)
+    package_logger.setLevel(os.environ.get("KFP_ELASTIC_LOG_LEVEL", "INFO").upper())
+    package_logger.propagate = False
+
+
+def create_handler(params: Any) -> Any:
+    """``(RendezvousParameters) -> ElasticEtcdRendezvousHandler`` for torch's registry."""
+    from .handler import create_handler as create
+
+    return create(params)
+
+
+def entry_point() -> Any:
+    """Zero-argument callable returning the creator (torch >= 2.6 plugin protocol)."""
+    _show_logs_under_torchrun()
+    return create_handler
