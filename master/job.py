@@ -1,0 +1,393 @@
+"""The master's control loop: keep one elastic job between MIN and MAX workers until it ends.
+
+Every ``reconcile_interval_s`` (and at once on a launcher event or a watched etcd change) the
+loop puts new rounds and commits on the timeline, asks ``master.scaling.decide`` what to do with
+the workers, records ended workers (state + timeline) before deleting them, launches
+replacements and refreshes the metrics. All state is in etcd (``master.state``): a master that
+is SIGKILLed and started again with the same run id takes the leadership over, adopts the
+workers that still run and goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyetcd.client import MultiEndpointEtcd3Client
+
+from master.launcher import Launcher, Reason, WorkerPhase, WorkerStatus
+from master.metrics import Metrics, TimelineStats
+from master.observer import Observer
+from master.scaling import Decision, ScalingPolicy, decide, is_active
+from master.state import MasterState, NotLeaderError, read_timeline
+from rendezvous.etcd_client import TRANSIENT_ERRORS
+from rendezvous.keys import RunKeys
+from worker.data_plan import Shard, shards_for_length
+from worker.progress import Manifest, manifest_from_shards
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KEY_PREFIX = "/kfp-elastic"
+REDELETE_S = 10.0
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    run_id: str
+    min_workers: int
+    max_workers: int
+    nproc_per_worker: int = 1
+    epochs: int = 1
+    max_wait_s: float = 600.0
+    max_failures: int = 3
+    dataset_length: int | None = None
+    shard_size: int | None = None
+    shard_manifest: str | None = None  # JSON file: {"shards": [[id, start, end], ...]}
+    seed: int = 0
+    shuffle: bool = True
+    entry: tuple[str, ...] = ("-m", "worker")
+    key_prefix: str = DEFAULT_KEY_PREFIX
+    launcher: str = "local"
+    finish_grace_s: float = 30.0  # after the job is complete, workers get this long to exit
+    leader_ttl_s: float = 5.0
+    reconcile_interval_s: float = 0.5
+    extra: dict[str, Any] = field(default_factory=dict)  # launcher settings, for the record
+
+    @property
+    def run_prefix(self) -> str:
+        return f"{self.key_prefix.rstrip('/')}/{self.run_id}"
+
+    @property
+    def policy(self) -> ScalingPolicy:
+        return ScalingPolicy(self.min_workers, self.max_workers, self.max_failures,
+                             self.max_wait_s)  # fmt: skip
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the option at fault, before anything starts."""
+        if not self.run_id or "/" in self.run_id:
+            raise ValueError(f"--run-id must be non-empty and without '/', got {self.run_id!r}")
+        self.policy.validate()
+        if self.nproc_per_worker < 1:
+            raise ValueError(f"--nproc-per-worker must be >= 1, got {self.nproc_per_worker}")
+        if self.epochs < 1:
+            raise ValueError(f"--epochs must be >= 1, got {self.epochs}")
+        if self.shard_manifest and self.dataset_length is not None:
+            raise ValueError("give either --shard-manifest or --dataset-length, not both")
+        if (self.shard_size is None) != (self.dataset_length is None) and not self.shard_manifest:
+            raise ValueError("--dataset-length and --shard-size go together")
+        self.manifest()  # a bad manifest fails here
+
+    def manifest(self) -> Manifest | None:
+        if self.shard_manifest:
+            try:
+                data = json.loads(Path(self.shard_manifest).read_text())
+                shards = [Shard(*map(int, row)) for row in data["shards"]]
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                raise ValueError(f"--shard-manifest {self.shard_manifest}: {error}") from error
+            return manifest_from_shards(shards, self.epochs, self.seed, self.shuffle)
+        if self.dataset_length is not None and self.shard_size is not None:
+            shards = shards_for_length(self.dataset_length, self.shard_size)
+            return manifest_from_shards(shards, self.epochs, self.seed, self.shuffle)
+        return None
+
+    def to_record(self) -> dict[str, Any]:
+        return {**asdict(self), "entry": list(self.entry)}
+
+
+@dataclass(frozen=True)
+class JobResult:
+    state: str  # succeeded | failed | stepped_down
+    message: str
+
+    @property
+    def exit_code(self) -> int:
+        return {"succeeded": 0, "failed": 1}.get(self.state, 3)
+
+
+LauncherFactory = Callable[[MasterState], Launcher]
+
+
+class ElasticJob:
+    """``run()`` blocks until the job succeeded, failed, or this master stepped down."""
+
+    def __init__(self, spec: JobSpec, client: MultiEndpointEtcd3Client,
+                 make_launcher: LauncherFactory, *, metrics_port: int | None = None,
+                 metrics_host: str = "0.0.0.0") -> None:  # fmt: skip
+        spec.validate()
+        self.spec = spec
+        self.client = client
+        self.make_launcher = make_launcher
+        self.state = MasterState(client, spec.run_prefix, lease_ttl=spec.leader_ttl_s)
+        self.metrics = Metrics()
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
+        self.launcher: Launcher | None = None
+        self._stop = threading.Event()  # ends the loop
+        self._cancel = False  # SIGINT: fail the job and stop the workers
+        self._wake = threading.Event()
+        self._events_stop = threading.Event()
+        self._cache: dict[str, WorkerStatus] = {}
+        self._cache_lock = threading.Lock()
+        self._table: dict[str, dict[str, Any]] = {}
+        self._deleted_at: dict[str, float] = {}
+
+    # -- control from outside ----------------------------------------------------------------
+    def request_stop(self, cancel: bool) -> None:
+        """``cancel``: fail the job and stop its workers; otherwise step down and leave them."""
+        self._cancel = self._cancel or cancel
+        self._stop.set()
+        self._wake.set()
+
+    # -- main ---------------------------------------------------------------------------------
+    def run(self) -> JobResult:
+        try:
+            if not self.state.acquire(stop=self._stop, on_lost=self._wake.set):
+                return JobResult("stepped_down", "stopped while waiting for the leadership")
+            return self._run_as_leader()
+        except NotLeaderError as error:
+            log.error("stepping down: %s", error)
+            return JobResult("stepped_down", str(error))
+        finally:
+            self._events_stop.set()
+            if self.launcher is not None:
+                self.launcher.close()
+            self.metrics.close()
+            self.state.release()
+
+    def _run_as_leader(self) -> JobResult:
+        spec, state = self.spec, self.state
+        status = state.status()
+        if status is not None and status.get("state") in ("succeeded", "failed"):
+            log.info("run already finished run=%s state=%s", spec.run_id, status["state"])
+            return JobResult(status["state"], status.get("message", ""))
+        recovered = status is not None
+        previous = state.spec()
+        if recovered and previous is not None and previous != spec.to_record():
+            changed = sorted(k for k in spec.to_record() if previous.get(k) != spec.to_record()[k])
+            log.warning("job spec differs from the stored one, using the new one fields=%s",
+                        ",".join(changed))  # fmt: skip
+        state.save_spec(spec.to_record())
+        if not recovered:
+            state.set_status("running")
+        manifest = spec.manifest()
+        observer = Observer(self.client, state, spec.nproc_per_worker,
+                            TimelineStats().add_all(read_timeline(self.client, spec.run_prefix)),
+                            self._wake.set)  # fmt: skip
+        if manifest is not None:
+            stored = observer.progress.publish_manifest(manifest)
+            if stored != manifest:
+                log.warning("a different shard manifest is already published; keeping it")
+        self._table = state.workers()
+        self.launcher = self.make_launcher(state)
+        listed = {s.name: s for s in self.launcher.list_workers()}
+        with self._cache_lock:
+            self._cache.update(listed)
+        for name, record in self._table.items():
+            if not record.get("ended") and name not in listed:  # vanished while unwatched
+                self._cache[name] = WorkerStatus(
+                    name, WorkerPhase.DELETED, Reason.DELETED_EXTERNALLY,
+                    "gone while no master watched", worker_index=record.get("index"),
+                    attempt=record.get("attempt"))  # fmt: skip
+        if self.metrics_port is not None:
+            port = self.metrics.serve(self.metrics_port, self.metrics_host)
+            log.info("metrics served url=http://%s:%d/metrics", self.metrics_host, port)
+        live = sorted(n for n, r in self._table.items() if not r.get("ended"))
+        if recovered:
+            state.append_event("master_recovered", master=state.identity, workers=live,
+                               failures=state.failures())  # fmt: skip
+            log.info("master recovered run=%s adopted=%s", spec.run_id, ",".join(live) or "-")
+        else:
+            state.append_event("master_started", master=state.identity, run_id=spec.run_id,
+                               min_workers=spec.min_workers, max_workers=spec.max_workers,
+                               nproc_per_worker=spec.nproc_per_worker,
+                               launcher=spec.launcher)  # fmt: skip
+            log.info("master started run=%s min=%d max=%d", spec.run_id, spec.min_workers,
+                     spec.max_workers)  # fmt: skip
+        observer.start()
+        threading.Thread(target=self._consume_events, daemon=True, name="launcher-events").start()
+        try:
+            return self._loop(observer)
+        finally:
+            observer.stop()
+
+    def _loop(self, observer: Observer) -> JobResult:
+        spec, state = self.spec, self.state
+        failures = state.failures()
+        below_min_since: float | None = None
+        finishing_since: float | None = None
+        while True:
+            if state.lost.is_set():
+                raise NotLeaderError("leader lease lost")
+            if self._stop.is_set():
+                if self._cancel:
+                    return self._finish("failed", "cancelled (SIGINT)", observer)
+                return JobResult("stepped_down", "asked to stop (SIGTERM); workers left running")
+            try:
+                observer.observe()
+                now = time.monotonic()
+                done = observer.complete or any(r.get("ended") == "completed"
+                                                for r in self._table.values())  # fmt: skip
+                workers = self._workers()
+                decision = decide(spec.policy, workers, self._recorded(), failures,
+                                  below_min_since, now, finishing=done)  # fmt: skip
+                self._record_ended(decision, decision.failures)
+                failures, below_min_since = decision.failures, decision.below_min_since
+                self._update_metrics(observer, workers, failures)
+                if decision.give_up:
+                    return self._finish("failed", decision.give_up, observer)
+                if done or decision.completed:
+                    finishing_since = finishing_since or now
+                    live = [w for w in workers if is_active(w) and w.name not in
+                            {o.name for o in decision.ended}]  # fmt: skip
+                    if not live or now - finishing_since >= spec.finish_grace_s:
+                        why = ("committed progress is complete" if observer.complete
+                               else "a worker completed (exit code 0)")  # fmt: skip
+                        return self._finish("succeeded", why, observer)
+                failures = self._launch(decision, failures)
+                self._delete(decision.delete, now)
+            except TRANSIENT_ERRORS as error:  # etcd restarting: the leader lease decides
+                log.warning("etcd unavailable, retrying in 1 s error=%r", error)
+                self._wake.wait(1.0)
+            self._wake.wait(spec.reconcile_interval_s)
+            self._wake.clear()
+
+    # -- workers ------------------------------------------------------------------------------
+    def _consume_events(self) -> None:
+        assert self.launcher is not None
+        while not self._events_stop.is_set():
+            try:
+                for event in self.launcher.events(self._events_stop):
+                    with self._cache_lock:
+                        self._cache[event.name] = event
+                    self._wake.set()
+            except Exception:  # noqa: BLE001 - keep watching; the loop still reconciles
+                log.exception("launcher events failed; watching again in 1 s")
+                self._events_stop.wait(1.0)
+
+    def _recorded(self) -> set[str]:
+        return {name for name, record in self._table.items() if record.get("ended")}
+
+    def _workers(self) -> list[WorkerStatus]:
+        """Statuses of the table's workers (and of unknown ones the launcher reports)."""
+        with self._cache_lock:
+            cache = dict(self._cache)
+        recorded = self._recorded()
+        workers = []
+        for name, status in cache.items():
+            if name not in self._table and status.worker_index is not None:
+                self._table[name] = self.state.update_worker(
+                    name, index=status.worker_index, attempt=status.attempt or 0,
+                    launched_at=time.time())  # fmt: skip
+                log.info("worker found name=%s index=%s (not launched by this master)", name,
+                         status.worker_index)  # fmt: skip
+            if not (name in recorded and status.phase == WorkerPhase.DELETED):
+                workers.append(status)
+        for name, record in self._table.items():
+            if name not in cache and name not in recorded:  # launched, not reported yet
+                workers.append(WorkerStatus(name, WorkerPhase.PENDING,
+                                            worker_index=record.get("index"),
+                                            attempt=record.get("attempt")))  # fmt: skip
+        return workers
+
+    def _record_ended(self, decision: Decision, failures: int) -> None:
+        for outcome in decision.ended:
+            self._table[outcome.name] = self.state.update_worker(
+                outcome.name, ended=outcome.cause, ended_at=time.time(),
+                exit_code=outcome.exit_code, message=outcome.message)  # fmt: skip
+            fields = {"name": outcome.name, "index": outcome.worker_index,
+                      "exit_code": outcome.exit_code}  # fmt: skip
+            if outcome.completed:
+                self.state.append_event("worker_completed", **fields)
+            else:
+                self.state.append_event("worker_lost", cause=outcome.cause,
+                                        failure=outcome.failure, message=outcome.message,
+                                        **fields)  # fmt: skip
+            log.info("worker %s name=%s index=%s cause=%s failure=%s message=%s",
+                     "completed" if outcome.completed else "lost", outcome.name,
+                     outcome.worker_index, outcome.cause, outcome.failure, outcome.message)
+        if any(o.failure for o in decision.ended):
+            self.state.set_failures(failures)
+
+    def _launch(self, decision: Decision, failures: int) -> int:
+        if not decision.launch:
+            return failures
+        self._reopen_rendezvous()
+        for index in decision.launch:
+            try:
+                handle = self.launcher.launch(index)  # type: ignore[union-attr]
+            except NotLeaderError:
+                raise
+            except Exception as error:  # noqa: BLE001 - counted; the budget ends a loop of these
+                failures += 1
+                self.state.set_failures(failures)
+                self.state.append_event("launch_failed", index=index, message=str(error))
+                log.error("worker launch failed index=%d failures=%d error=%s", index,
+                          failures, error)  # fmt: skip
+                break
+            self._table[handle.name] = self.state.update_worker(
+                handle.name, index=index, attempt=handle.attempt, launched_at=time.time())
+            self.state.append_event("worker_launched", name=handle.name, index=index,
+                                    attempt=handle.attempt)  # fmt: skip
+            log.info("worker launched name=%s index=%d attempt=%d", handle.name, index,
+                     handle.attempt)  # fmt: skip
+        return failures
+
+    def _delete(self, names: tuple[str, ...], now: float) -> None:
+        """Ask the launcher once per name (again after ``REDELETE_S`` if it is still listed)."""
+        for name in names:
+            if now - self._deleted_at.get(name, -REDELETE_S) >= REDELETE_S:
+                self._deleted_at[name] = now
+                self.launcher.delete(name)  # type: ignore[union-attr]
+
+    def _reopen_rendezvous(self) -> None:
+        """torchrun closes the run when an agent gives up; a replacement could never join."""
+        closed = RunKeys(self.spec.run_prefix).closed
+        if self.client.get(closed)[0] is not None:
+            self.client.delete(closed)
+            log.warning("rendezvous reopened run=%s (an agent had closed it)", self.spec.run_id)
+
+    # -- end ----------------------------------------------------------------------------------
+    def _finish(self, result: str, message: str, observer: Observer) -> JobResult:
+        spec, state = self.spec, self.state
+        log.log(logging.INFO if result == "succeeded" else logging.ERROR,
+                "job %s run=%s message=%s", result, spec.run_id, message)
+        state.set_status(result, message)
+        self._stop_workers()
+        observer.observe()
+        state.append_event("job_done" if result == "succeeded" else "job_failed",
+                           message=message, failures=state.failures())  # fmt: skip
+        return JobResult(result, message)
+
+    def _stop_workers(self, timeout_s: float = 30.0) -> None:
+        """Delete every worker (ended ones too, so no pod lingers) and wait until none runs."""
+        assert self.launcher is not None
+        deadline = time.monotonic() + timeout_s
+        listed = self.launcher.list_workers()
+        for status in listed:
+            self.launcher.delete(status.name)
+        while time.monotonic() < deadline and any(not s.ended for s in listed):
+            time.sleep(0.2)
+            listed = self.launcher.list_workers()
+        for name, record in list(self._table.items()):
+            if not record.get("ended"):
+                self._table[name] = self.state.update_worker(name, ended="deleted",
+                                                             ended_at=time.time())  # fmt: skip
+
+    def _update_metrics(self, observer: Observer, workers: list[WorkerStatus],
+                        failures: int) -> None:  # fmt: skip
+        phases: dict[str, int] = {}
+        for status in workers:
+            if status.phase != WorkerPhase.DELETED:
+                phases[status.phase.value] = phases.get(status.phase.value, 0) + 1
+        stats = observer.stats
+        self.metrics.update(
+            world_size=observer.world_size(), workers=phases, restarts=stats.restarts,
+            shard_queue=observer.shard_queues(), steps_total=stats.steps_total,
+            steps_per_second=round(stats.rate(at=time.time()), 3),
+            lost_steps=stats.lost_steps, failures=failures)  # fmt: skip

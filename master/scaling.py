@@ -1,0 +1,172 @@
+"""How many workers to ask for, which to replace, when to give up: pure decisions, no I/O.
+
+The policy, as :func:`decide` applies it on every reconcile of the master:
+
+- **Ask for MAX, always exactly MAX.** Worker slots are the indexes ``0 .. max-1``. A slot is
+  taken by a worker that is Pending or Running and not being taken away; every free slot gets
+  a new worker. Pending workers (no room in the cluster yet, or still starting) keep their slot:
+  they join the job when capacity frees, and the master never adds pods beyond MAX to "try
+  harder" (they would only queue behind the Pending ones).
+- **Replace what ended.** A worker that was preempted, evicted, lost with its node or deleted by
+  someone else is replaced without counting a failure (a *disruption*). A worker that exited
+  non-zero is replaced too, and counts against ``max_failures``.
+- **Give up** when failures exceed ``max_failures``, or when fewer than MIN workers have been
+  Running for longer than ``max_wait_s`` (measured on the caller's monotonic clock).
+- **Finishing.** Once the job is complete (a worker exited 0 or the committed progress says so)
+  nothing is launched, the below-MIN clock stops and workers that end with an error no longer
+  count as failures (a late replacement finds the finished run closed and exits 1).
+
+Ended workers are reported in :attr:`Decision.ended` exactly once (the caller records them and
+passes their names back in ``recorded``) and listed in :attr:`Decision.delete` until they are
+gone, so finished pods do not linger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
+
+from master.launcher import Reason, WorkerPhase, WorkerStatus
+
+#: ``cause`` of an ended worker, as the timeline records it.
+CAUSES = {
+    Reason.COMPLETED: "completed",
+    Reason.PREEMPTED: "preempted",
+    Reason.EVICTED: "evicted",
+    Reason.NODE_LOST: "node_lost",
+    Reason.REJECTED: "rejected",
+    Reason.DELETED_EXTERNALLY: "deleted_externally",
+    Reason.DELETED: "deleted",
+    Reason.ERROR: "failed",
+}
+
+
+@dataclass(frozen=True)
+class ScalingPolicy:
+    min_workers: int
+    max_workers: int
+    max_failures: int = 3
+    max_wait_s: float = 600.0
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the option when the policy cannot work."""
+        if self.min_workers < 1:
+            raise ValueError(f"--min-workers must be >= 1, got {self.min_workers}")
+        if self.max_workers < self.min_workers:
+            raise ValueError(f"--min-workers={self.min_workers} is more than "
+                             f"--max-workers={self.max_workers}")  # fmt: skip
+        if self.max_failures < 0:
+            raise ValueError(f"--max-failures must be >= 0, got {self.max_failures}")
+        if not self.max_wait_s > 0:
+            raise ValueError(f"--max-wait must be > 0 seconds, got {self.max_wait_s}")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one worker ended."""
+
+    name: str
+    worker_index: int | None
+    cause: str  # a value of CAUSES
+    failure: bool  # counts against max_failures
+    exit_code: int | None
+    message: str
+
+    @property
+    def completed(self) -> bool:
+        return self.cause == "completed"
+
+
+@dataclass(frozen=True)
+class Decision:
+    launch: tuple[int, ...]  # worker indexes to start a new worker for
+    delete: tuple[str, ...]  # ended workers to remove (after recording them)
+    ended: tuple[Outcome, ...]  # newly ended workers, to record once
+    failures: int  # failures so far, these included
+    below_min_since: float | None  # monotonic time since when fewer than MIN run, or None
+    give_up: str | None  # why the job must fail now, or None
+    running: int
+    pending: int
+
+    @property
+    def completed(self) -> bool:
+        """A worker of this decision exited 0: the training is over."""
+        return any(o.completed for o in self.ended)
+
+
+def outcome_of(status: WorkerStatus) -> Outcome:
+    """Classify an ended worker: cause and whether it counts as a failure."""
+    if status.reason is not None and status.reason in CAUSES:
+        cause = CAUSES[status.reason]
+    elif status.phase == WorkerPhase.SUCCEEDED:
+        cause = "completed"
+    elif status.phase == WorkerPhase.FAILED:
+        cause = "failed"  # ended with an error and no disruption was reported
+    else:
+        cause = "deleted_externally"  # vanished without a reason: not the worker's fault
+    message = status.message or (f"exit code {status.exit_code}"
+                                 if status.exit_code is not None else cause)  # fmt: skip
+    return Outcome(status.name, status.worker_index, cause, cause == "failed", status.exit_code,
+                   message)  # fmt: skip
+
+
+def is_active(status: WorkerStatus) -> bool:
+    """Holds its slot: Pending or Running and not being taken away."""
+    return not status.ended and not status.is_disruption
+
+
+def decide(
+    policy: ScalingPolicy,
+    workers: Sequence[WorkerStatus],
+    recorded: Collection[str],
+    failures: int,
+    below_min_since: float | None,
+    now: float,
+    finishing: bool = False,
+) -> Decision:
+    """One reconcile step. ``workers``: every worker the launcher still has or that the caller
+    has not recorded as ended yet; ``recorded``: names whose end is already recorded."""
+    ended = tuple(outcome_of(w) for w in workers if w.ended and w.name not in recorded)
+    finishing = finishing or any(o.completed for o in ended)
+    if finishing:  # e.g. a late replacement that found the finished run closed: not a failure
+        ended = tuple(replace(o, failure=False) for o in ended)
+    failures += sum(o.failure for o in ended)
+    delete = tuple(w.name for w in workers if w.ended and w.phase != WorkerPhase.DELETED)
+    active = [w for w in workers if is_active(w)]
+    running = [w for w in active if w.phase == WorkerPhase.RUNNING]
+    pending = [w for w in active if w.phase == WorkerPhase.PENDING]
+
+    give_up: str | None = None
+    if failures > policy.max_failures and not finishing:
+        last = next((o for o in reversed(ended) if o.failure), None)
+        give_up = (f"{failures} worker failures exceed --max-failures={policy.max_failures}"
+                   + (f"; last: {last.name}: {last.message}" if last else ""))  # fmt: skip
+
+    if finishing or len(running) >= policy.min_workers:
+        below_min_since = None
+    else:
+        below_min_since = now if below_min_since is None else below_min_since
+        waited = now - below_min_since
+        if give_up is None and waited >= policy.max_wait_s:
+            give_up = (f"only {len(running)} of --min-workers={policy.min_workers} workers ran "
+                       f"for {waited:.1f}s, longer than --max-wait={policy.max_wait_s:g}s"
+                       + _describe_pending(pending))  # fmt: skip
+
+    launch: tuple[int, ...] = ()
+    if give_up is None and not finishing:
+        taken = {w.worker_index for w in active}
+        free = [i for i in range(policy.max_workers) if i not in taken]
+        launch = tuple(free[:max(0, policy.max_workers - len(active))])
+    return Decision(launch, delete, ended, failures, below_min_since, give_up, len(running),
+                    len(pending))  # fmt: skip
+
+
+def _describe_pending(pending: Sequence[WorkerStatus]) -> str:
+    if not pending:
+        return ""
+    shown = []
+    for w in pending[:5]:
+        why = w.reason.value if w.reason is not None else "starting"
+        shown.append(f"{w.name} ({why}{': ' + w.message if w.message else ''})")
+    more = f" and {len(pending) - 5} more" if len(pending) > 5 else ""
+    return f"; pending: {', '.join(shown)}{more}"

@@ -1,0 +1,287 @@
+"""All of the master's state in etcd, its leadership lease and the run's event timeline.
+
+Keys (``{run}`` = ``{key_prefix}/{run_id}``, JSON values, no leases unless noted):
+
+| key                             | value                                                   |
+|---------------------------------|---------------------------------------------------------|
+| ``{run}/master/leader``         | ``{"id", "host", "pid", "since"}``, on the leader lease |
+| ``{run}/master/spec``           | the job spec the master was started with               |
+| ``{run}/master/status``         | ``{"state": running/succeeded/failed, "message", "t"}`` |
+| ``{run}/master/workers/{name}`` | ``{"index", "attempt", "launched_at", "pid", "tag", ...}`` |
+| ``{run}/master/failures``       | ``{"count": n}``                                        |
+| ``{run}/master/observed``       | the last round and commit put on the timeline           |
+| ``{run}/master/event_seq``      | the last event sequence number used                    |
+| ``{run}/events/{seq:010d}``     | ``{"t": unix time, "kind": ..., ...}``                 |
+
+Leadership: a master grants a lease (TTL ``lease_ttl``, refreshed every TTL/3) and creates the
+leader key in a transaction that succeeds only if the key is absent. A second master watches
+the key and tries again when it is deleted (the first master released it, or its lease expired
+``lease_ttl`` seconds after it died). Every write of the leader is a transaction guarded by
+"the leader key still holds my value", so a master that lost its lease cannot overwrite the
+state of the master that replaced it (it gets :class:`NotLeaderError`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from pyetcd.client import MultiEndpointEtcd3Client
+from pyetcd.events import DeleteEvent
+
+from rendezvous.leases import LeaseKeeper, grant
+
+log = logging.getLogger(__name__)
+
+JOB_STATES = ("running", "succeeded", "failed")
+
+
+class NotLeaderError(RuntimeError):
+    """This master no longer holds the leadership of its run."""
+
+
+class MasterKeys:
+    def __init__(self, run_prefix: str) -> None:
+        self.run_prefix = run_prefix.rstrip("/")
+        base = f"{self.run_prefix}/master/"
+        self.leader = base + "leader"
+        self.spec = base + "spec"
+        self.status = base + "status"
+        self.workers = base + "workers/"
+        self.failures = base + "failures"
+        self.observed = base + "observed"
+        self.event_seq = base + "event_seq"
+        self.events = f"{self.run_prefix}/events/"
+
+    def worker(self, name: str) -> str:
+        return self.workers + name
+
+    def event(self, seq: int) -> str:
+        return f"{self.events}{seq:010d}"
+
+
+def read_timeline(client: MultiEndpointEtcd3Client, run_prefix: str) -> list[dict[str, Any]]:
+    """Every event of a run, oldest first, each with its ``seq``."""
+    keys = MasterKeys(run_prefix)
+    events = []
+    for value, meta in client.get_prefix(keys.events, sort_order="ascend", sort_target="key"):
+        try:
+            event = json.loads(value)
+        except ValueError:
+            continue
+        event["seq"] = int(meta.key.decode().rsplit("/", 1)[1])
+        events.append(event)
+    return events
+
+
+class MasterState:
+    """Reads work for anyone; writes need :meth:`acquire` first (they are fenced)."""
+
+    def __init__(self, client: MultiEndpointEtcd3Client, run_prefix: str, *,
+                 lease_ttl: float = 5.0, identity: str | None = None) -> None:  # fmt: skip
+        if lease_ttl < 2:
+            raise ValueError(f"leader lease TTL must be >= 2 s (etcd's minimum), got {lease_ttl}")
+        self.client = client
+        self.keys = MasterKeys(run_prefix)
+        self.lease_ttl = lease_ttl
+        self.identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._token = json.dumps({"id": self.identity, "host": socket.gethostname(),
+                                  "pid": os.getpid(), "since": time.time()})  # fmt: skip
+        self._lease = 0
+        self._keeper: LeaseKeeper | None = None
+        self._leader = False
+        self.lost = threading.Event()  # set when leadership was held and then lost
+        self._on_lost: Callable[[], None] | None = None
+        self._lock = threading.RLock()
+
+    # -- leadership ---------------------------------------------------------------------------
+    @property
+    def is_leader(self) -> bool:
+        return self._leader and not self.lost.is_set()
+
+    def leader(self) -> dict[str, Any] | None:
+        value, _ = self.client.get(self.keys.leader)
+        return json.loads(value) if value is not None else None
+
+    def acquire(self, stop: threading.Event | None = None, timeout: float | None = None,
+                on_lost: Callable[[], None] | None = None) -> bool:  # fmt: skip
+        """Become the leader; wait (watching the leader key) while another master is.
+
+        Returns False if ``stop`` was set or ``timeout`` passed first. ``on_lost`` is called
+        (on the keep-alive thread) if the lease is lost later.
+        """
+        stop = stop or threading.Event()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._on_lost = on_lost
+        if not self._lease:
+            self._lease = grant(self.client, self.lease_ttl)
+            self._keeper = LeaseKeeper(self.client, self.lease_ttl / 3, self._lease_lost)
+            self._keeper.keep(self._lease)
+        tx = self.client.transactions
+        waiting_logged = False
+        while not stop.is_set():
+            ok, responses = self.client.transaction(
+                compare=[tx.version(self.keys.leader) == 0],
+                success=[tx.put(self.keys.leader, self._token, lease=self._lease)],
+                failure=[tx.get(self.keys.leader)],
+            )
+            if ok:
+                self._leader = True
+                log.info("leadership acquired run=%s master=%s lease=%x", self.keys.run_prefix,
+                         self.identity, self._lease)  # fmt: skip
+                return True
+            rows = responses[0] if responses else []
+            if not rows:
+                continue  # the key vanished between compare and read: try again
+            holder, meta = rows[0]
+            if not waiting_logged:
+                log.info("waiting for leadership run=%s holder=%s", self.keys.run_prefix,
+                         holder.decode(errors="replace"))  # fmt: skip
+                waiting_logged = True
+            if not self._wait_for_delete(meta.mod_revision, stop, deadline):
+                break
+        return False
+
+    def _wait_for_delete(self, revision: int, stop: threading.Event,
+                         deadline: float | None) -> bool:  # fmt: skip
+        """Watch the leader key from after ``revision`` until it is deleted; False on stop or
+        timeout. Every second the key is read again (a broken watch must not hang us)."""
+        gone = threading.Event()
+
+        def on_event(response: Any) -> None:
+            if isinstance(response, BaseException) or response is None:
+                gone.set()  # watch broken: re-check by reading
+                return
+            if any(isinstance(e, DeleteEvent) for e in response.events):
+                gone.set()
+
+        watch_id = self.client.add_watch_callback(self.keys.leader, on_event,
+                                                  start_revision=revision + 1)  # fmt: skip
+        try:
+            while not gone.is_set():
+                if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+                    return False
+                if gone.wait(1.0):
+                    break
+                if self.client.get(self.keys.leader)[0] is None:
+                    break
+            return True
+        finally:
+            try:
+                self.client.cancel_watch(watch_id)
+            except Exception:  # noqa: BLE001 - a broken stream has nothing to cancel
+                pass
+
+    def _lease_lost(self, lease_id: int) -> None:
+        if self._leader and not self.lost.is_set():
+            log.error("leadership lost (lease expired) run=%s master=%s", self.keys.run_prefix,
+                      self.identity)  # fmt: skip
+            self.lost.set()
+            if self._on_lost is not None:
+                self._on_lost()
+
+    def release(self) -> None:
+        """Give up leadership at once (revoke the lease, which deletes the leader key)."""
+        if self._keeper is not None:
+            self._keeper.stop()
+            self._keeper = None
+        if self._lease:
+            try:
+                self.client.revoke_lease(self._lease)
+            except Exception as error:  # noqa: BLE001 - it expires by itself after the TTL
+                log.warning("could not revoke leader lease error=%r", error)
+            self._lease = 0
+        if self._leader:
+            log.info("leadership released run=%s master=%s", self.keys.run_prefix, self.identity)
+        self._leader = False
+
+    # -- fenced writes ------------------------------------------------------------------------
+    def _fenced(self, success: list[Any], extra_compare: list[Any] | None = None) -> bool:
+        """Run ``success`` if we still lead (and ``extra_compare`` holds). False only when the
+        extra compare failed; NotLeaderError when leadership is gone."""
+        if not self._leader:
+            raise NotLeaderError(f"not the leader of {self.keys.run_prefix}")
+        tx = self.client.transactions
+        ok, responses = self.client.transaction(
+            compare=[tx.value(self.keys.leader) == self._token, *(extra_compare or [])],
+            success=success, failure=[tx.get(self.keys.leader)],
+        )
+        if ok:
+            return True
+        rows = responses[0] if responses else []
+        if not rows or rows[0][0].decode() != self._token:
+            self.lost.set()
+            raise NotLeaderError(f"another master leads {self.keys.run_prefix} now")
+        return False
+
+    def _put(self, key: str, value: Any) -> None:
+        self._fenced([self.client.transactions.put(key, json.dumps(value))])
+
+    def _get(self, key: str) -> Any:
+        value, _ = self.client.get(key)
+        return json.loads(value) if value is not None else None
+
+    # -- job spec and status ------------------------------------------------------------------
+    def spec(self) -> dict[str, Any] | None:
+        return self._get(self.keys.spec)
+
+    def save_spec(self, spec: dict[str, Any]) -> None:
+        self._put(self.keys.spec, spec)
+
+    def status(self) -> dict[str, Any] | None:
+        return self._get(self.keys.status)
+
+    def set_status(self, state: str, message: str = "") -> None:
+        if state not in JOB_STATES:
+            raise ValueError(f"job state must be one of {JOB_STATES}, got {state!r}")
+        self._put(self.keys.status, {"state": state, "message": message, "t": time.time()})
+
+    # -- workers table (also the LocalLauncher's process registry) ----------------------------
+    def workers(self) -> dict[str, dict[str, Any]]:
+        table = {}
+        for value, meta in self.client.get_prefix(self.keys.workers):
+            name = meta.key.decode()[len(self.keys.workers):]
+            table[name] = json.loads(value)
+        return table
+
+    def update_worker(self, name: str, **fields: Any) -> dict[str, Any]:
+        """Merge ``fields`` into the worker's record (created if absent); return the record."""
+        with self._lock:
+            record = self._get(self.keys.worker(name)) or {}
+            record.update(fields)
+            self._put(self.keys.worker(name), record)
+            return record
+
+    def failures(self) -> int:
+        return int((self._get(self.keys.failures) or {}).get("count", 0))
+
+    def set_failures(self, count: int) -> None:
+        self._put(self.keys.failures, {"count": count})
+
+    def observed(self) -> dict[str, Any]:
+        return self._get(self.keys.observed) or {}
+
+    def set_observed(self, observed: dict[str, Any]) -> None:
+        self._put(self.keys.observed, observed)
+
+    # -- timeline -----------------------------------------------------------------------------
+    def append_event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """Append ``{"t", "kind", **fields}`` under the next sequence number; return it."""
+        tx = self.client.transactions
+        event = {"t": time.time(), "kind": kind, **fields}
+        with self._lock:
+            while True:
+                value, meta = self.client.get(self.keys.event_seq)
+                seq = int(value) + 1 if value is not None else 1
+                guard = (tx.mod(self.keys.event_seq) == meta.mod_revision if value is not None
+                         else tx.version(self.keys.event_seq) == 0)  # fmt: skip
+                if self._fenced([tx.put(self.keys.event_seq, str(seq)),
+                                 tx.put(self.keys.event(seq), json.dumps(event))], [guard]):
+                    return {**event, "seq": seq}

@@ -1,0 +1,95 @@
+"""ElasticJob with the Kubernetes launcher built by the CLI, against tests/fake_k8s.py: Pending
+pods keep their slot, a preempted pod is replaced, succeeded pods end the job."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from master.cli import build_parser, make_launcher_factory, make_spec, split_entry
+from master.job import ElasticJob, JobResult
+from master.state import MasterState, read_timeline
+from rendezvous.embedded_etcd import EmbeddedEtcd
+from rendezvous.etcd_client import connect_to
+from rendezvous.local_agents import wait_for
+from tests.fake_k8s import FakeKubernetes
+
+NS = "kfp-elastic"
+UNSCHEDULABLE = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                  "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]
+
+
+@pytest.fixture
+def k8s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKubernetes]:
+    with FakeKubernetes(namespace=NS) as fake:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+            f"clusters: [{{name: fake, cluster: {{server: '{fake.url}'}}}}]\n"
+            "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
+            "users: [{name: fake, user: {}}]\n")  # fmt: skip
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        yield fake
+
+
+def pods(fake: FakeKubernetes) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["status"].get("phase", "Pending")
+            for p in fake.list(NS)["items"]}  # fmt: skip
+
+
+def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
+        k8s: FakeKubernetes, etcd: EmbeddedEtcd, run_id: str) -> None:  # fmt: skip
+    own, entry = split_entry(["--run-id", run_id, "--etcd", etcd.endpoint, "--min-workers", "2",
+                              "--max-workers", "3", "--launcher", "kubernetes", "--image",
+                              "kfp-elastic-worker:0.1.0", "--namespace", NS, "--leader-ttl", "2",
+                              "--finish-grace", "5", "--", "--model-def", "m.py"])  # fmt: skip
+    args = build_parser().parse_args(own)
+    spec = make_spec(args, entry)
+    assert spec.entry == ("-m", "worker", "--model-def", "m.py")
+    client = connect_to(etcd.endpoint)
+    job = ElasticJob(spec, client, make_launcher_factory(args, spec, etcd.endpoint))
+    results: list[JobResult] = []
+    thread = threading.Thread(target=lambda: results.append(job.run()))
+    thread.start()
+    try:
+        names = wait_for(lambda: len(pods(k8s)) == 3 and sorted(pods(k8s)), 20, 0.05,
+                         "3 pods")  # fmt: skip
+        assert names == [f"{run_id}-worker-{i}-0" for i in range(3)]
+        pod = k8s.pod(names[0])
+        assert pod["spec"]["priorityClassName"] == "kfp-elastic-worker-low"
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["KFP_ELASTIC_ETCD_ENDPOINT"] == etcd.endpoint
+        k8s.set_phase(names[0], "Running")
+        k8s.set_phase(names[1], "Running")
+        k8s.set_phase(names[2], "Pending", conditions=UNSCHEDULABLE)
+        time.sleep(1.5)
+        assert len(pods(k8s)) == 3  # Pending keeps its slot; nothing extra is asked for
+
+        k8s.preempt(names[1])
+        replacement = f"{run_id}-worker-1-1"
+        wait_for(lambda: replacement in pods(k8s), 10, 0.05, "replacement pod")
+        assert len(pods(k8s)) == 3
+        k8s.set_phase(replacement, "Running")
+        k8s.set_phase(names[2], "Running")
+        for name in (names[0], replacement, names[2]):
+            k8s.set_phase(name, "Succeeded", exit_code=0)
+        thread.join(30)
+        assert results and results[0].state == "succeeded", results
+        wait_for(lambda: not pods(k8s), 10, 0.05, "pods deleted")
+    finally:
+        job.request_stop(cancel=True)
+        thread.join(30)
+    timeline = read_timeline(client, spec.run_prefix)
+    lost = [(e["name"], e["cause"], e["failure"]) for e in timeline if e["kind"] == "worker_lost"]
+    assert lost == [(names[1], "preempted", False)]
+    launched = [e["name"] for e in timeline if e["kind"] == "worker_launched"]
+    assert launched == [*names, replacement]
+    assert [e["kind"] for e in timeline][-1] == "job_done"
+    state: Any = MasterState(client, spec.run_prefix)
+    assert state.status()["state"] == "succeeded" and state.failures() == 0
+    client.close()

@@ -1,0 +1,83 @@
+"""master.metrics: timeline fold (pure), text format, HTTP endpoint."""
+
+from __future__ import annotations
+
+import re
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+
+from master.metrics import Metrics, Snapshot, TimelineStats, render
+
+
+def commit(t: float, step: int) -> dict[str, object]:
+    return {"kind": "committed", "t": t, "step": step}
+
+
+def round_formed(t: float, number: int, world: int = 2) -> dict[str, object]:
+    return {"kind": "round_formed", "t": t, "round": number, "world_size": world}
+
+
+def test_restarts_count_rounds_after_the_first_including_unseen_ones() -> None:
+    stats = TimelineStats().add_all([round_formed(0, 1), round_formed(5, 2), round_formed(9, 5)])
+    assert stats.rounds == 5 and stats.restarts == 4
+    stats.add(round_formed(20, 1))  # the run's keys expired and rounds count from 1 again
+    assert stats.restarts == 5 and stats.world_size == 2
+
+
+def test_lost_steps_after_a_round_change_are_estimated_and_capped() -> None:
+    # One step per second, a commit every 4 steps; the round breaks 2 s after a commit.
+    events = [round_formed(0, 1), commit(4, 4), commit(8, 8), commit(12, 12), round_formed(14, 2)]
+    stats = TimelineStats().add_all(events)
+    assert stats.steps_total == 12 and stats.rate() == pytest.approx(1.0)
+    assert stats.lost_steps == 2
+    stats.add(round_formed(40, 3))  # a long wait: never more than one commit interval
+    assert stats.lost_steps == 2 + 4
+
+
+def test_a_committed_step_going_backwards_counts_the_difference() -> None:
+    stats = TimelineStats().add_all([commit(1, 10), commit(2, 20), commit(3, 15), commit(4, 16)])
+    assert stats.lost_steps == 5 and stats.steps_total == 16
+
+
+def test_render_is_prometheus_text() -> None:
+    text = render(Snapshot(world_size=3, workers={"Running": 3}, restarts=1,
+                           shard_queue={(0, "done"): 4, (1, "todo"): 8}, steps_total=40,
+                           steps_per_second=2.5, lost_steps=3, failures=1))  # fmt: skip
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE"):
+            assert line.split()[3] in ("gauge", "counter")
+            continue
+        if line.startswith("#"):
+            continue
+        match = re.fullmatch(r'([a-z_]+)(\{[^}]*\})? (\S+)', line)
+        assert match, line
+        samples[match[1] + (match[2] or "")] = float(match[3])
+    assert samples["kfp_elastic_world_size"] == 3
+    assert samples['kfp_elastic_workers{phase="Running"}'] == 3
+    assert samples['kfp_elastic_workers{phase="Pending"}'] == 0
+    assert samples['kfp_elastic_shard_queue{epoch="1",state="todo"}'] == 8
+    assert samples["kfp_elastic_steps_per_second"] == 2.5
+    assert samples["kfp_elastic_restarts_total"] == 1
+    assert samples["kfp_elastic_lost_steps_total"] == 3
+    assert samples["kfp_elastic_worker_failures_total"] == 1
+
+
+def test_metrics_endpoint_serves_and_closes() -> None:
+    metrics = Metrics()
+    port = metrics.serve(0, "127.0.0.1")
+    try:
+        metrics.update(world_size=2, steps_total=7)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            body = reply.read().decode()
+        assert "kfp_elastic_world_size 2\n" in body and "kfp_elastic_steps_total 7\n" in body
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=5)
+    finally:
+        metrics.close()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()

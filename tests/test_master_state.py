@@ -1,0 +1,145 @@
+"""master.state against a real etcd: leadership, fencing, takeover, timeline, restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from pyetcd.client import MultiEndpointEtcd3Client
+
+from master.state import MasterState, NotLeaderError, read_timeline
+from rendezvous.embedded_etcd import EmbeddedEtcd
+from rendezvous.etcd_client import connect_to
+from rendezvous.local_agents import REPO_ROOT
+
+
+@pytest.fixture
+def client(etcd: EmbeddedEtcd) -> Iterator[MultiEndpointEtcd3Client]:
+    c = connect_to(etcd.endpoint)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def prefix(run_id: str) -> str:
+    return f"/kfp-elastic/{run_id}"
+
+
+def test_second_master_waits_and_takes_over_when_the_first_releases(
+        client: MultiEndpointEtcd3Client, prefix: str) -> None:  # fmt: skip
+    first, second = MasterState(client, prefix, lease_ttl=2), MasterState(client, prefix,
+                                                                          lease_ttl=2)
+    try:
+        assert first.acquire(timeout=5)
+        assert first.leader()["id"] == first.identity
+        assert not second.acquire(timeout=0.5)
+        took: list[float] = []
+        thread = threading.Thread(target=lambda: took.append(second.acquire(timeout=10)
+                                                             and time.monotonic()))
+        thread.start()
+        time.sleep(0.3)
+        released = time.monotonic()
+        first.release()
+        thread.join(10)
+        assert took and took[0] - released < 1.0  # a watch, not a TTL wait
+        assert second.is_leader and second.leader()["id"] == second.identity
+    finally:
+        first.release()
+        second.release()
+
+
+def test_takeover_after_the_leader_is_sigkilled_takes_about_one_ttl(
+        etcd: EmbeddedEtcd, client: MultiEndpointEtcd3Client, prefix: str) -> None:  # fmt: skip
+    code = ("import sys, time; from master.state import MasterState; "
+            "from rendezvous.etcd_client import connect_to; "
+            f"s = MasterState(connect_to({etcd.endpoint!r}), {prefix!r}, lease_ttl=2); "
+            "assert s.acquire(timeout=10); print('leader', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=REPO_ROOT,
+                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})  # fmt: skip
+    successor = MasterState(client, prefix, lease_ttl=2)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"leader"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(5)
+        killed = time.monotonic()
+        assert successor.acquire(timeout=10)
+        waited = time.monotonic() - killed
+        assert 0.5 < waited < 4.0, waited  # the dead master's lease had to expire first
+    finally:
+        proc.kill()
+        proc.wait()
+        successor.release()
+
+
+def test_a_master_that_lost_its_lease_cannot_write(client: MultiEndpointEtcd3Client,
+                                                   prefix: str) -> None:  # fmt: skip
+    old, new = MasterState(client, prefix, lease_ttl=2), MasterState(client, prefix, lease_ttl=2)
+    try:
+        assert old.acquire(timeout=5)
+        old.set_status("running")
+        _, meta = client.get(old.keys.leader)
+        client.revoke_lease(meta.lease_id)  # as if it had expired during a partition
+        assert new.acquire(timeout=5)
+        with pytest.raises(NotLeaderError):
+            old.set_status("failed", "stale master")
+        with pytest.raises(NotLeaderError):
+            old.append_event("job_failed")
+        assert old.lost.is_set() and not old.is_leader
+        assert new.status()["state"] == "running"
+    finally:
+        old.release()
+        new.release()
+
+
+def test_timeline_appends_in_order_with_unique_sequence_numbers(
+        client: MultiEndpointEtcd3Client, prefix: str) -> None:  # fmt: skip
+    state = MasterState(client, prefix, lease_ttl=2)
+    try:
+        assert state.acquire(timeout=5)
+        first = state.append_event("master_started", run_id="x")
+        threads = [threading.Thread(target=lambda i=i: state.append_event("committed", step=i))
+                   for i in range(8)]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        state.append_event("job_done", message="ok")
+        timeline = read_timeline(client, prefix)
+        assert [e["seq"] for e in timeline] == list(range(1, 11)) and first["seq"] == 1
+        assert timeline[0]["kind"] == "master_started" and timeline[-1]["kind"] == "job_done"
+        assert sorted(e["step"] for e in timeline[1:-1]) == list(range(8))
+        assert all(isinstance(e["t"], float) for e in timeline)
+        value, _ = client.get(f"{prefix}/events/0000000001")
+        assert value is not None
+    finally:
+        state.release()
+
+
+def test_state_survives_a_master_restart(client: MultiEndpointEtcd3Client, prefix: str) -> None:
+    first = MasterState(client, prefix, lease_ttl=2)
+    assert first.acquire(timeout=5)
+    first.save_spec({"run_id": "x", "min_workers": 1})
+    first.set_status("running")
+    first.update_worker("worker-0-0", index=0, attempt=0, pid=123, tag="t0")
+    first.update_worker("worker-0-0", ended="preempted")
+    first.set_failures(2)
+    first.set_observed({"round_revision": 7})
+    first.release()
+    second = MasterState(client, prefix, lease_ttl=2)
+    try:
+        assert second.acquire(timeout=5)
+        assert second.spec() == {"run_id": "x", "min_workers": 1}
+        assert second.status()["state"] == "running"
+        assert second.workers() == {"worker-0-0": {"index": 0, "attempt": 0, "pid": 123,
+                                                   "tag": "t0", "ended": "preempted"}}
+        assert second.failures() == 2 and second.observed() == {"round_revision": 7}
+        with pytest.raises(ValueError, match="job state must be one of"):
+            second.set_status("paused")
+    finally:
+        second.release()

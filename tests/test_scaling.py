@@ -1,0 +1,120 @@
+"""master.scaling: pure decisions from worker statuses (no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from master.launcher import Reason, WorkerPhase, WorkerStatus
+from master.scaling import ScalingPolicy, decide, outcome_of
+
+P, R, S, F, D = (WorkerPhase.PENDING, WorkerPhase.RUNNING, WorkerPhase.SUCCEEDED,
+                 WorkerPhase.FAILED, WorkerPhase.DELETED)  # fmt: skip
+POLICY = ScalingPolicy(min_workers=2, max_workers=3, max_failures=1, max_wait_s=60)
+
+
+def w(index: int, phase: WorkerPhase = R, reason: Reason | None = None, attempt: int = 0,
+      code: int | None = None, message: str = "") -> WorkerStatus:  # fmt: skip
+    return WorkerStatus(f"w-{index}-{attempt}", phase, reason, message, code, index, attempt)
+
+
+def test_start_asks_for_max() -> None:
+    d = decide(POLICY, [], set(), 0, None, now=0.0)
+    assert d.launch == (0, 1, 2) and d.give_up is None and d.delete == ()
+    assert d.below_min_since == 0.0  # nothing runs yet: the clock starts
+
+
+def test_full_job_launches_nothing() -> None:
+    d = decide(POLICY, [w(0), w(1), w(2)], set(), 0, 5.0, now=10.0)
+    assert d.launch == () and d.below_min_since is None and d.running == 3
+
+
+def test_pending_workers_keep_their_slot_and_nothing_extra_is_created() -> None:
+    workers = [w(0), w(1, P, Reason.UNSCHEDULABLE), w(2, P, Reason.UNSCHEDULABLE)]
+    d = decide(POLICY, workers, set(), 0, None, now=1.0)
+    assert d.launch == () and d.pending == 2 and d.running == 1
+    assert d.below_min_since == 1.0
+
+
+def test_preempted_worker_is_replaced_without_a_failure() -> None:
+    workers = [w(0), w(1, F, Reason.PREEMPTED, code=143), w(2)]
+    d = decide(POLICY, workers, set(), 0, None, now=1.0)
+    assert d.launch == (1,) and d.failures == 0 and d.delete == ("w-1-0",)
+    (lost,) = d.ended
+    assert (lost.cause, lost.failure, lost.exit_code) == ("preempted", False, 143)
+
+
+def test_running_worker_being_taken_away_is_replaced_early() -> None:
+    workers = [w(0), w(1, R, Reason.EVICTED), w(2)]
+    d = decide(POLICY, workers, set(), 0, None, now=1.0)
+    assert d.launch == (1,) and d.ended == () and d.delete == ()
+
+
+def test_replacement_with_others_pending_keeps_exactly_max_requested() -> None:
+    workers = [w(0, F, Reason.NODE_LOST), w(1, P, Reason.UNSCHEDULABLE), w(2)]
+    d = decide(POLICY, workers, set(), 0, None, now=1.0)
+    assert d.launch == (0,)  # 1 pending + 1 running + 1 new = max
+
+
+def test_failure_counts_and_is_replaced_until_the_budget_is_spent() -> None:
+    workers = [w(0), w(1, F, Reason.ERROR, code=1, message="exit code 1"), w(2)]
+    d = decide(POLICY, workers, set(), 0, None, now=1.0)
+    assert d.failures == 1 and d.launch == (1,) and d.give_up is None
+    workers = [w(0), w(1, F, Reason.ERROR, attempt=1, code=2, message="exit code 2"), w(2)]
+    d = decide(POLICY, workers, {"w-1-0"}, d.failures, None, now=2.0)
+    assert d.failures == 2 and d.launch == ()
+    assert d.give_up is not None and "2 worker failures exceed --max-failures=1" in d.give_up
+    assert "w-1-1: exit code 2" in d.give_up
+
+
+def test_ended_workers_are_reported_once_and_deleted_until_gone() -> None:
+    workers = [w(0), w(1, F, Reason.PREEMPTED), w(2), w(1, R, attempt=1)]
+    d = decide(POLICY, workers, {"w-1-0"}, 0, None, now=1.0)
+    assert d.ended == () and d.delete == ("w-1-0",) and d.launch == ()
+    gone = [w(0), w(1, D, Reason.PREEMPTED), w(2), w(1, R, attempt=1)]
+    assert decide(POLICY, gone, {"w-1-0"}, 0, None, now=1.0).delete == ()
+
+
+def test_below_min_longer_than_max_wait_gives_up_with_the_pending_reasons() -> None:
+    workers = [w(0), w(1, P, Reason.UNSCHEDULABLE, message="0/3 nodes: Insufficient cpu"),
+               w(2, P, Reason.UNSCHEDULABLE)]  # fmt: skip
+    d = decide(POLICY, workers, set(), 0, None, now=100.0)
+    assert d.give_up is None and d.below_min_since == 100.0
+    d = decide(POLICY, workers, set(), 0, d.below_min_since, now=159.0)
+    assert d.give_up is None
+    d = decide(POLICY, workers, set(), 0, d.below_min_since, now=160.0)
+    assert d.give_up is not None and d.launch == ()
+    assert "only 1 of --min-workers=2" in d.give_up and "--max-wait=60s" in d.give_up
+    assert "w-1-0 (Unschedulable: 0/3 nodes: Insufficient cpu)" in d.give_up
+
+
+def test_back_at_min_resets_the_clock() -> None:
+    d = decide(POLICY, [w(0), w(1)], set(), 0, 10.0, now=50.0)
+    assert d.below_min_since is None and d.launch == (2,)
+
+
+def test_completion_stops_launches_and_the_clock() -> None:
+    workers = [w(0, S, Reason.COMPLETED, code=0), w(1, F, Reason.PREEMPTED)]
+    d = decide(POLICY, workers, set(), 0, 0.0, now=1000.0)
+    assert d.completed and d.launch == () and d.give_up is None and d.below_min_since is None
+    d = decide(POLICY, [w(1, F, Reason.ERROR)], set(), 1, 0.0, now=1000.0, finishing=True)
+    assert d.give_up is None and d.launch == () and d.failures == 1
+    assert d.ended[0].cause == "failed" and not d.ended[0].failure
+
+
+def test_outcome_of_unknown_reasons() -> None:
+    assert outcome_of(w(0, F)).cause == "failed" and outcome_of(w(0, F)).failure
+    assert outcome_of(w(0, D)).cause == "deleted_externally"
+    assert not outcome_of(w(0, D, Reason.DELETED_EXTERNALLY)).failure
+    assert outcome_of(w(0, S)).completed
+    assert outcome_of(w(0, F, Reason.DELETED)).cause == "deleted"
+
+
+@pytest.mark.parametrize(("policy", "message"), [
+    (ScalingPolicy(3, 2), "--min-workers=3 is more than --max-workers=2"),
+    (ScalingPolicy(0, 2), "--min-workers must be >= 1"),
+    (ScalingPolicy(1, 2, max_failures=-1), "--max-failures must be >= 0"),
+    (ScalingPolicy(1, 2, max_wait_s=0), "--max-wait must be > 0"),
+])  # fmt: skip
+def test_bad_policies_fail_with_the_option_named(policy: ScalingPolicy, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        policy.validate()
