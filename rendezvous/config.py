@@ -58,6 +58,8 @@ class RendezvousConfig:
     request_timeout: float = 5.0
     # Detect a dead peer at once through a TCP probe connection (lease expiry is the fallback).
     peer_probe: bool = True
+    # Close the run for everyone when a failing agent shuts down (torch's behaviour).
+    close_on_failure: bool = False
     # How many ring successors each node probes.
     probe_fanout: int = 2
     key_prefix: str = DEFAULT_KEY_PREFIX
@@ -141,7 +143,7 @@ class RendezvousConfig:
 _FLOAT_KEYS = {"join_timeout", "last_call_timeout", "rejoin_timeout", "close_timeout",
                "lease_ttl", "request_timeout"}  # fmt: skip
 _INT_KEYS = {"probe_fanout"}
-_BOOL_KEYS = {"peer_probe"}
+_BOOL_KEYS = {"peer_probe", "close_on_failure"}
 _STR_KEYS = {"key_prefix", "cacert", "cert", "key", "user", "password"}
 
 

@@ -12,6 +12,7 @@ import atexit
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -129,7 +130,17 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
                 return info
 
     def shutdown(self) -> bool:
+        """Close the run for everyone, unless this agent is failing (then only leave).
+
+        torchrun calls this on success and also when its agent gives up; closing on failure
+        would end an elastic job for every other node because one failed.
+        """
         if self._left.is_set():
+            return True
+        if sys.exc_info()[0] is not None and not self._config.close_on_failure:
+            log.warning("agent failing: leaving without closing run=%s node=%s",
+                        self._config.run_id, self.node_id)
+            self.leave("agent failed")
             return True
         try:
             self.set_closed()

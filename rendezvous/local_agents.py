@@ -44,6 +44,7 @@ __all__ = [
     "free_port",
     "new_run_id",
     "read_events",
+    "sigkill_process_tree",
     "steps_by_world",
     "tiny_ddp_args",
     "wait_for",
@@ -95,6 +96,13 @@ def _descendants(root: int) -> set[int]:
                 found.add(child)
                 todo.append(child)
     return found
+
+
+def sigkill_process_tree(root: int) -> None:
+    """SIGKILL ``root`` and every process below it (stopped first, so none can fork away)."""
+    _signal_quietly(root, signal.SIGSTOP)
+    for pid in {root} | _descendants(root):
+        _signal_quietly(pid, signal.SIGKILL)
 
 
 def _signal_quietly(pid: int, sig: signal.Signals) -> None:

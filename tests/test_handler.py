@@ -293,3 +293,15 @@ def _put_ok(client: MultiEndpointEtcd3Client, key: str) -> bool:
         return True
     except Exception:  # noqa: BLE001 - etcd still starting
         return False
+
+
+def test_failing_agent_leaves_without_closing_the_run(make_handler) -> None:
+    a, b = (make_handler(1, 2) for _ in range(2))
+    join_all([a, b])
+    try:
+        raise RuntimeError("workers failed, restarts spent")
+    except RuntimeError:
+        assert a.shutdown()  # torchrun calls it from a finally block while the error flies
+    assert eventually(lambda: b.num_nodes_waiting() == 1)
+    assert not b.is_closed()
+    assert Joiner(b).result().world_size == 1

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from pyetcd.client import MultiEndpointEtcd3Client
 
@@ -78,7 +78,8 @@ class Committed:
     def from_json(cls, text: bytes | str) -> Committed:
         data = json.loads(text)
         data["losses"] = tuple(data.get("losses", ()))
-        return cls(**data)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})  # newer writers may add
 
 
 INITIAL = Committed(step=0, epoch=0, position=0)

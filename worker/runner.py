@@ -52,7 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--local-snapshot-dir", default=None, help="fast node-local copy")
     parser.add_argument("--output", help="write the final model state_dict here")
     parser.add_argument("--etcd", default=os.environ.get("KFP_ELASTIC_ETCD_ENDPOINT"))
-    parser.add_argument("--key-prefix", default="/kfp-elastic")
+    parser.add_argument("--key-prefix",
+                        default=os.environ.get("KFP_ELASTIC_KEY_PREFIX", "/kfp-elastic"))
     parser.add_argument("--step-time", type=float, default=0.0, help="min seconds per step")
     args = parser.parse_args(argv)
     if not args.etcd:

@@ -1,0 +1,112 @@
+"""The invariant end to end with the master: worker SIGKILL, master SIGKILL + restart, a
+preemption (SIGTERM) and an etcd restart; every sample reaches the final model once per epoch."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from master.state import MasterState, read_timeline
+from rendezvous.etcd_client import connect_to
+from rendezvous.local_agents import REPO_ROOT, sigkill_process_tree, wait_for
+from worker.progress import Progress
+
+EPOCHS, SAMPLES = 3, 480
+
+
+def committed_step(progress: Progress) -> int:
+    try:
+        record, _ = progress.committed_record()
+    except Exception:  # noqa: BLE001 - etcd restarting
+        return -1
+    return record.step if record else 0
+
+
+def test_every_sample_once_through_master_and_etcd_restarts(tmp_path: Path, private_etcd,
+                                                             run_id: str) -> None:
+    etcd = private_etcd
+    command = [
+        sys.executable, "-m", "master", "--run-id", run_id, "--etcd", etcd.endpoint,
+        "--min-workers", "2", "--max-workers", "3", "--leader-ttl", "2", "--max-wait", "120",
+        "--rdzv-conf", "last_call_timeout=1", "--workdir", str(tmp_path / "work"),
+        "--dataset-length", str(SAMPLES), "--shard-size", "40", "--epochs", str(EPOCHS), "--",
+        "-m", "worker", "--model-def", "tests.model_defs.counting", "--epochs", str(EPOCHS),
+        "--batch-size", "4", "--snapshot-every", "3", "--step-time", "0.05",
+        "--snapshot-dir", str(tmp_path / "snap"), "--output", str(tmp_path / "model.pt"),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COUNTING_SAMPLES": str(SAMPLES),
+           "KFP_ELASTIC_RUN_ID": run_id}
+    client = connect_to(etcd.endpoint)
+    progress = Progress(client, f"/kfp-elastic/{run_id}")
+    state = MasterState(client, f"/kfp-elastic/{run_id}")
+    masters: list[subprocess.Popen] = []
+
+    def start_master(index: int) -> subprocess.Popen:
+        log = open(tmp_path / f"master{index}.log", "wb")  # noqa: SIM115 - closed below
+        master = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        masters.append(master)
+        return master
+
+    def progressed(by: int, what: str) -> None:
+        start = committed_step(progress)
+        wait_for(lambda: committed_step(progress) >= start + by, 120, 0.2, what)
+
+    def a_worker_pid() -> int:
+        workers = wait_for(lambda: [r["pid"] for r in state.workers().values()
+                                    if r.get("pid") and _alive(r["pid"])], 60, 0.2, "a worker")
+        return workers[0]
+
+    try:
+        start_master(0)
+        wait_for(lambda: committed_step(progress) >= 6, 120, 0.2, "training under way")
+        sigkill_process_tree(a_worker_pid())  # a node dies
+        progressed(6, "training after the worker kill")
+        masters[0].send_signal(signal.SIGKILL)  # the master dies
+        masters[0].wait(10)
+        second = start_master(1)
+        progressed(6, "training after the master restart")
+        os.kill(a_worker_pid(), signal.SIGTERM)  # a preemption notice
+        progressed(6, "training after the preemption")
+        etcd.restart()
+        assert second.wait(240) == 0, (tmp_path / "master1.log").read_text()[-4000:]
+        counts = torch.load(tmp_path / "model.pt")["counts"]
+        assert torch.equal(counts, torch.full((SAMPLES,), float(EPOCHS), dtype=torch.float64))
+        for epoch in range(EPOCHS):
+            assert progress.queue_counts(epoch) == {"todo": 0, "doing": 0, "done": 12}
+        kinds = [event["kind"] for event in read_timeline(client, f"/kfp-elastic/{run_id}")]
+        assert "master_recovered" in kinds and "worker_lost" in kinds
+        assert kinds[-1] == "job_done"
+    finally:
+        for master in masters:
+            with contextlib.suppress(ProcessLookupError):
+                master.kill()
+            master.wait(10)
+        _kill_run(run_id)
+        client.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def _kill_run(run_id: str) -> None:
+    needle = f"KFP_ELASTIC_RUN_ID={run_id}".encode()
+    for _ in range(3):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError):
+                    if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                        os.kill(int(entry), signal.SIGKILL)
+        time.sleep(0.1)
