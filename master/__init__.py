@@ -1,3 +1,3 @@
-"""The kfp-elastic job master: creates workers through a launcher and keeps the job between its
-minimum and maximum size. ``master.launcher`` is the launcher interface, ``master.pod_spec``
-builds worker pod manifests without any I/O, ``master.k8s_launcher`` runs them on Kubernetes."""
+"""The kfp-elastic job master: starts workers through a launcher (local processes or Kubernetes
+pods), keeps the job between its minimum and maximum size, publishes the shard queues, records
+the event timeline and recovers its own state from etcd. See docs/master.md."""
