@@ -209,6 +209,9 @@ class EmbeddedEtcd:
                 stdout=log_handle,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                # Own session: a terminal's Ctrl-C reaches the program, which then stops etcd
+                # in order; if the program dies, the parent-death signal still stops etcd.
+                start_new_session=True,
             )
         self.wait_healthy(timeout)
         log.info("embedded etcd healthy endpoint=%s pid=%s", self.endpoint, self.pid)

@@ -1,0 +1,8 @@
+"""Kubeflow Pipelines components of kfp-elastic, one folder each (``component.py``, the compiled
+``component.yaml``, a README). The component functions import the project inside their bodies,
+so the same component runs under ``kfp.local`` (project installed) and in a cluster (the image).
+"""
+
+# The image every component runs in (and the default worker image): the project's worker image
+# with kfp installed (build it with the extra that adds kfp, see docs/pipelines.md).
+BASE_IMAGE = "ghcr.io/kfp-elastic/worker:0.1.0"

@@ -1,0 +1,103 @@
+"""Helpers shared by the components: run ids, where we run, stopping a run's leftovers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import time
+import uuid
+from pathlib import Path
+
+RUN_ID_ENV = "KFP_ELASTIC_RUN_ID"  # every local worker process of a run carries it
+RUN_ID_LABEL = "kfp-elastic.io/run-id"  # every worker pod of a run carries it
+SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+MAX_RUN_ID = 40  # pod names are {run_id}-worker-{index}-{attempt}, at most 63 characters
+
+
+def normalize_run_id(raw: str) -> str:
+    """A run id usable as an etcd key part, a label value and a pod name prefix.
+
+    KFP gives a UUID (cluster) or a number (kfp.local); both become ``kfp-<id>``. An empty
+    value gets a random id."""
+    text = re.sub(r"[^a-z0-9-]+", "-", (raw or "").strip().lower()).strip("-")
+    if not text:
+        text = uuid.uuid4().hex[:12]
+    if not text[0].isalpha():
+        text = f"kfp-{text}"
+    return text[:MAX_RUN_ID].rstrip("-")
+
+
+def in_cluster() -> bool:
+    """True inside a Kubernetes pod (the kubelet sets this variable in every container)."""
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def run_pids(value: str, env: str = RUN_ID_ENV) -> set[int]:
+    """Live local processes (not this one) whose environment has ``env=value``: the workers
+    of run ``value`` by default."""
+    needle = f"{env}={value}".encode()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state not in ("Z", "X"):
+                    found.add(int(entry))
+    return found
+
+
+def reap_local_processes(value: str, grace_s: float = 3.0, env: str = RUN_ID_ENV) -> list[int]:
+    """SIGTERM, then SIGKILL after ``grace_s``, every local process with ``env=value`` (the
+    workers of run ``value`` by default); returns the pids that were alive."""
+    pids = run_pids(value, env)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and run_pids(value, env):
+        time.sleep(0.1)
+    for _ in range(3):
+        left = run_pids(value, env)
+        if not left:
+            break
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    return sorted(pids)
+
+
+def load_kubernetes_config() -> None:
+    """In-cluster credentials (the pod's service account), else the kubeconfig."""
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        # $KUBECONFIG read now: the client reads it once, when it is first imported
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
+
+
+def pod_namespace(namespace: str = "") -> str:
+    """``namespace``, else this pod's own, else ``default``."""
+    return namespace or (SA_NAMESPACE.read_text().strip() if SA_NAMESPACE.exists()
+                         else "default")
+
+
+def delete_run_pods(run_id: str, namespace: str = "") -> list[str]:
+    """Delete every worker pod labelled with ``run_id``; returns their names."""
+    from kubernetes import client
+
+    load_kubernetes_config()
+    namespace = pod_namespace(namespace)
+    core = client.CoreV1Api()
+    pods = core.list_namespaced_pod(namespace, label_selector=f"{RUN_ID_LABEL}={run_id}")
+    names = [pod.metadata.name for pod in pods.items]
+    for name in names:
+        with contextlib.suppress(client.ApiException):
+            core.delete_namespaced_pod(name, namespace, propagation_policy="Background")
+    return names

@@ -1,0 +1,2 @@
+"""``elastic_train`` (README.md). The component is ``components.elastic_train.component``;
+this package must not import kfp (under the KFP runtime ``kfp.dsl`` has no ``component``)."""

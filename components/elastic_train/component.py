@@ -1,0 +1,156 @@
+"""KFP component: run one elastic DDP job (the master + its workers) and report on it."""
+
+from typing import NamedTuple
+
+from kfp import dsl
+from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output
+
+from components import BASE_IMAGE
+
+# Forwarded from the task (kfp-kubernetes settings) to the worker pods the master creates.
+# Volumes also apply to this task's own pod: it reads the final model from the shared volume.
+PASSTHROUGHS = [
+    dsl.TaskConfigField.KUBERNETES_TOLERATIONS,
+    dsl.TaskConfigField.KUBERNETES_NODE_SELECTOR,
+    dsl.TaskConfigField.KUBERNETES_AFFINITY,
+    dsl.TaskConfigPassthrough(field=dsl.TaskConfigField.KUBERNETES_VOLUMES, apply_to_task=True),
+]
+
+
+@dsl.component(base_image=BASE_IMAGE, install_kfp_package=False,
+               task_config_passthroughs=PASSTHROUGHS)
+def elastic_train(
+    shard_manifest: Input[Dataset],
+    model: Output[Model],
+    metrics: Output[Metrics],
+    report: Output[HTML],
+    task_config: dsl.TaskConfig,
+    model_def: str = "worker.examples.digits",
+    min_workers: int = 1,
+    max_workers: int = 2,
+    nproc_per_worker: int = 1,
+    epochs: int = 1,
+    batch_size: int = 32,
+    learning_rate: float = 0.1,
+    batch_policy: str = "fixed-global-batch",
+    snapshot_every: int = 10,
+    step_time: float = 0.0,
+    seed: int = 0,
+    launcher: str = "auto",
+    etcd_endpoint: str = "",
+    image: str = "",
+    priority_class: str = "",
+    service_account: str = "",
+    namespace: str = "",
+    worker_cpu: str = "",
+    worker_memory: str = "",
+    worker_gpus: int = 0,
+    snapshot_dir: str = "",
+    inject_faults: str = "",
+    max_wait_s: float = 600.0,
+    max_failures: int = 3,
+    run_id: str = "",
+    log_level: str = "WARNING",
+) -> NamedTuple("Outputs", [("final_loss", float), ("steps", int), ("restarts", int),
+                            ("goodput", float)]):
+    """Train ``model_def`` on the shards of ``shard_manifest`` with min..max elastic workers.
+
+    The master runs in this task: under kfp.local (or ``launcher="local"``) the workers are
+    local torchrun processes and etcd is embedded unless ``etcd_endpoint`` is given; in a
+    cluster (``launcher="auto"`` inside a pod) they are pods with a low PriorityClass that
+    the master replaces when they are preempted. Settings not given fall back to the
+    ``kfp-elastic-config`` ConfigMap's variables when the pipeline maps them into the task.
+
+    Args:
+        shard_manifest: the output of ``shard_dataset``.
+        model: the final weights (``state_dict`` of ``model_def.model()``, ``torch.save``).
+        metrics: final_loss, steps, restarts, lost_steps, goodput and more (docs/pipelines.md).
+        report: HTML page: world size over time, loss curve, restarts and their causes.
+        task_config: filled by KFP from the task's Kubernetes settings (tolerations, node
+            selector, affinity, volumes); they are applied to the worker pods.
+        model_def: module with model(), loss(model, batch), dataset(split).
+        min_workers: fewest workers to train with; max_workers: most.
+        nproc_per_worker: processes per worker (GPUs per pod).
+        batch_policy: fixed-global-batch | linear | sqrt (how a world size change scales).
+        snapshot_every: steps between snapshots (and commits of the data position).
+        step_time: minimum seconds per step (slows a tiny demo down so faults land mid-run).
+        launcher: auto | local | kubernetes.
+        etcd_endpoint: HOST:PORT[,...]; empty: $KFP_ELASTIC_RDZV_ENDPOINT, else embedded.
+        image: worker image (default $KFP_ELASTIC_WORKER_IMAGE, else this component's image).
+        snapshot_dir: shared directory for snapshots; empty: the task's first mounted volume
+            (cluster) or a local directory next to the outputs.
+        inject_faults: e.g. ``preempt:worker-1@step10,kill:worker-0@40s`` (demos, tests).
+        max_wait_s: seconds below min_workers before the job fails.
+        max_failures: worker errors tolerated (preemptions do not count).
+        run_id: names the job in etcd and its pods; the pipeline passes the KFP run id.
+        log_level: level of the master's own logs (progress lines are always printed).
+    """
+    import os
+    from collections import namedtuple
+
+    from components.common import normalize_run_id
+    from components.elastic_train import run_job
+    from components.elastic_train.report import render
+    from components.elastic_train.summary import summarize
+
+    run_job.quiet_logs(log_level)
+    rid = normalize_run_id(run_id)
+    mounts = list(task_config.volume_mounts or []) if task_config else []
+    overrides = {
+        "tolerations": task_config.tolerations if task_config else None,
+        "node_selector": task_config.node_selector if task_config else None,
+        "affinity": task_config.affinity if task_config else None,
+        "volumes": task_config.volumes if task_config else None,
+        "volume_mounts": mounts,
+    }
+    if not snapshot_dir and mounts:
+        snapshot_dir = os.path.join(mounts[0]["mountPath"], "snapshots")
+    owner = None
+    if os.environ.get("KFP_ELASTIC_MASTER_POD_UID"):
+        owner = {"apiVersion": "v1", "kind": "Pod",
+                 "name": os.environ["KFP_ELASTIC_MASTER_POD"],
+                 "uid": os.environ["KFP_ELASTIC_MASTER_POD_UID"]}
+    request = run_job.TrainRequest(
+        run_id=rid, model_def=model_def, manifest_path=shard_manifest.path,
+        min_workers=min_workers, max_workers=max_workers, nproc_per_worker=nproc_per_worker,
+        epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+        batch_policy=batch_policy, snapshot_every=snapshot_every, step_time=step_time,
+        seed=seed, launcher=launcher,
+        etcd_endpoint=etcd_endpoint or os.environ.get("KFP_ELASTIC_RDZV_ENDPOINT", ""),
+        workdir=os.path.join(os.path.dirname(report.path), "job"), snapshot_dir=snapshot_dir,
+        inject_faults=inject_faults, max_wait_s=max_wait_s, max_failures=max_failures,
+        image=image,
+        priority_class=priority_class or os.environ.get("KFP_ELASTIC_WORKER_PRIORITY_CLASS", ""),
+        service_account=service_account
+        or os.environ.get("KFP_ELASTIC_WORKER_SERVICE_ACCOUNT", ""),
+        namespace=namespace, worker_cpu=worker_cpu, worker_memory=worker_memory,
+        worker_gpus=worker_gpus, pod_overrides=overrides, owner_reference=owner)
+    print(f"elastic_train: run {rid}, {min_workers}..{max_workers} workers, launcher "
+          f"{request.resolved_launcher()}, model {model_def}", flush=True)
+    result = run_job.run(request, say=lambda line: print(line, flush=True))
+    summary = summarize(result.events, result.end_t,
+                        [(i.t, i.fault.action, i.target) for i in result.injected])
+    start = float(result.events[0]["t"]) if result.events else result.end_t
+    settings = {"run_id": rid, "model_def": model_def, "workers": f"{min_workers}..{max_workers}",
+                "nproc_per_worker": nproc_per_worker, "epochs": epochs,
+                "batch_size": batch_size, "batch_policy": batch_policy,
+                "snapshot_every": snapshot_every, "launcher": request.resolved_launcher(),
+                "inject_faults": inject_faults or "-"}
+    local = request.resolved_launcher() == "local"
+    with open(report.path, "w") as stream:
+        stream.write(render(summary, title=f"Elastic training {rid}", settings=settings,
+                            injected=[(i.t - start, i.fault.text, i.target)
+                                      for i in result.injected],
+                            log_dir=str(result.workdir / "workers") if local else ""))
+    for name, value in summary.metrics().items():
+        metrics.log_metric(name, value)
+    print("elastic_train: " + ", ".join(f"{k}={v}" for k, v in summary.metrics().items()),
+          flush=True)
+    if result.state != "succeeded":
+        where = f"; worker logs in {result.workdir / 'workers'}" if local else ""
+        raise RuntimeError(f"elastic training {rid} {result.state}: {result.message}{where}")
+    run_job.export_model(result, model.path)
+    model.metadata.update({"model_def": model_def, "framework": "pytorch",
+                           "format": "state_dict", "run_id": rid, "steps": summary.steps})
+    outputs = namedtuple("Outputs", ["final_loss", "steps", "restarts", "goodput"])
+    return outputs(summary.final_loss, summary.steps, summary.restarts, summary.goodput)

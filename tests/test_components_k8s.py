@@ -1,0 +1,87 @@
+"""elastic_train's and stop_workers' Kubernetes side against tests/fake_k8s.py (real client,
+real HTTP): the worker pods carry what the task forwarded, faults delete pods, the exit
+handler deletes a run's pods. No pod runs here: training in pods needs a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from components.common import delete_run_pods
+from components.elastic_train.run_job import (
+    LauncherHolder,
+    TrainRequest,
+    kubernetes_factory,
+    validate,
+    worker_entry,
+)
+from tests.fake_k8s import FakeKubernetes
+
+NS = "ml"
+RUN = "kfp-1234abcd"
+MOUNT = {"name": "snapshots", "mountPath": "/mnt/kfp-elastic"}
+VOLUME = {"name": "snapshots", "persistentVolumeClaim": {"claimName": "kfp-elastic-snapshots"}}
+TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+OWNER = {"apiVersion": "v1", "kind": "Pod", "name": "elastic-train-pod", "uid": "u-1"}
+
+
+@pytest.fixture
+def k8s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKubernetes]:
+    """The fake API server, reached through a kubeconfig (as outside a cluster)."""
+    with FakeKubernetes(namespace=NS) as fake:
+        kubeconfig = {"apiVersion": "v1", "kind": "Config", "current-context": "fake",
+                      "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
+                      "users": [{"name": "fake", "user": {}}],
+                      "contexts": [{"name": "fake", "context": {"cluster": "fake",
+                                                                "user": "fake"}}]}
+        path = tmp_path / "kubeconfig"
+        path.write_text(yaml.safe_dump(kubeconfig))
+        monkeypatch.setenv("KUBECONFIG", str(path))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        yield fake
+
+
+def request(**changes: Any) -> TrainRequest:
+    values: dict[str, Any] = {
+        "run_id": RUN, "model_def": "worker.examples.digits", "manifest_path": "unused",
+        "min_workers": 1, "max_workers": 3, "launcher": "kubernetes", "etcd_endpoint": "etcd:2379",
+        "snapshot_dir": "/mnt/kfp-elastic/snapshots", "namespace": NS, "worker_cpu": "1",
+        "worker_memory": "2Gi", "priority_class": "kfp-elastic-worker-low",
+        "service_account": "kfp-elastic-worker", "image": "registry.example/worker:1",
+        "pod_overrides": {"tolerations": [TOLERATION], "volumes": [VOLUME],
+                          "volume_mounts": [MOUNT], "node_selector": {"pool": "gpu"}},
+        "owner_reference": OWNER, "inject_faults": "kill:worker-1@step3"}
+    return TrainRequest(**{**values, **changes})
+
+
+def test_worker_pods_carry_the_forwarded_task_settings(k8s: FakeKubernetes) -> None:
+    req = request()
+    assert validate(req)[0].action == "kill"
+    entry = worker_entry(req, Path(req.snapshot_dir) / RUN)
+    factory, act = kubernetes_factory(req, "etcd:2379", entry, LauncherHolder())
+    launcher = factory(None)
+    name = launcher.launch(1).name
+    pod = k8s.pod(name)
+    spec, container = pod["spec"], pod["spec"]["containers"][0]
+    assert pod["metadata"]["labels"]["kfp-elastic.io/run-id"] == RUN
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert spec["tolerations"] == [TOLERATION] and spec["nodeSelector"] == {"pool": "gpu"}
+    assert spec["volumes"] == [VOLUME] and container["volumeMounts"] == [MOUNT]
+    assert spec["priorityClassName"] == "kfp-elastic-worker-low"
+    assert container["image"] == "registry.example/worker:1"
+    assert container["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}
+    args = container["args"]
+    assert "--nnodes=1:3" in args and "--rdzv-endpoint=etcd:2379" in args
+    assert args[args.index("--snapshot-dir") + 1] == f"/mnt/kfp-elastic/snapshots/{RUN}"
+    assert args[args.index("--output") + 1] == f"/mnt/kfp-elastic/snapshots/{RUN}/model.pt"
+
+    act("kill", name)  # a fault: the pod is deleted by "someone else" (grace 0)
+    assert name not in {s.name for s in launcher.list_workers()}
+    second, third = launcher.launch(2).name, launcher.launch(0).name
+    assert sorted(delete_run_pods(RUN, NS)) == sorted([second, third])  # the exit handler
+    assert launcher.list_workers() == []

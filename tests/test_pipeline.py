@@ -1,0 +1,184 @@
+"""The pipeline: committed YAML = a fresh compile, the YAML parses into KFP's protos with no
+unknown field, and the whole DAG runs under kfp.local (embedded etcd, 2 local workers, one of
+them preempted mid-training); bad parameters fail the run with a clear message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from google.protobuf import json_format
+from kfp import local
+from kfp.kubernetes import kubernetes_executor_config_pb2
+from kfp.pipeline_spec import pipeline_spec_pb2
+
+from components import BASE_IMAGE
+from components.common import reap_local_processes, run_pids
+from pipelines.compile import ROOT, stale, targets
+from pipelines.elastic_training import CONFIG_ENV, SNAPSHOT_MOUNT, elastic_training
+from pipelines.run_local import SESSION_ENV, artifact_metadata, outputs
+from worker.evaluate import evaluate
+
+PIPELINE_YAML = ROOT / "pipelines" / "elastic_training.yaml"
+pytestmark = pytest.mark.filterwarnings("ignore:.*non-Python base image:RuntimeWarning",
+                                        "ignore:.*have no effect in the current local runner")
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def parse_spec(document: dict[str, Any]) -> pipeline_spec_pb2.PipelineSpec:
+    return json_format.ParseDict(document, pipeline_spec_pb2.PipelineSpec(),
+                                 ignore_unknown_fields=False)
+
+
+# ------------------------------------------------------------------------------ compiled YAML
+
+
+def test_committed_yaml_equals_a_fresh_compile() -> None:
+    assert stale() == [], "run: python -m pipelines.compile"
+
+
+@pytest.mark.parametrize("path", sorted(targets()), ids=lambda p: str(p.relative_to(ROOT)))
+def test_yaml_parses_into_kfp_protos_without_unknown_fields(path: Path) -> None:
+    spec_doc, *platform_docs = documents(path)
+    spec = parse_spec(spec_doc)
+    assert spec.schema_version == "2.1.0" and spec.sdk_version.startswith("kfp-2.17")
+    for executor in spec.deployment_spec["executors"].values():
+        container = executor["container"]
+        assert container["image"] == BASE_IMAGE
+        assert "pip install" not in " ".join(container["command"])  # install_kfp_package=False
+    for platform_doc in platform_docs:
+        platform = json_format.ParseDict(platform_doc, pipeline_spec_pb2.PlatformSpec(),
+                                         ignore_unknown_fields=False)
+        executors = json_format.MessageToDict(platform.platforms["kubernetes"])
+        for config in executors["deploymentSpec"]["executors"].values():
+            json_format.ParseDict(config, kubernetes_executor_config_pb2
+                                  .KubernetesExecutorConfig(), ignore_unknown_fields=False)
+
+
+def test_pipeline_shape() -> None:
+    spec_doc, platform_doc = documents(PIPELINE_YAML)
+    spec = parse_spec(spec_doc)
+    root = spec.root.dag.tasks
+    assert set(root) == {"exit-handler-1", "stop-workers"}
+    exit_task = root["stop-workers"]
+    assert exit_task.trigger_policy.strategy == \
+        pipeline_spec_pb2.PipelineTaskSpec.TriggerPolicy.ALL_UPSTREAM_TASKS_COMPLETED
+    inner = spec.components["comp-exit-handler-1"].dag.tasks
+    assert set(inner) == {"shard-dataset", "elastic-train", "evaluate"}
+    assert list(inner["elastic-train"].dependent_tasks) == ["shard-dataset"]
+    assert list(inner["evaluate"].dependent_tasks) == ["elastic-train"]
+    assert not inner["elastic-train"].caching_options.enable_cache
+    train_component = spec.components["comp-elastic-train"]
+    assert {"model", "metrics", "report"} <= set(train_component.output_definitions.artifacts)
+    assert set(train_component.output_definitions.parameters) == {
+        "final_loss", "steps", "restarts", "goodput"}
+    passthrough = {p.field for p in train_component.task_config_passthroughs}
+    enum = pipeline_spec_pb2.TaskConfigPassthroughType
+    assert passthrough == {enum.KUBERNETES_TOLERATIONS, enum.KUBERNETES_NODE_SELECTOR,
+                           enum.KUBERNETES_AFFINITY, enum.KUBERNETES_VOLUMES}
+    config = json_format.ParseDict(
+        platform_doc["platforms"]["kubernetes"]["deploymentSpec"]["executors"][
+            "exec-elastic-train"],
+        kubernetes_executor_config_pb2.KubernetesExecutorConfig(), ignore_unknown_fields=False)
+    assert config.pvc_mount[0].mount_path == SNAPSHOT_MOUNT
+    assert config.pvc_mount[0].pvc_name_parameter.component_input_parameter == \
+        "pipelinechannel--snapshot_pvc"
+    assert config.config_map_as_env[0].optional
+    assert {e.env_var for e in config.config_map_as_env[0].key_to_env} == set(CONFIG_ENV)
+    assert {f.field_path for f in config.field_path_as_env} == {"metadata.name", "metadata.uid"}
+    assert config.tolerations[0].key == "nvidia.com/gpu"
+
+
+# ------------------------------------------------------------------------------ kfp.local
+
+
+@pytest.fixture
+def session(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Every process the run starts inherits this marker; none may be left at the end."""
+    value = uuid.uuid4().hex
+    monkeypatch.setenv(SESSION_ENV, value)
+    yield value
+    left = reap_local_processes(value, env=SESSION_ENV, grace_s=5)
+    assert not left, f"processes left running: {left}"
+
+
+def run_locally(root: Path, **params: Any) -> tuple[str | None, Path]:
+    """Run the pipeline; (the error of a failed run or None, the run's output directory)."""
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
+    error = None
+    try:
+        elastic_training(launcher="local", **params)
+    except RuntimeError as failure:
+        error = str(failure)
+    runs = list(root.glob("elastic-training-*"))
+    assert len(runs) == 1
+    return error, runs[0]
+
+
+@pytest.mark.timeout(300)
+def test_pipeline_runs_locally_through_a_preemption(tmp_path: Path, session: str,
+                                                    capfd: pytest.CaptureFixture[str]) -> None:
+    error, run = run_locally(tmp_path, min_workers=2, max_workers=2, epochs=1, num_shards=8,
+                             snapshot_every=5, step_time=0.25,
+                             inject_faults="preempt:worker-1@step5")
+    log = capfd.readouterr().out
+    assert error is None, log[-5000:]
+    found = outputs(run)
+    assert {"model", "report", "train metrics", "evaluation", "worker logs"} <= set(found)
+
+    metrics = artifact_metadata(run / "elastic-train", "metrics")
+    assert metrics["steps"] == 23  # 1437 samples / global batch 64, one epoch
+    assert metrics["restarts"] >= 1 and metrics["workers_lost"] >= 1
+    assert metrics["disruptions"] >= 1 and metrics["worker_failures"] == 0
+    assert 0 < metrics["goodput"] <= 1 and metrics["final_loss"] > 0
+    assert metrics["max_world_size"] == 2
+
+    model = torch.load(found["model"], weights_only=True)
+    assert set(model) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    scores = evaluate("worker.examples.digits", found["model"])
+    evaluation = json.loads(found["evaluation"].read_text())["artifacts"]
+    assert evaluation["metrics"]["artifacts"][0]["metadata"]["accuracy"] == \
+        pytest.approx(scores.accuracy, abs=1e-6)
+    matrix = evaluation["classification"]["artifacts"][0]["metadata"]["confusionMatrix"]
+    assert len(matrix["rows"]) == len(matrix["annotationSpecs"]) == 10
+    assert all(len(row["row"]) == 10 for row in matrix["rows"])
+
+    report = found["report"].read_text()
+    assert len(re.findall(r"<svg ", report)) == 2 and "preempt:worker-1@step5" in report
+    for line in ("round 1 formed: world size 2", "fault injected: preempt worker-1-0",
+                 "worker-1-0 lost: preempted", "job succeeded", "stop_workers: pipeline SUCCEEDED"):
+        assert line in log, line
+    assert not run_pids(session, SESSION_ENV)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("params", "failed_task", "message"), [
+    ({"min_workers": 3, "max_workers": 2}, "elastic-train",
+     "min_workers=3 is more than max_workers=2"),
+    ({"model_def": "no_such_package.model"}, "shard-dataset",
+     "--model-def no_such_package.model: module not found"),
+    ({"dataset": "EMPTY"}, "shard-dataset", "has no samples: nothing to train on"),
+], ids=["min-over-max", "unknown-model-def", "empty-dataset"])
+def test_bad_parameters_fail_the_run_with_a_clear_message(
+        tmp_path: Path, session: str, capfd: pytest.CaptureFixture[str],
+        params: dict[str, Any], failed_task: str, message: str) -> None:
+    if params.get("dataset") == "EMPTY":
+        (tmp_path / "empty.csv").write_text("x,y\n")
+        params = {**params, "dataset": str(tmp_path / "empty.csv")}
+    error, run = run_locally(tmp_path / "runs", **params)
+    log = capfd.readouterr().out
+    assert error is not None and failed_task in error
+    assert message in log
+    assert "stop_workers: pipeline FAILED" in log  # the exit handler ran
+    assert not (run / "elastic-train" / "model").exists()
