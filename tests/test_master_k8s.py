@@ -57,8 +57,9 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
     thread = threading.Thread(target=lambda: results.append(job.run()))
     thread.start()
     try:
-        names = wait_for(lambda: len(pods(k8s)) == 3 and sorted(pods(k8s)), 20, 0.05,
-                         "3 pods")  # fmt: skip
+        names = wait_for(lambda: (len(pods(k8s)) == 3 and sorted(pods(k8s)))
+                         or (not thread.is_alive() and pytest.fail(f"job ended: {results}")),
+                         60, 0.05, "3 pods")  # fmt: skip
         assert names == [f"{run_id}-worker-{i}-0" for i in range(3)]
         pod = k8s.pod(names[0])
         assert pod["spec"]["priorityClassName"] == "kfp-elastic-worker-low"
@@ -72,7 +73,7 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
 
         k8s.preempt(names[1])
         replacement = f"{run_id}-worker-1-1"
-        wait_for(lambda: replacement in pods(k8s), 10, 0.05, "replacement pod")
+        wait_for(lambda: replacement in pods(k8s), 30, 0.05, "replacement pod")
         assert len(pods(k8s)) == 3
         k8s.set_phase(replacement, "Running")
         k8s.set_phase(names[2], "Running")

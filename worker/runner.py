@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import TensorDataset, default_collate
 
 from rendezvous.etcd_client import connect_to
 
@@ -220,6 +221,16 @@ class Trainer:
         dist.barrier()
         return 0
 
+    def _fetch(self, ids: list[int]) -> Any:
+        """One batch: a dataset's own batched fetch when it has one, else item by item."""
+        data = self.train_set
+        if isinstance(data, TensorDataset) and self.md.collate is default_collate:
+            index = torch.tensor(ids)
+            return [tensor[index] for tensor in data.tensors]
+        if hasattr(data, "__getitems__") and self.md.collate is default_collate:
+            return default_collate(data.__getitems__(ids))
+        return self.md.collate([data[i] for i in ids])
+
     def _train_step(self, ids: list[int], accumulation: int) -> bool:
         """One optimizer step over the global batch ``ids``; returns "stop requested"."""
         mine = ids[self.rank::self.world]
@@ -232,7 +243,7 @@ class Trainer:
                 continue
             with (self.ddp.no_sync() if not last else contextlib.nullcontext()):
                 if part:
-                    batch = self.md.collate([self.train_set[i] for i in part])
+                    batch = self._fetch(part)
                     loss = self.md.loss(self.ddp, batch)
                     weight = (self.world if self.md.loss_reduction == "sum"
                               else self.world * len(part) / len(ids))

@@ -80,10 +80,15 @@ class Snapshotter:
                on_persisted: Callable[[str], None]) -> None:
         name = snapshot_name(step)
         try:
-            for directory in self._dirs():
+            first, *others = self._dirs()
+            temporary = first / f".{name}.tmp{os.getpid()}"
+            torch.save(state, temporary)  # serialise once (holds the GIL), then copy bytes
+            os.replace(temporary, first / name)
+            for directory in others:
                 temporary = directory / f".{name}.tmp{os.getpid()}"
-                torch.save(state, temporary)
+                shutil.copyfile(first / name, temporary)
                 os.replace(temporary, directory / name)
+            for directory in (first, *others):
                 self._prune(directory)
             on_persisted(name)
         except BaseException as error:  # noqa: BLE001 - surfaced by wait()
