@@ -89,16 +89,21 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP broadcasts rank 0's too)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    # Plain SGD by hand: constructing torch.optim.SGD imports torch._dynamo (1.3-2.7 s here),
+    # which would dominate every restart this script exists to time.
+    params = list(model.parameters())
     while step < args.steps:
         began = time.monotonic()
         data = torch.Generator().manual_seed(args.seed * 1_000_003 + step * 1009 + rank)
         inputs = torch.randn(16, 32, generator=data)
         targets = inputs.sum(dim=1, keepdim=True)
         loss = nn.functional.mse_loss(model(inputs), targets)
-        optimizer.zero_grad()
+        for p in params:
+            p.grad = None
         loss.backward()  # the allreduce: fails here when a peer dies
-        optimizer.step()
+        with torch.no_grad():
+            for p in params:
+                p -= 0.01 * p.grad
         step += 1
         if rank == 0:
             write_step(state_file, step)

@@ -112,6 +112,7 @@ class Progress:
     def __init__(self, client: MultiEndpointEtcd3Client, run_prefix: str) -> None:
         self._client = client
         self.keys = ProgressKeys(run_prefix)
+        self._orders: dict[tuple, list[int]] = {}
 
     # -- manifest -----------------------------------------------------------------------------
     def publish_manifest(self, manifest: Manifest) -> Manifest:
@@ -170,13 +171,20 @@ class Progress:
         return bool(ok)
 
     def _queue_moves(self, manifest: Manifest, old: Committed, new: Committed) -> list:
-        """Puts and deletes that turn the queues of ``old`` into those of ``new``."""
+        """Puts and deletes that turn the queues of ``old`` into those of ``new``.
+
+        Only epochs between the two positions can differ (a rollback swaps old and new), so
+        the work per commit does not grow with the number of epochs."""
         tx = self._client.transactions
-        before = self._placement(manifest, old)
-        after = self._placement(manifest, new)
+        last = manifest.epochs - 1
+        low = min(_epoch_of(old, last), _epoch_of(new, last))
+        high = max(_epoch_of(old, last), _epoch_of(new, last))
+        epochs = range(low, high + 1)
+        before = self._placement(manifest, old, epochs)
+        after = self._placement(manifest, new, epochs)
         ops: list = []
         for (epoch, shard_id), (state, consumed) in after.items():
-            old_state = before.get((epoch, shard_id), ("todo", 0))
+            old_state = before[(epoch, shard_id)]
             if old_state == (state, consumed):
                 continue
             if old_state[0] != state:
@@ -185,11 +193,12 @@ class Progress:
             ops.append(tx.put(self.keys.queue(epoch, state, shard_id), value))
         return ops
 
-    def _placement(self, manifest: Manifest, at: Committed) -> dict[tuple[int, int], tuple]:
-        """(epoch, shard) → (queue, samples consumed) for every epoch of the job."""
+    def _placement(self, manifest: Manifest, at: Committed,
+                   epochs: range) -> dict[tuple[int, int], tuple]:
+        """(epoch, shard) → (queue, samples consumed) for ``epochs``."""
         sizes = {s.shard_id: s.size for s in manifest.shards}
         placement: dict[tuple[int, int], tuple] = {}
-        for epoch in range(manifest.epochs):
+        for epoch in epochs:
             if epoch < at.epoch or at.complete:
                 position = manifest.num_samples
             elif epoch == at.epoch:
@@ -197,14 +206,22 @@ class Progress:
             else:
                 position = 0
             consumed = 0
-            queues = manifest.queues(epoch, position)
-            for shard_id in manifest.visit_order(epoch):
+            for shard_id in self._visit_order(manifest, epoch):
                 begins, consumed = consumed, consumed + sizes[shard_id]
-                state = ("done" if shard_id in queues.done else
-                         "doing" if shard_id in queues.doing else "todo")
-                placement[(epoch, shard_id)] = (state, max(0, min(position, consumed) - begins)
-                                                if state == "doing" else 0)
+                if consumed <= position:
+                    placement[(epoch, shard_id)] = ("done", 0)
+                elif begins < position:
+                    placement[(epoch, shard_id)] = ("doing", position - begins)
+                else:
+                    placement[(epoch, shard_id)] = ("todo", 0)
         return placement
+
+    def _visit_order(self, manifest: Manifest, epoch: int) -> list[int]:
+        key = (manifest.seed, manifest.shuffle, len(manifest.shards), epoch)
+        order = self._orders.get(key)
+        if order is None:
+            order = self._orders[key] = manifest.visit_order(epoch)
+        return order
 
     def base_world_size(self, proposed: int) -> int:
         """The world size the batch policy scales from: the first proposal wins, for good."""
@@ -222,6 +239,11 @@ class Progress:
                                                         keys_only=True, count_only=True)
             counts[state] = int(response.count)
         return counts
+
+
+def _epoch_of(at: Committed, last_epoch: int) -> int:
+    """The epoch whose queues ``at`` is inside (the last one once training is complete)."""
+    return last_epoch if at.complete else min(at.epoch, last_epoch)
 
 
 def manifest_from_shards(shards: Sequence[Shard], epochs: int, seed: int = 0,

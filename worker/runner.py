@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset, default_collate
 
-from rendezvous.etcd_client import connect_to
+from rendezvous.etcd_client import TRANSIENT_ERRORS, connect_to
 
 from .data_plan import epoch_order, shards_for_length
 from .model_def import ModelDef, load_model_def
@@ -33,6 +33,7 @@ from .snapshot import SnapshotError, Snapshotter
 
 log = logging.getLogger("worker")
 EXIT_PREEMPTED = 143  # what a process killed by SIGTERM reports; never "success" mid-job
+COMMIT_RETRY_S = 60.0  # how long a commit waits out an unavailable etcd
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -102,6 +103,7 @@ class Trainer:
         self._restore()
         self.ddp = DistributedDataParallel(self.model)
         self.losses: list[float] = []
+        self._pending_losses: list[tuple[float, int]] = []  # (this rank's loss sum, batch)
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         self.stop_requested = True
@@ -168,17 +170,37 @@ class Trainer:
         losses, self.losses = tuple(self.losses), []
 
         def commit(name: str) -> None:
-            assert self.progress is not None
             new = Committed(step, epoch, position, name, self.world, shape_batch, lr, complete,
                             losses)
-            if not self.progress.commit(self.manifest, self.committed, self.committed_revision,
-                                        new):
-                raise RuntimeError(f"commit of step {step} lost a race; another rank 0 exists")
-            self.committed, self.committed_revision = new, self.progress.committed_record()[1]
+            self._commit_with_retry(new)
             log.info("committed step=%d epoch=%d position=%d snapshot=%s world=%d", step, epoch,
                      position, name, self.world)
 
         self.snapshots.save(step, state, commit, wait=wait)
+
+    def _commit_with_retry(self, new: Committed) -> None:
+        """CAS the commit; a slow or restarting etcd is waited out, not fatal to training."""
+        assert self.progress is not None
+        deadline = time.monotonic() + COMMIT_RETRY_S
+        delay = 0.1
+        while True:
+            try:
+                if not self.progress.commit(self.manifest, self.committed,
+                                            self.committed_revision, new):
+                    current, revision = self.progress.committed_record()
+                    if current != new:  # an earlier attempt of ours did not land either
+                        raise RuntimeError(f"commit of step {new.step} lost a race; another "
+                                           "rank 0 exists")
+                    self.committed, self.committed_revision = new, revision
+                    return
+                break
+            except TRANSIENT_ERRORS as error:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("commit of step %d failed, retrying error=%r", new.step, error)
+                time.sleep(delay)
+                delay = min(2 * delay, 2.0)
+        self.committed, self.committed_revision = new, self.progress.committed_record()[1]
 
     # -- training -----------------------------------------------------------------------------
     def run(self) -> int:
@@ -196,13 +218,15 @@ class Trainer:
                                           strict=True):
                     group["lr"] = base_lr * shape.lr_scale
                 ids = order[position:position + shape.global_batch]
-                stop = self._train_step(ids, shape.accumulation)
+                self._train_step(ids, shape.accumulation)
                 step, position = step + 1, position + len(ids)
                 if position >= total:
                     epoch, position = epoch + 1, 0
                     log.info("epoch end rank=%d epoch=%d step=%d", self.rank, epoch - 1, step)
                 done = epoch >= self.manifest.epochs
-                if stop or done or position == 0 or step % self.args.snapshot_every == 0:
+                stop = False
+                if done or position == 0 or step % self.args.snapshot_every == 0:
+                    stop = self._sync_interval()
                     self._commit(step, epoch, position, shape.global_batch,
                                  self.base_lrs[0] * shape.lr_scale,
                                  complete=done, wait=stop or done)
@@ -210,7 +234,8 @@ class Trainer:
                     log.warning("stopping on SIGTERM rank=%d step=%d (snapshot committed)",
                                 self.rank, step)
                     return EXIT_PREEMPTED
-                time.sleep(max(0.0, self.args.step_time - (time.monotonic() - began)))
+                if self.args.step_time > 0:
+                    time.sleep(max(0.0, self.args.step_time - (time.monotonic() - began)))
                 if position == 0:
                     break  # a new epoch: its own order
         if self.rank == 0:
@@ -231,8 +256,20 @@ class Trainer:
             return default_collate(data.__getitems__(ids))
         return self.md.collate([data[i] for i in ids])
 
-    def _train_step(self, ids: list[int], accumulation: int) -> bool:
-        """One optimizer step over the global batch ``ids``; returns "stop requested"."""
+    def _sync_interval(self) -> bool:
+        """At a commit step: agree on "stop" (SIGTERM on any rank) and gather the mean loss of
+        each step since the last commit, in one small allreduce instead of one per step."""
+        local = torch.tensor([float(self.stop_requested)]
+                             + [loss for loss, _ in self._pending_losses], dtype=torch.float64)
+        dist.all_reduce(local)
+        counts = [count for _, count in self._pending_losses]
+        self.losses.extend(round(float(total) / max(1, n), 6)
+                           for total, n in zip(local[1:].tolist(), counts, strict=True))
+        self._pending_losses = []
+        return bool(local[0] > 0)
+
+    def _train_step(self, ids: list[int], accumulation: int) -> None:
+        """One optimizer step over the global batch ``ids``."""
         mine = ids[self.rank::self.world]
         chunk = -(-len(mine) // accumulation) if mine else 0
         loss_sum = torch.zeros(())
@@ -255,10 +292,7 @@ class Trainer:
                     sum(p.sum() * 0 for p in self.ddp.parameters()).backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        shared = torch.stack([loss_sum, torch.tensor(float(self.stop_requested))])
-        dist.all_reduce(shared)
-        self.losses.append(round(float(shared[0]) / max(1, len(ids)), 6))
-        return bool(shared[1] > 0)
+        self._pending_losses.append((float(loss_sum), len(ids)))
 
 
 def main(argv: list[str] | None = None) -> int:

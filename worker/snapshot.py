@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import shutil
 import threading
 from collections.abc import Callable
@@ -51,6 +52,9 @@ class Snapshotter:
         for directory in self._dirs():
             directory.mkdir(parents=True, exist_ok=True)
         self._thread: threading.Thread | None = None
+        self._queue: queue.Queue = queue.Queue()
+        self._idle = threading.Event()
+        self._idle.set()
         self._error: BaseException | None = None
 
     def _dirs(self) -> list[Path]:
@@ -58,23 +62,34 @@ class Snapshotter:
 
     def save(self, step: int, state: dict[str, Any],
              on_persisted: Callable[[str], None], wait: bool = False) -> None:
-        """Write ``state`` as the snapshot of ``step``; ``on_persisted(name)`` after it is safe."""
+        """Write ``state`` as the snapshot of ``step``; ``on_persisted(name)`` after it is safe.
+
+        At most one snapshot is in flight: this first waits for the previous one."""
         self.wait()
         cpu_state = _to_cpu(state)
-        self._thread = threading.Thread(target=self._write, args=(step, cpu_state, on_persisted),
-                                        daemon=True, name=f"snapshot-{step}")
-        self._thread.start()
+        if self._thread is None:  # one long-lived writer: starting threads costs the loop
+            self._thread = threading.Thread(target=self._writer, daemon=True,
+                                            name="snapshot-writer")
+            self._thread.start()
+        self._idle.clear()
+        self._queue.put((step, cpu_state, on_persisted))
         if wait:
             self.wait()
 
     def wait(self) -> None:
         """Block until the snapshot in flight is persisted and committed (re-raise its error)."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._idle.wait()
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+
+    def _writer(self) -> None:
+        while True:
+            step, state, on_persisted = self._queue.get()
+            try:
+                self._write(step, state, on_persisted)
+            finally:
+                self._idle.set()
 
     def _write(self, step: int, state: dict[str, Any],
                on_persisted: Callable[[str], None]) -> None:
