@@ -1,0 +1,911 @@
+"""What does the elastic worker runtime cost, and how many steps does a lost node cost?
+
+    python benchmarks/elastic_runtime.py [--quick] [--parts throughput,disrupt,micro]
+                                         [--ablate] [--out FILE] [--keep-logs]
+
+Everything runs on local processes against one embedded etcd; one torchrun agent with one gloo
+worker is one "node"; the model is the digits MLP (``worker.examples.digits``), 32 samples per
+worker and step.
+
+throughput  Four jobs of 2 nodes each, started together; each job's workers are stopped
+            (SIGSTOP; the agents keep running) once it has trained a step; then each job in
+            turn runs alone for ``--window`` seconds (SIGCONT ... SIGSTOP; default 1 s), the
+            order rotating every round, until the jobs finish or ``--cap`` is reached.
+            Steps/s of a job = steps whose ``optimizer.step()`` returned inside its windows,
+            minus the first ``--warm`` seconds of each, over that time. Start-up never enters,
+            and the drift of a shared 2-core box hits every job alike. The jobs:
+              static   benchmarks/static_ddp_baseline.py: plain DDP, c10d rendezvous,
+                       DataLoader + DistributedSampler, no snapshots, no etcd
+              K=10     python -m worker, elastic-etcd, --snapshot-every 10   (goal >= 0.97 x static)
+              K=1      the same with --snapshot-every 1
+              K=inf    the same with --snapshot-every 10**9 (epoch ends still snapshot)
+            Per-step timestamps come from one JSON line per step that both sides write the
+            same way (benchmarks/timed_model_def.py wraps the model-def's optimizer with a
+            step post-hook; the baseline calls the same writer). The runtime's etcd requests
+            get a 120 s deadline here (instead of 5 s) so that a commit in flight when its
+            worker is stopped does not time out and crash the worker.
+disrupt     3 nodes (--nnodes=2:3) train with --snapshot-every K (5) and --step-time S (0.05 s);
+            at a random step of the second epoch (+ a random fraction of a step) one node's
+            whole process tree gets SIGKILL, or its agent alone SIGTERM (as the kubelet sends).
+            Lost steps = the highest step any old-world worker finished (step post-hook, with
+            the runtime's own step number) minus the step the new world restored from (the
+            worker's "restored rank=0 world=2 step=S" log line). Goals: SIGKILL <= K,
+            SIGTERM = 0. The victim's rank cycles 0, 1, 2 over the repeats (rank 0 writes the
+            snapshots) and the trigger step is stratified over the snapshot interval.
+micro       In-process: the synchronous part of a snapshot (what Trainer._commit does on the
+            training thread: state_dict, optimizer state, RNG, then Snapshotter.save's CPU copy
+            and thread start), its background part (torch.save, Progress.commit to etcd), how
+            much 10 training steps slow down while that background part runs (the GIL), and
+            Progress.commit's cost against the number of epochs.
+
+--ablate    replaces the throughput jobs by static, K=inf and K=10, each as it is and with
+            candidate fixes of worker/runner.py patched in at run time
+            (benchmarks/runner_variants.py), to see what each cost is worth; writes
+            elastic_runtime_ablation.json by default.
+
+Prints the tables and ratios and writes all runs as JSON to --out. Every agent, worker and
+etcd started here is killed on exit, error, Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from rendezvous.embedded_etcd import EmbeddedEtcd, free_port  # noqa: E402
+from rendezvous.local_agents import AgentGroup, new_run_id, read_events  # noqa: E402
+
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "elastic_runtime.json"
+BASELINE = REPO_ROOT / "benchmarks" / "static_ddp_baseline.py"
+VARIANTS = REPO_ROOT / "benchmarks" / "runner_variants.py"
+TIMED = "benchmarks.timed_model_def"
+BATCH = 32  # per worker
+TRAIN_SAMPLES = 1437  # digits train split (80 % of 1,797)
+SETUP_TIMEOUT_S = 300.0
+THROUGHPUT_GOAL = 0.97
+ETCD_REQUEST_TIMEOUT_S = 120  # throughput jobs' workers: outlasts any SIGSTOP pause here
+AGENT_CPU_S = 3.0  # seconds over which the agents' own CPU use is measured
+HUGE = 10**9
+
+
+def steps_per_epoch(world: int) -> int:
+    return -(-TRAIN_SAMPLES // (world * BATCH))
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _signal(pids: set[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def worker_pids(group: AgentGroup) -> set[int]:
+    """The processes below the group's agents (the workers), not the agents themselves."""
+    pids: set[int] = set()
+    for agent in group.agents:
+        pids |= agent.tree_pids() - ({agent.pid} if agent.process else set())
+    return pids
+
+
+def agents_done(group: AgentGroup) -> bool:
+    return all(not agent.alive() for agent in group.agents)
+
+
+_WORKER_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] worker (\w+) (.*)$")
+
+
+def worker_lines(text: str, needle: str) -> list[tuple[float, str]]:
+    """(time.time(), message) of the runtime's log lines containing ``needle``."""
+    found = []
+    for line in text.splitlines():
+        match = _WORKER_LINE.match(line)
+        if match and needle in match.group(3):
+            stamp = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            found.append((stamp, match.group(3)))
+    return found
+
+
+def group_log(group: AgentGroup) -> str:
+    return "\n".join(agent.log_text() for agent in group.agents)
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+@dataclass
+class Job:
+    name: str
+    label: str
+    snapshot_every: int | None  # None: the static baseline
+    fixes: str  # RUNNER_FIXES of benchmarks/runner_variants.py ("" = the runtime as it is)
+    steps_file: Path
+    group: AgentGroup
+    total_steps: int
+    launched_at: float = 0.0
+    first_step_at: float | None = None
+    paused: bool = False
+    done: bool = False
+    # (SIGCONT time, SIGSTOP time, disturbed: a worker exited during the window)
+    windows: list[tuple[float, float, bool]] = field(default_factory=list)
+    error: str | None = None
+
+    def events(self) -> list[dict[str, Any]]:
+        return [e for e in read_events(self.steps_file) if e.get("rank") == 0]
+
+
+def start_throughput_job(name: str, snapshot_every: int | None, args: argparse.Namespace,
+                         etcd: EmbeddedEtcd, work_dir: Path, fixes: str = "") -> Job:
+    run_id = new_run_id(name)
+    run_dir = work_dir / run_id
+    run_dir.mkdir(parents=True)
+    steps_file = run_dir / "steps.jsonl"
+    group = AgentGroup(run_dir / "logs")
+    label = "static DDP" if snapshot_every is None else (
+        f"elastic K={'inf' if snapshot_every >= HUGE else snapshot_every}"
+        + (f" +{fixes.replace(',', '+')}" if fixes else ""))
+    job = Job(name, label, snapshot_every, fixes, steps_file, group,
+              args.epochs * steps_per_epoch(2), launched_at=time.time())
+    env = {"TIMED_STEPS_FILE": str(steps_file), "TIMED_STEP_NUMBERS": "0",
+           "TIMED_ETCD_REQUEST_TIMEOUT": str(ETCD_REQUEST_TIMEOUT_S)}
+    if fixes:
+        env["RUNNER_FIXES"] = fixes
+    if snapshot_every is None:
+        endpoint = f"127.0.0.1:{free_port()}"
+        for index in range(2):
+            group.start(name=f"node{index}", backend="c10d", endpoint=endpoint, run_id=run_id,
+                        nnodes="2", max_restarts=0, rdzv_conf={"is_host": int(index == 0)},
+                        script=BASELINE, env=env,
+                        script_args=["--epochs", args.epochs, "--batch-size", BATCH,
+                                     "--steps-file", steps_file])
+    else:
+        for index in range(2):
+            group.start(name=f"node{index}", backend="elastic-etcd", endpoint=etcd.endpoint,
+                        run_id=run_id, nnodes="2:3", max_restarts=3,
+                        rdzv_conf={"last_call_timeout": 1}, env=env,
+                        script=VARIANTS if fixes else "-m",
+                        script_args=[*([] if fixes else ["worker"]),
+                                     "--model-def", TIMED, "--epochs", args.epochs,
+                                     "--batch-size", BATCH, "--snapshot-every", snapshot_every,
+                                     "--snapshot-dir", run_dir / "snapshots",
+                                     "--etcd", etcd.endpoint])
+    return job
+
+
+def pause_when_training(jobs: list[Job], timeout: float) -> None:
+    """SIGSTOP each job's workers as soon as it has finished a step."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not all(j.paused or j.error for j in jobs):
+        for job in jobs:
+            if job.paused or job.error:
+                continue
+            events = job.events()
+            if events:
+                _signal(worker_pids(job.group), signal.SIGSTOP)
+                job.paused = True
+                job.first_step_at = events[0]["t"]
+                print(f"  {job.label}: first step {job.first_step_at - job.launched_at:.1f} s "
+                      "after launch; paused", flush=True)
+            elif agents_done(job.group):
+                job.error = "agents exited before the first step"
+                print(f"  {job.label}: FAILED to start\n{job.group.logs(20)}", flush=True)
+        time.sleep(0.1)
+    for job in jobs:
+        if not (job.paused or job.error):
+            job.error = f"no step within {timeout:.0f} s"
+            print(f"  {job.label}: FAILED: {job.error}\n{job.group.logs(20)}", flush=True)
+
+
+def cpu_seconds(pids: set[int]) -> float:
+    """utime + stime of the processes (those alive now)."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def agent_pids(job: Job) -> set[int]:
+    return {a.pid for a in job.group.agents if a.alive()}
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (a stopped one counts as running)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def time_slice(jobs: list[Job], window: float, cap: float) -> int:
+    """Run the jobs alone in turn (rotating order) until all are done or ``cap`` passed.
+
+    A window in which a worker of the job exited before the job's last step (a crash and
+    restart) is kept but marked ``disturbed`` and left out of the rates.
+    """
+    began = time.monotonic()
+    rounds = 0
+    pids: dict[str, set[int]] = {}
+    while time.monotonic() - began < cap:
+        active = [j for j in jobs if not (j.done or j.error)]
+        if not active:
+            break
+        shift = rounds % len(active)
+        for job in active[shift:] + active[:shift]:
+            if not pids.get(job.name) or not all(_running(p) for p in pids[job.name]):
+                pids[job.name] = worker_pids(job.group)  # (re)scan only when needed: slow
+            mine = pids[job.name]
+            if not mine:
+                job.done = True
+                continue
+            t_cont = time.time()
+            _signal(mine, signal.SIGCONT)
+            time.sleep(window)
+            _signal(mine, signal.SIGSTOP)
+            t_stop = time.time()
+            events = job.events()
+            finished = len(events) >= job.total_steps
+            disturbed = not finished and not all(_running(p) for p in mine)
+            job.windows.append((t_cont, t_stop, disturbed))
+            if disturbed:
+                print(f"  {job.label}: a worker exited during window {len(job.windows) - 1}; "
+                      "window left out", flush=True)
+            if finished or agents_done(job.group):
+                job.done = True
+        rounds += 1
+        if rounds % 5 == 0 or all(j.done or j.error for j in jobs):
+            done = ", ".join(f"{j.label}: {len(j.events())}/{j.total_steps}" for j in jobs)
+            print(f"  round {rounds} ({time.monotonic() - began:.0f} s): {done}", flush=True)
+    return rounds
+
+
+def window_rates(job: Job, warm: float, min_span: float) -> list[dict[str, Any]]:
+    """Steps and seconds per undisturbed window, after ``warm`` s; cut at the job's last step."""
+    times = sorted(e["t"] for e in job.events())
+    last = times[-1] if times else 0.0
+    finished = len(times) >= job.total_steps
+    rows = []
+    for index, (t_cont, t_stop, disturbed) in enumerate(job.windows):
+        if disturbed:
+            continue
+        start = t_cont + warm
+        end = min(t_stop, last) if finished else t_stop
+        span = end - start
+        if span < min_span:
+            continue
+        steps = sum(1 for t in times if start < t <= end)
+        rows.append({"window": index, "start": start, "seconds": round(span, 4), "steps": steps,
+                     "steps_per_s": round(steps / span, 3)})
+    return rows
+
+
+def snapshots_per_step(snapshot_every: int | None, total: int, per_epoch: int) -> float:
+    if snapshot_every is None:
+        return 0.0
+    taken = sum(1 for s in range(1, total + 1) if s % snapshot_every == 0 or s % per_epoch == 0)
+    return taken / total
+
+
+ALL_FIXES = "nosleep,noreduce,writer,placement"
+JOB_SPECS: dict[str, tuple[int | None, str]] = {  # name: (--snapshot-every, RUNNER_FIXES)
+    "static": (None, ""), "k10": (10, ""), "k1": (1, ""), "kinf": (HUGE, ""),
+    "kinf-nosleep": (HUGE, "nosleep"), "kinf-nosleep-noreduce": (HUGE, "nosleep,noreduce"),
+    "kinf-allfixes": (HUGE, ALL_FIXES), "k10-writer-placement": (10, "writer,placement"),
+    "k10-allfixes": (10, ALL_FIXES),
+}
+JOBS = "static,k10,k1,kinf"
+ABLATION_JOBS = ("static,kinf,kinf-nosleep,kinf-nosleep-noreduce,k10,k10-writer-placement,"
+                 "k10-allfixes")
+
+
+def bench_throughput(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path,
+                     stack: contextlib.ExitStack) -> dict[str, Any]:
+    specs = [(name, *JOB_SPECS[name]) for name in args.jobs]
+    print(f"[throughput] starting {len(specs)} jobs of 2 nodes, {args.epochs} epochs "
+          f"({args.epochs * steps_per_epoch(2)} steps) each", flush=True)
+    jobs = []
+    for name, every, fixes in specs:
+        job = start_throughput_job(name, every, args, etcd, work_dir, fixes)
+        stack.callback(job.group.kill_all)
+        jobs.append(job)
+    pause_when_training(jobs, SETUP_TIMEOUT_S)
+    # The agents keep running while their workers are stopped: their own CPU use (monitor
+    # loop, keep-alives, watches, probes) is background load shared by every window, so it is
+    # measured here, with all workers stopped, and reported beside the rates.
+    cpu_before = {j.name: cpu_seconds(agent_pids(j)) for j in jobs}
+    time.sleep(AGENT_CPU_S)
+    agent_cpu = {j.name: (cpu_seconds(agent_pids(j)) - cpu_before[j.name]) / AGENT_CPU_S
+                 if not j.error else None for j in jobs}
+    rounds = time_slice(jobs, args.window, args.cap)
+    for job in jobs:
+        job.group.kill_all()
+    per_epoch = steps_per_epoch(2)
+    results: dict[str, Any] = {}
+    for job in jobs:
+        rows = window_rates(job, args.warm, min_span=args.window / 3)
+        steps = sum(r["steps"] for r in rows)
+        seconds = sum(r["seconds"] for r in rows)
+        rates = [r["steps_per_s"] for r in rows]
+        results[job.name] = {
+            "label": job.label,
+            "snapshot_every": job.snapshot_every,
+            "steps_per_s": round(steps / seconds, 3) if seconds else None,
+            "median_window_steps_per_s": median(rates),
+            "min_window_steps_per_s": min(rates) if rates else None,
+            "max_window_steps_per_s": max(rates) if rates else None,
+            "windows": len(rows),
+            "disturbed_windows": sum(1 for w in job.windows if w[2]),
+            "measured_steps": steps,
+            "measured_s": round(seconds, 3),
+            "steps_done": len(job.events()),
+            "total_steps": job.total_steps,
+            "snapshots_per_step": round(snapshots_per_step(job.snapshot_every, job.total_steps,
+                                                           per_epoch), 4),
+            "first_step_after_launch_s": (round(job.first_step_at - job.launched_at, 2)
+                                          if job.first_step_at else None),
+            "agents_cpu_share": (round(agent_cpu[job.name], 4)
+                                 if agent_cpu[job.name] is not None else None),
+            "fixes": job.fixes,
+            "error": job.error,
+            "window_rows": rows,
+        }
+    results["_rounds"] = rounds
+    results["_paired"] = paired_ratios(jobs, args)
+    return results
+
+
+def paired_ratios(jobs: list[Job], args: argparse.Namespace) -> dict[str, Any]:
+    """job/static of the k-th measured windows (the same round while both run: seconds apart,
+    so drift cancels)."""
+    by_name = {j.name: window_rates(j, args.warm, args.window / 3) for j in jobs}
+    out: dict[str, Any] = {}
+    for name in [j.name for j in jobs if j.name != "static"]:
+        ours, base = by_name.get(name, []), by_name.get("static", [])
+        ratios = []
+        for a, b in zip(ours, base, strict=False):  # k-th measured window of each
+            if a["steps_per_s"] and b["steps_per_s"]:
+                ratios.append(a["steps_per_s"] / b["steps_per_s"])
+        out[name] = {"median": round(median(ratios), 4) if ratios else None,
+                     "min": round(min(ratios), 4) if ratios else None,
+                     "max": round(max(ratios), 4) if ratios else None, "pairs": len(ratios)}
+    return out
+
+
+# --------------------------------------------------------------------------- disruption
+
+
+@dataclass
+class Disruption:
+    kind: str  # "sigkill" | "sigterm"
+    run_id: str
+    victim: str = ""
+    victim_rank: int | None = None
+    trigger_step: int | None = None  # the event follows this step (+ polling, + delay_s)
+    delay_s: float = 0.0  # random wait after the trigger step
+    highest_step: int | None = None  # highest step an old-world worker finished
+    committed_before: int | None = None  # last "committed step=" logged before the event
+    restored_step: int | None = None  # "restored rank=0 world=2 step=S"
+    first_new_step: int | None = None  # the new world's first finished step (= restored + 1)
+    lost_steps: int | None = None
+    recovery_s: float | None = None  # event -> first step of the 2-node world
+    victim_exit: int | None = None
+    error: str | None = None
+    logs: str | None = None
+
+
+def disrupt_run(kind: str, victim_rank: int, phase: float, args: argparse.Namespace,
+                etcd: EmbeddedEtcd, work_dir: Path, rng: random.Random,
+                stack: contextlib.ExitStack) -> Disruption:
+    """One 3-node run; the node whose worker has ``victim_rank`` gets the signal after step
+    ``steps_per_epoch(3) + 1 + int(phase * K)`` (phase in [0, 1)) + a random part of a step."""
+    run_id = new_run_id(kind)
+    result = Disruption(kind, run_id)
+    run_dir = work_dir / run_id
+    run_dir.mkdir(parents=True)
+    steps_file = run_dir / "steps.jsonl"
+    group = AgentGroup(run_dir / "logs")
+    stack.callback(group.kill_all)
+    k = args.snapshot_every
+    with group:
+        try:
+            for index in range(3):
+                group.start(name=f"node{index}", backend="elastic-etcd", endpoint=etcd.endpoint,
+                            run_id=run_id, nnodes="2:3", max_restarts=10,
+                            rdzv_conf={"last_call_timeout": 1}, script="-m",
+                            env={"TIMED_STEPS_FILE": str(steps_file)},
+                            script_args=["worker", "--model-def", TIMED, "--epochs",
+                                         args.disrupt_epochs, "--batch-size", BATCH,
+                                         "--snapshot-every", k, "--step-time", args.step_time,
+                                         "--snapshot-dir", run_dir / "snapshots",
+                                         "--etcd", etcd.endpoint])
+            wait_until(lambda: len({e["rank"] for e in read_events(steps_file)
+                                    if e["world"] == 3}) == 3,
+                       SETUP_TIMEOUT_S, "a step of every rank of the 3-node world", group)
+            pid_of_rank = {e["rank"]: e["pid"] for e in read_events(steps_file)
+                           if e["world"] == 3}
+            victim = next(a for a in group.agents if pid_of_rank[victim_rank] in a.tree_pids())
+            result.victim = victim.name
+            victim_pids = victim.tree_pids()
+            # A step of the second epoch (the first epoch end, a forced snapshot, is behind),
+            # then a random fraction of a step: the event lands anywhere in a snapshot interval.
+            trigger = steps_per_epoch(3) + 1 + int(phase * k)
+            result.trigger_step = trigger
+            wait_until(lambda: any(e["world"] == 3 and (e["step"] or 0) >= trigger
+                                   for e in read_events(steps_file)),
+                       SETUP_TIMEOUT_S, f"step {trigger} of the 3-node world", group)
+            result.delay_s = round(rng.uniform(0, max(args.step_time, 0.01)), 3)
+            time.sleep(result.delay_s)
+            event_t = victim.sigkill_tree() if kind == "sigkill" else victim.sigterm()
+            wait_until(lambda: any(e["world"] == 2 and e["t"] > event_t
+                                   for e in read_events(steps_file)),
+                       args.recovery_cap, "a step of the 2-node world", group)
+            wait_until(lambda: restored_after(group_log(group), event_t) is not None, 10.0,
+                       "the new world's 'restored' log line", group)
+            with contextlib.suppress(Exception):
+                result.victim_exit = victim.wait(30 if kind == "sigterm" else 1)
+            events = read_events(steps_file)
+            old_pids = {e["pid"] for e in events if e["t"] <= event_t}
+            old = [e for e in events if e["pid"] in old_pids and e["step"] is not None]
+            result.highest_step = max(e["step"] for e in old)
+            ranks = {e["rank"] for e in old if e["pid"] in victim_pids}
+            result.victim_rank = min(ranks) if ranks else None
+            new = sorted((e for e in events if e["world"] == 2 and e["t"] > event_t),
+                         key=lambda e: e["t"])
+            result.first_new_step = new[0]["step"]
+            result.recovery_s = round(new[0]["t"] - event_t, 3)
+            text = group_log(group)
+            result.restored_step = restored_after(text, event_t)
+            committed = [int(m.group(1)) for t, line in worker_lines(text, "committed step=")
+                         if t <= event_t and (m := re.search(r"step=(\d+)", line))]
+            result.committed_before = max(committed) if committed else 0
+            if result.restored_step is not None:
+                result.lost_steps = result.highest_step - result.restored_step
+        except Exception as error:  # noqa: BLE001 - one failed run must not end the benchmark
+            result.error = f"{type(error).__name__}: {error}"
+            result.logs = group.logs(25)
+    return result
+
+
+def restored_after(text: str, after: float) -> int | None:
+    for _t, line in sorted(worker_lines(text, "restored rank=0 world=2 ")):
+        if _t > after - 0.01:
+            return int(re.search(r"step=(\d+)", line).group(1))  # type: ignore[union-attr]
+    return None
+
+
+def wait_until(predicate: Any, timeout: float, what: str, group: AgentGroup) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout:.0f} s")
+        if agents_done(group):
+            raise RuntimeError(f"all agents exited before {what}")
+        time.sleep(0.05)
+
+
+def bench_disrupt(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path,
+                  stack: contextlib.ExitStack) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    runs: dict[str, list[Disruption]] = {"sigkill": [], "sigterm": []}
+    for repeat in range(args.repeats):
+        # The victim's rank cycles 0, 1, 2 (rank 0 writes the snapshots); the trigger step is
+        # stratified over the snapshot interval.
+        phase = (repeat + rng.random()) / args.repeats
+        for kind in ("sigkill", "sigterm"):  # alternated: same drift for both
+            run = disrupt_run(kind, repeat % 3, phase, args, etcd, work_dir, rng, stack)
+            runs[kind].append(run)
+            shown = (f"lost {run.lost_steps} (highest {run.highest_step}, committed before "
+                     f"{run.committed_before}, restored {run.restored_step}, first new step "
+                     f"{run.first_new_step}); victim {run.victim} rank {run.victim_rank}; "
+                     f"recovery {run.recovery_s} s" if run.error is None else
+                     f"FAILED ({run.error})\n{run.logs}")
+            print(f"[disrupt] {kind} {repeat + 1}/{args.repeats}: {shown}", flush=True)
+    out: dict[str, Any] = {}
+    for kind, items in runs.items():
+        lost = [r.lost_steps for r in items if r.lost_steps is not None]
+        out[kind] = {"median_lost": median(lost), "max_lost": max(lost) if lost else None,
+                     "runs": len(items), "measured": len(lost),
+                     "median_recovery_s": median([r.recovery_s for r in items
+                                                  if r.recovery_s is not None]),
+                     "details": [asdict(r) for r in items]}
+    return out
+
+
+# --------------------------------------------------------------------------- micro
+
+
+def bench_micro(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path) -> dict[str, Any]:
+    import torch
+
+    from rendezvous.etcd_client import connect_to
+    from worker.data_plan import shards_for_length
+    from worker.examples import digits
+    from worker.progress import Committed, Progress, manifest_from_shards
+    from worker.snapshot import Snapshotter, _to_cpu
+
+    torch.set_num_threads(1)
+    model = digits.model()
+    optimizer = digits.optimizer(model.parameters())
+    features, labels = digits.dataset("train")[:BATCH]
+
+    def train_step() -> None:
+        loss = digits.loss(model, [features, labels])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(20):
+        train_step()  # momentum buffers exist, caches warm
+
+    def state() -> dict[str, Any]:  # what Trainer._commit builds on the training thread
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 1,
+                "epoch": 0, "position": 0, "rng": torch.get_rng_state()}
+
+    def timed(fn: Any, n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            began = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - began)
+        return out
+
+    n = args.micro_n
+    snapshotter = Snapshotter(work_dir / "micro-snapshots")
+    save_times = []
+    for step in range(n):
+        began = time.perf_counter()
+        snapshotter.save(step, state(), lambda name: None)  # _commit's synchronous part
+        save_times.append(time.perf_counter() - began)
+        snapshotter.wait()  # the background part, not timed here
+    cpu = state()
+
+    def steps_after(on_persisted: Any) -> float:
+        """Seconds for 10 train steps right after save() (background write under way)."""
+        snapshotter.save(0, state(), on_persisted)
+        began = time.perf_counter()
+        for _ in range(10):
+            train_step()
+        spent = time.perf_counter() - began
+        snapshotter.wait()
+        return spent
+
+    def thread_start() -> None:
+        thread = threading.Thread(target=lambda: None)
+        thread.start()
+        thread.join()
+
+    noop_commit = lambda name: None  # noqa: E731
+    results = {
+        "train_step_1proc_ms": statistics.median(timed(train_step, n)) * 1e3,
+        "state_build_ms": statistics.median(timed(state, n)) * 1e3,
+        "to_cpu_copy_ms": statistics.median(timed(lambda: _to_cpu(cpu), n)) * 1e3,
+        "sync_save_call_ms": statistics.median(save_times) * 1e3,  # incl. state build
+        "torch_save_ms": statistics.median(timed(
+            lambda: torch.save(cpu, work_dir / "micro.pt"), n)) * 1e3,
+        "state_bytes": (work_dir / "micro.pt").stat().st_size,
+        "thread_start_join_ms": statistics.median(timed(thread_start, n)) * 1e3,
+        "ten_steps_ms": statistics.median(timed(lambda: [train_step() for _ in range(10)],
+                                                max(5, n // 5))) * 1e3,
+        "ten_steps_after_save_noop_commit_ms": statistics.median(
+            [steps_after(noop_commit) for _ in range(max(5, n // 5))]) * 1e3,
+    }
+    client = connect_to(etcd.endpoint)
+    try:
+        shards = shards_for_length(TRAIN_SAMPLES, max(1, TRAIN_SAMPLES // 64))
+        for epochs in sorted({1, 10, args.epochs, 100}):
+            progress = Progress(client, f"/kfp-elastic/micro-{new_run_id()}")
+            manifest = manifest_from_shards(shards, epochs)
+            previous: Committed | None = None
+            revision = 0
+            per_epoch = steps_per_epoch(2)
+            times = []
+            for i in range(1, max(5, n // 10) + 1):
+                step = i * 10
+                new = Committed(step, (step // per_epoch) % epochs,
+                                (step % per_epoch) * 2 * BATCH, "snapshot", 2)
+                began = time.perf_counter()
+                assert progress.commit(manifest, previous, revision, new)
+                times.append(time.perf_counter() - began)
+                previous, revision = new, progress.committed_record()[1]
+            placement = timed(lambda p=progress, m=manifest, c=previous: p._placement(m, c),
+                              max(5, n // 10))
+            results[f"progress_commit_ms_epochs{epochs}"] = statistics.median(times) * 1e3
+            results[f"placement_ms_epochs{epochs}"] = statistics.median(placement) * 1e3
+            if epochs == args.epochs:  # the background part as the throughput jobs run it
+
+                def real_commit(name: str, p: Progress = progress, m: Any = manifest,
+                                per_epoch: int = per_epoch) -> None:
+                    nonlocal previous, revision
+                    step = (previous.step if previous else 0) + 10
+                    new = Committed(step, (step // per_epoch) % m.epochs,
+                                    (step % per_epoch) * 2 * BATCH, name, 2)
+                    assert p.commit(m, previous, revision, new)
+                    previous, revision = new, p.committed_record()[1]
+
+                results["ten_steps_after_save_etcd_commit_ms"] = statistics.median(
+                    [steps_after(real_commit) for _ in range(max(5, n // 5))]) * 1e3
+        results["shards"] = len(shards)
+    finally:
+        client.close()
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in results.items()}
+
+
+# --------------------------------------------------------------------------- report
+
+
+def fmt(value: Any, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def summarize(report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    tp = report.get("throughput")
+    if tp:
+        print("\n(a)+(c) steady-state throughput: digits MLP, 2 nodes x 1 gloo worker, global "
+              f"batch {2 * BATCH}, {args.epochs} epochs; time-sliced windows of {args.window} s "
+              f"(first {args.warm} s skipped), {tp['_rounds']} rounds")
+        print("method: all jobs start together; once a job has trained a step its workers are "
+              "SIGSTOPped; then each job runs alone for a window (SIGCONT..SIGSTOP), order "
+              "rotating per round; steps/s = steps finished inside the windows (after the "
+              "warm-up) / window time. Start-up is outside every window; drift hits all jobs.")
+        static = (tp.get("static") or {}).get("steps_per_s")
+        paired = tp["_paired"]
+        width = max(len(row["label"]) for k, row in tp.items() if not k.startswith("_")) + 2
+        print(f"{'job':<{width}}{'steps/s':>9}{'ms/step':>9}{'/static':>9}{'pairs med':>10}"
+              f"{'windows':>8}{'window range':>14}{'snap/step':>10}{'agents CPU':>11}"
+              f"{'start s':>8}")
+        for name, row in tp.items():
+            if name.startswith("_"):
+                continue
+            rate = row["steps_per_s"]
+            span = (fmt(row["min_window_steps_per_s"], ".0f") + ".."
+                    + fmt(row["max_window_steps_per_s"], ".0f"))
+            agents = row["agents_cpu_share"]
+            print(f"{row['label']:<{width}}{fmt(rate, '.1f'):>9}"
+                  f"{fmt(1e3 / rate if rate else None, '.2f'):>9}"
+                  f"{fmt(rate / static if rate and static else None, '.3f'):>9}"
+                  f"{fmt((paired.get(name) or {}).get('median'), '.3f'):>10}"
+                  f"{row['windows']:>8}{span:>14}{row['snapshots_per_step']:>10.3f}"
+                  f"{fmt(100 * agents if agents is not None else None, '.1f') + ' %':>11}"
+                  f"{fmt(row['first_step_after_launch_s'], '.0f'):>8}")
+        print("(/static: pooled steps/s over static's; pairs med: median of per-round ratios, "
+              "windows seconds apart; agents CPU: the two agents' own CPU use, workers stopped)")
+        k10 = (tp.get("k10") or {}).get("steps_per_s")
+        k1 = (tp.get("k1") or {}).get("steps_per_s")
+        kinf = (tp.get("kinf") or {}).get("steps_per_s")
+        if static and k10:
+            ratio = k10 / static
+            summary["elastic_k10_over_static"] = round(ratio, 4)
+            summary["elastic_kinf_over_static"] = round(kinf / static, 4) if kinf else None
+            met = ratio >= THROUGHPUT_GOAL
+            summary["throughput_goal_met"] = met
+            print(f"elastic K=10 / static = {ratio:.3f}   goal >= {THROUGHPUT_GOAL}: "
+                  f"{'met' if met else 'MISSED'}   (per-round pairs: median "
+                  f"{fmt(paired['k10']['median'], '.3f')}, {fmt(paired['k10']['min'], '.3f')}.."
+                  f"{fmt(paired['k10']['max'], '.3f')}, n={paired['k10']['pairs']})")
+            if kinf:
+                print(f"elastic K=inf / static = {kinf / static:.3f}   (runtime without "
+                      "snapshots but with its per-step work: shape, loss/stop all_reduce, ...)")
+        if k1 and kinf:
+            s1, sinf = tp["k1"]["snapshots_per_step"], tp["kinf"]["snapshots_per_step"]
+            per_snapshot = (1 / k1 - 1 / kinf) / (s1 - sinf)
+            base_step = 1 / kinf - per_snapshot * sinf
+            summary["snapshot_cost_ms"] = round(per_snapshot * 1e3, 3)
+            summary["snapshot_cost_share_of_step"] = round(per_snapshot / base_step, 4)
+            print(f"\n(c) one snapshot costs the training loop {per_snapshot * 1e3:.2f} ms = "
+                  f"{100 * per_snapshot / base_step:.1f} % of a snapshot-free step "
+                  f"({base_step * 1e3:.2f} ms)   [from K=1 vs K=inf: (1/r1 - 1/rinf) / "
+                  f"({s1:.3f} - {sinf:.3f}) snapshots/step]")
+            if k10:
+                summary["k10_throughput_loss_vs_kinf"] = round(1 - k10 / kinf, 4)
+                print(f"    K=10 runs at {k10 / kinf:.3f} x K=inf "
+                      f"({100 * (1 - k10 / kinf):.1f} % lost to snapshots)")
+    micro = report.get("micro")
+    if micro:
+        step_ms = None
+        if tp and (tp.get("kinf") or {}).get("steps_per_s"):
+            step_ms = 1e3 / tp["kinf"]["steps_per_s"]
+        share = micro["sync_save_call_ms"] / step_ms if step_ms else None
+        summary["sync_snapshot_share_of_step"] = round(share, 4) if share else None
+        if not tp:
+            print()
+        commits = ", ".join(f"{micro[k]:.1f} ms at {k.rsplit('epochs', 1)[1]} epochs"
+                            for k in micro if k.startswith("progress_commit_ms"))
+        stall = micro["ten_steps_after_save_noop_commit_ms"] - micro["ten_steps_ms"]
+        stall_etcd = micro.get("ten_steps_after_save_etcd_commit_ms")
+        summary["background_stall_ms"] = round(stall, 3)
+        print(f"(c) micro, in-process, medians of {args.micro_n}:\n"
+              f"    synchronous part of a snapshot (Trainer._commit state + Snapshotter.save): "
+              f"{micro['sync_save_call_ms']:.3f} ms = {fmt(100 * share if share else None, '.1f')}"
+              f" % of a {fmt(step_ms, '.2f')} ms K=inf step; of it state_dict+optimizer+rng "
+              f"{micro['state_build_ms']:.3f} ms, CPU copy {micro['to_cpu_copy_ms']:.3f} ms, the "
+              f"rest is Thread.start() (a bare start+join: {micro['thread_start_join_ms']:.3f} ms)"
+              f"\n    background part: torch.save {micro['torch_save_ms']:.2f} ms "
+              f"({micro['state_bytes']} B); Progress.commit {commits} ({micro['shards']} shards)"
+              f"\n    10 train steps: {micro['ten_steps_ms']:.2f} ms alone, "
+              f"{micro['ten_steps_after_save_noop_commit_ms']:.2f} ms right after save() "
+              f"(writer thread running torch.save: +{stall:.2f} ms)"
+              + (f", {stall_etcd:.2f} ms with the etcd commit at {args.epochs} epochs "
+                 f"(+{stall_etcd - micro['ten_steps_ms']:.2f} ms)" if stall_etcd else ""))
+    dis = report.get("disrupt")
+    if dis:
+        k = args.snapshot_every
+        print(f"\n(b) steps lost per disruption: 3 nodes -> 2, --snapshot-every {k}, "
+              f"--step-time {args.step_time}")
+        print("method: lost = highest step an old-world worker finished (optimizer step "
+              "post-hook reading the runtime's step counter) - step in the new world's "
+              "'restored rank=0 world=2 step=S' log line; event at a random point of epoch 2")
+        print(f"{'signal':<9}{'runs':>6}{'median':>8}{'max':>6}{'goal':>8}{'':>8}  "
+              "per run: lost (highest reached -> restored) victim rank, recovery s")
+        for kind, goal in (("sigkill", k), ("sigterm", 0)):
+            data = dis[kind]
+            worst = data["max_lost"]
+            met = worst is not None and worst <= goal and data["measured"] == data["runs"]
+            summary[f"{kind}_goal_met"] = met
+            summary[f"{kind}_max_lost"] = worst
+            summary[f"{kind}_median_lost"] = data["median_lost"]
+            runs = "; ".join(
+                f"{d['lost_steps']} ({d['highest_step']}->{d['restored_step']}) "
+                f"r{d['victim_rank']}, {d['recovery_s']}" if d["error"] is None else "FAILED"
+                for d in data["details"])
+            print(f"{kind.upper():<9}{data['runs']:>6}{fmt(data['median_lost'], 'g'):>8}"
+                  f"{fmt(worst, 'g'):>6}{('<= ' if goal else '= ') + str(goal):>8}"
+                  f"{'met' if met else 'MISSED':>8}  {runs}")
+    print()
+    return summary
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="throughput,disrupt,micro")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke: fewer epochs, shorter windows, 1 repeat")
+    parser.add_argument("--epochs", type=int, default=60, help="throughput jobs' epochs")
+    parser.add_argument("--window", type=float, default=None,
+                        help="seconds per time slice (default: 3 / (jobs - 1), at most 1)")
+    parser.add_argument("--warm", type=float, default=None,
+                        help="seconds skipped at each window start (default: window / 5, at "
+                             "most 0.15)")
+    parser.add_argument("--cap", type=float, default=200.0, help="time-slicing cap, seconds")
+    parser.add_argument("--repeats", type=int, default=3, help="disruptions of each kind")
+    parser.add_argument("--snapshot-every", type=int, default=5, help="K for the disruptions")
+    parser.add_argument("--step-time", type=float, default=0.05, help="disruption step time")
+    parser.add_argument("--disrupt-epochs", type=int, default=30)
+    parser.add_argument("--recovery-cap", type=float, default=90.0)
+    parser.add_argument("--micro-n", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--keep-logs", action="store_true", help="keep the work dir")
+    parser.add_argument("--jobs", help=f"throughput jobs (default {JOBS}); known: "
+                                       + ", ".join(JOB_SPECS))
+    parser.add_argument("--ablate", action="store_true",
+                        help=f"throughput jobs with the candidate fixes of "
+                             f"benchmarks/runner_variants.py: --jobs {ABLATION_JOBS} unless "
+                             "--jobs is given; output elastic_runtime_ablation.json")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.epochs, args.cap = 20, 40.0
+        args.repeats, args.disrupt_epochs, args.micro_n = 1, 20, 50
+    args.jobs = [j.strip() for j in (args.jobs or (ABLATION_JOBS if args.ablate else JOBS))
+                 .split(",") if j.strip()]
+    unknown_jobs = [j for j in args.jobs if j not in JOB_SPECS]
+    if unknown_jobs:
+        parser.error(f"unknown jobs {unknown_jobs}; known: {', '.join(JOB_SPECS)}")
+    if args.window is None:
+        args.window = min(1.0, round(3.0 / max(1, len(args.jobs) - 1), 2))
+    if args.warm is None:
+        args.warm = min(0.15, args.window / 5)
+    if args.ablate and args.out == DEFAULT_OUT:
+        args.out = DEFAULT_OUT.with_name("elastic_runtime_ablation.json")
+    args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = set(args.parts) - {"throughput", "disrupt", "micro"}
+    if unknown:
+        parser.error(f"unknown parts {sorted(unknown)}")
+    return args
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    def raise_interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    # Ctrl-C raises KeyboardInterrupt even where SIGINT was inherited as ignored (`cmd &`).
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    work_dir = Path(tempfile.mkdtemp(prefix="runtime-bench-"))
+    report: dict[str, Any] = {}
+    began = time.time()
+    code = 0
+    with sigterm_as_interrupt(), contextlib.ExitStack() as stack:
+        if not args.keep_logs:
+            stack.callback(shutil.rmtree, work_dir, True)
+        try:
+            etcd = EmbeddedEtcd(data_dir=work_dir / "etcd", log_file=work_dir / "etcd.log")
+            stack.callback(etcd.stop)
+            etcd.start()
+            if "throughput" in args.parts:
+                report["throughput"] = bench_throughput(args, etcd, work_dir, stack)
+            if "disrupt" in args.parts:
+                report["disrupt"] = bench_disrupt(args, etcd, work_dir, stack)
+            if "micro" in args.parts:
+                print("[micro] snapshot and commit costs in-process", flush=True)
+                report["micro"] = bench_micro(args, etcd, work_dir)
+        except KeyboardInterrupt:
+            print("interrupted: cleaning up", file=sys.stderr)
+            code = 130
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+            code = 1
+    summary = summarize(report, args)
+    out = {
+        "benchmark": "elastic_runtime",
+        "started": began,
+        "date": datetime.fromtimestamp(began).isoformat(timespec="seconds"),
+        "duration_s": round(time.time() - began, 1),
+        "complete": code == 0,
+        "environment": {"torch": torch.__version__, "python": platform.python_version(),
+                        "cpus": os.cpu_count(), "machine": platform.machine(),
+                        "load_average_at_end": os.getloadavg()},
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "method": {
+            "throughput": "4 jobs started together, workers SIGSTOPped after their first step, "
+                          "then each job alone for --window s in rotating order; steps/s = "
+                          "steps finished in the windows after --warm s / that time; "
+                          "per-step times from an optimizer step post-hook (runtime) and the "
+                          "same writer in the baseline",
+            "snapshot_cost": "(1/r(K=1) - 1/r(K=inf)) / (snapshots per step K=1 - K=inf); "
+                             "epoch ends snapshot in every elastic job",
+            "lost_steps": "highest step finished by an old-world worker (post-hook, runtime "
+                          "step number) - step of the new world's 'restored rank=0' line",
+        },
+        "summary": summary,
+        **report,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.out}" + (f" (logs kept in {work_dir})" if args.keep_logs else ""))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Benchmark instrumentation: ``--model-def benchmarks.timed_model_def`` is another model-def
+(``$TIMED_MODEL_DEF``, default ``worker.examples.digits``) plus one timestamp per optimizer step.
+
+Nothing of the runtime changes: model, loss, data, collate and optimizer are the wrapped
+module's; the optimizer only gets a ``register_step_post_hook`` that appends one line
+
+    {"t": time.time(), "step": S, "rank": R, "world": W, "pid": P}
+
+to ``$TIMED_STEPS_FILE`` with a single ``os.write`` (O_APPEND: the processes of a job share the
+file, and a SIGKILLed process has lost nothing it wrote) each time ``optimizer.step()`` returns.
+``S`` is the runtime's global step number: the ``step`` local of ``worker.runner.Trainer.run``
+(the steps done before the one now finishing, + 1), read from the calling frames; set
+``TIMED_STEP_NUMBERS=0`` to skip that look-up (``S`` is then null). ``benchmarks/
+static_ddp_baseline.py`` writes the same lines, so both sides pay the same few µs per step.
+
+``TIMED_ETCD_REQUEST_TIMEOUT=S`` (benchmark only): the runtime's etcd client gets an S-second
+request deadline instead of 5 s. The throughput benchmark stops workers with SIGSTOP for seconds
+at a time; a commit in flight at that moment must not pass its (wall-clock) deadline meanwhile.
+It changes nothing while etcd answers in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+from worker.model_def import load_model_def
+
+_inner = load_model_def(os.environ.get("TIMED_MODEL_DEF", "worker.examples.digits"))
+_FILE = os.environ.get("TIMED_STEPS_FILE")
+_NUMBERS = os.environ.get("TIMED_STEP_NUMBERS", "1") != "0"
+
+if os.environ.get("TIMED_ETCD_REQUEST_TIMEOUT"):
+    from rendezvous.etcd_client import connect_to as _connect_to
+    from worker import runner as _runner
+
+    def _patient_connect_to(endpoint: str, **conf: object):  # noqa: ANN202
+        conf.setdefault("request_timeout", float(os.environ["TIMED_ETCD_REQUEST_TIMEOUT"]))
+        return _connect_to(endpoint, **conf)
+
+    _runner.connect_to = _patient_connect_to
+
+LOSS_REDUCTION = _inner.loss_reduction
+model = _inner.model
+loss = _inner.loss
+dataset = _inner.dataset
+collate = _inner.collate
+if _inner.evaluate is not None:
+    evaluate = _inner.evaluate
+
+
+def _runner_step() -> int | None:
+    """The runtime's global step count before the step now finishing (None when not found)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "run" and "step" in frame.f_code.co_varnames:
+            value = frame.f_locals.get("step")
+            if isinstance(value, int):
+                return value
+        frame = frame.f_back
+    return None
+
+
+class StepLog:
+    """One JSON line per step, appended with one write() (shared by the processes of a job)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else None
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.pid = os.getpid()
+
+    def emit(self, step: int | None) -> None:
+        if self.fd is not None:
+            record = {"t": time.time(), "step": step, "rank": self.rank, "world": self.world,
+                      "pid": self.pid}
+            os.write(self.fd, (json.dumps(record) + "\n").encode())
+
+
+_log: StepLog | None = None
+
+
+def _after_step(optimizer: object, args: object, kwargs: object) -> None:
+    assert _log is not None
+    before = _runner_step() if _NUMBERS else None
+    _log.emit(None if before is None else before + 1)
+
+
+def optimizer(params) -> torch.optim.Optimizer:  # noqa: ANN001 - torch's own type is loose
+    global _log
+    if _inner.optimizer is None:
+        raise ValueError(f"{_inner.name} defines no optimizer(); the timed wrapper needs one")
+    opt = _inner.optimizer(params)
+    if _log is None:
+        _log = StepLog(_FILE)
+    opt.register_step_post_hook(_after_step)
+    return opt
