@@ -188,7 +188,8 @@ def _kubernetes_factory(args: argparse.Namespace, spec: JobSpec, endpoint: str,
         try:
             config.load_incluster_config()
         except config.ConfigException:
-            config.load_kube_config()
+            # Read KUBECONFIG now: the client fixes its default path when first imported.
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
         api = client.ApiClient()
         return OwnClientLauncher(template, namespace, api)
 
