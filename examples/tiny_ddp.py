@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
         pid=os.getpid(),
         run_id=run_id,
+        warm=env.get("KFP_ELASTIC_WARM_STARTED") == "1",  # forked by elastic-etcd's zygote
     )
     default_dir = Path(args.events).parent if args.events else Path(tempfile.gettempdir())
     state_dir = Path(args.state_dir) if args.state_dir else default_dir

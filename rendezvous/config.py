@@ -58,11 +58,19 @@ class RendezvousConfig:
     request_timeout: float = 5.0
     # Detect a dead peer at once through a TCP probe connection (lease expiry is the fallback).
     peer_probe: bool = True
+    # A worker failure within this long of a membership change (a peer died) restarts the
+    # workers without spending one of --max-restarts; 0 counts every failure, as torch does.
+    peer_failure_grace: float = 1.0
     # Close the run for everyone when a failing agent shuts down (torch's behaviour).
     close_on_failure: bool = False
     # How many ring successors each node probes.
     probe_fanout: int = 2
     key_prefix: str = DEFAULT_KEY_PREFIX
+    # Fork restarted workers from a process with torch imported (rendezvous/zygote.py).
+    warm_start: bool = True
+    # Modules the zygote imports besides torch, torch.distributed, DDP, dynamo and torch.optim;
+    # ':'-separated (e.g. ``transformers:worker.runner``).
+    warm_start_preload: str | None = None
     cacert: str | None = None
     cert: str | None = None
     key: str | None = field(default=None, repr=False)
@@ -72,6 +80,10 @@ class RendezvousConfig:
     @property
     def run_prefix(self) -> str:
         return f"{self.key_prefix.rstrip('/')}/{self.run_id}"
+
+    @property
+    def preload_modules(self) -> tuple[str, ...]:
+        return tuple(name for name in (self.warm_start_preload or "").split(":") if name)
 
     @property
     def uses_tls(self) -> bool:
@@ -118,12 +130,21 @@ class RendezvousConfig:
                      "request_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--rdzv-conf {name}={getattr(self, name)} must be > 0")
+        if self.peer_failure_grace < 0:
+            raise ConfigError(
+                f"--rdzv-conf peer_failure_grace={self.peer_failure_grace} must be >= 0")
         if self.lease_ttl < 2:
             raise ConfigError(
                 f"--rdzv-conf lease_ttl={self.lease_ttl} is below etcd's minimum of 2 seconds"
             )
         if self.probe_fanout < 1:
             raise ConfigError(f"--rdzv-conf probe_fanout={self.probe_fanout} must be >= 1")
+        for module in self.preload_modules:
+            if not _MODULE_RE.fullmatch(module):
+                raise ConfigError(
+                    f"--rdzv-conf warm_start_preload: {module!r} is not a module name "
+                    "(use ':' between modules, e.g. transformers:mypkg.model)"
+                )
         if not self.key_prefix.startswith("/"):
             raise ConfigError(f"--rdzv-conf key_prefix={self.key_prefix!r} must start with '/'")
         if (self.user is None) != (self.password is None):
@@ -141,10 +162,11 @@ class RendezvousConfig:
 
 
 _FLOAT_KEYS = {"join_timeout", "last_call_timeout", "rejoin_timeout", "close_timeout",
-               "lease_ttl", "request_timeout"}  # fmt: skip
+               "lease_ttl", "request_timeout", "peer_failure_grace"}  # fmt: skip
 _INT_KEYS = {"probe_fanout"}
-_BOOL_KEYS = {"peer_probe", "close_on_failure"}
-_STR_KEYS = {"key_prefix", "cacert", "cert", "key", "user", "password"}
+_BOOL_KEYS = {"peer_probe", "close_on_failure", "warm_start"}
+_STR_KEYS = {"key_prefix", "cacert", "cert", "key", "user", "password", "warm_start_preload"}
+_MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def _typed_conf(conf: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from . import leave as leave_hook
+from . import peer_failures, warm_start
 from .config import ConfigError, RendezvousConfig
 from .etcd_client import EtcdConnectionError, connect
 from .keys import RunKeys
@@ -51,6 +52,8 @@ BACKEND_NAME = "elastic-etcd"
 STORE_TIMEOUT = timedelta(seconds=300)
 # Longest sleep between two looks at the cache while waiting (deadlines are checked this often).
 MAX_WAIT_SLICE_S = 1.0
+# How often a failed worker's agent looks for the membership change that explains the failure.
+MEMBERSHIP_POLL_S = 0.02
 
 
 def _advertised_addr(local_addr: str | None) -> str:
@@ -79,6 +82,10 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         self._left = threading.Event()
         self._lock = threading.Lock()
         leave_hook.register(self)
+        if config.peer_failure_grace > 0:
+            peer_failures.install(config.peer_failure_grace)
+        if config.warm_start:
+            warm_start.install(warm_start.DEFAULT_PRELOAD + config.preload_modules)
         atexit.register(self.leave, "process exit")
         log.info("elastic-etcd handler ready node=%s run=%s endpoints=%s nnodes=%d:%d",
                  self.node_id, config.run_id, ",".join(map(str, config.endpoints)),
@@ -113,6 +120,15 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         if latest.number != current_round.number:
             return max(1, nodes_waiting_count(live, latest, self._config.max_nodes))
         return nodes_waiting_count(live, latest, self._config.max_nodes)
+
+    def wait_for_membership_change(self, timeout: float) -> bool:
+        """Whether the current round loses or gains a member within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.num_nodes_waiting() == 0:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(MEMBERSHIP_POLL_S)
+        return True
 
     def next_rendezvous(self) -> RendezvousInfo:
         if self._left.is_set():

@@ -29,7 +29,8 @@ RECOVER_TIMEOUT = 60
 
 
 def start_agents(group: AgentGroup, etcd, run_id: str, events: Path, count: int,
-                 nnodes: str, steps: int, **conf: object) -> list[Agent]:
+                 nnodes: str, steps: int, agent_options: dict | None = None,
+                 **conf: object) -> list[Agent]:
     conf = {"last_call_timeout": 1, **conf}
     agents = []
     for index in range(count):
@@ -37,7 +38,7 @@ def start_agents(group: AgentGroup, etcd, run_id: str, events: Path, count: int,
             backend=BACKEND, endpoint=etcd.endpoint, run_id=run_id, nnodes=nnodes,
             script_args=tiny_ddp_args(events, steps=steps, step_time=STEP_TIME,
                                       state_dir=events.parent),
-            rdzv_conf=conf, name=f"node{index}",
+            rdzv_conf=conf, name=f"node{index}", **(agent_options or {}),
         ))
         time.sleep(0.3)  # registration order = node index, so node0 is rank 0
     return agents
@@ -67,6 +68,25 @@ def test_sigkill_of_a_node_leaves_survivors_training(tmp_path: Path, etcd, victi
         finished_ok(group, survivors)
     done = [e for e in read_events(events) if e["event"] == "done"]
     assert {e["world_size"] for e in done} == {2}
+    restarted = [e for e in read_events(events) if e["event"] == "start" and e["t"] > killed_at]
+    assert restarted and all(e["warm"] for e in restarted), "restarts are forked by the zygote"
+
+
+def test_a_peer_loss_does_not_spend_a_restart(tmp_path: Path, etcd) -> None:
+    # --max-restarts=0 (torchrun's default): a survivor that counted its worker's failure as
+    # its own would give up. A long monitor interval makes the agent see the worker's failure
+    # (gloo: peer reset) before it looks at num_nodes_waiting().
+    events = tmp_path / "events.jsonl"
+    with AgentGroup(tmp_path) as group:
+        agents = start_agents(group, etcd, new_run_id(), events, 3, "2:3", steps=150,
+                              agent_options={"max_restarts": 0, "monitor_interval": 2.0})
+        world_reached(events, 3)
+        killed_at = agents[2].sigkill_tree()
+        wait_for_events(events, lambda ev: first_step_with_world(ev, 2, killed_at),
+                        RECOVER_TIMEOUT, what="a step of the 2-node world")
+        finished_ok(group, agents[:2])
+    forgiven = [a for a in agents[:2] if "without spending a restart" in a.log_text()]
+    assert forgiven, group.logs()
 
 
 def test_a_node_joining_grows_the_world(tmp_path: Path, etcd) -> None:
@@ -87,7 +107,7 @@ def test_sigterm_leaves_gracefully(tmp_path: Path, etcd) -> None:
     with AgentGroup(tmp_path) as group:
         # A long lease and no probe: only the graceful leave can make survivors re-form fast.
         agents = start_agents(group, etcd, new_run_id(), events, 3, "2:3", steps=120,
-                              lease_ttl=600, peer_probe="false")
+                              lease_ttl=600, peer_probe="false", warm_start="false")
         world_reached(events, 3)
         terminated_at = agents[2].sigterm()
         agents[2].wait(60)
@@ -95,3 +115,6 @@ def test_sigterm_leaves_gracefully(tmp_path: Path, etcd) -> None:
                         RECOVER_TIMEOUT, what="a step of the 2-node world after SIGTERM")
         assert "leaving run" in agents[2].log_text()
         finished_ok(group, agents[:2])
+    starts = [e for e in read_events(events) if e["event"] == "start"]
+    assert starts and not any(e["warm"] for e in starts), "warm_start=false starts cold"
+    assert "zygote" not in group.logs(tail=10_000)
