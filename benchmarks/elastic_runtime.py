@@ -1,11 +1,12 @@
 """What does the elastic worker runtime cost, and how many steps does a lost node cost?
 
     python benchmarks/elastic_runtime.py [--quick] [--parts throughput,disrupt,micro]
-                                         [--ablate] [--out FILE] [--keep-logs]
+                                         [--model digits|wide] [--jobs static,k10,...]
+                                         [--out FILE] [--keep-logs]
 
 Everything runs on local processes against one embedded etcd; one torchrun agent with one gloo
-worker is one "node"; the model is the digits MLP (``worker.examples.digits``), 32 samples per
-worker and step.
+worker is one "node"; the model is chosen by ``--model`` (below), 32 samples per worker and
+step.
 
 throughput  Four jobs of 2 nodes each, started together; each job's workers are stopped
             (SIGSTOP; the agents keep running) once it has trained a step; then each job in
@@ -16,8 +17,9 @@ throughput  Four jobs of 2 nodes each, started together; each job's workers are 
             and the drift of a shared 2-core box hits every job alike. The jobs:
               static   benchmarks/static_ddp_baseline.py: plain DDP, c10d rendezvous,
                        DataLoader + DistributedSampler, no snapshots, no etcd
-              K=10     python -m worker, elastic-etcd, --snapshot-every 10   (goal >= 0.97 x static)
-              K=1      the same with --snapshot-every 1
+              K=10     python -m worker, elastic-etcd, --snapshot-every 10 (the runner's
+                       default; goal >= 0.97 x static)
+              K=50     the same with --snapshot-every 50
               K=inf    the same with --snapshot-every 10**9 (epoch ends still snapshot)
             Per-step timestamps come from one JSON line per step that both sides write the
             same way (benchmarks/timed_model_def.py wraps the model-def's optimizer with a
@@ -38,10 +40,12 @@ micro       In-process: the synchronous part of a snapshot (what Trainer._commit
             much 10 training steps slow down while that background part runs (the GIL), and
             Progress.commit's cost against the number of epochs.
 
---ablate    replaces the throughput jobs by static, K=inf and K=10, each as it is and with
-            candidate fixes of worker/runner.py patched in at run time
-            (benchmarks/runner_variants.py), to see what each cost is worth; writes
-            elastic_runtime_ablation.json by default.
+--model     the throughput jobs' model: ``digits`` (worker.examples.digits, an MLP whose 2-worker
+            step takes ~4 ms: a stress case where fixed per-step costs weigh most) or ``wide``
+            (benchmarks/wide_digits.py, 1.1 M parameters, ~20 ms steps). Both sides train the
+            same model-def (``$TIMED_MODEL_DEF``).
+--jobs      throughput jobs: ``static`` and ``k<N>`` (the runtime with --snapshot-every N) or
+            ``kinf`` (no snapshots but the forced ones at epoch ends).
 
 Prints the tables and ratios and writes all runs as JSON to --out. Every agent, worker and
 etcd started here is killed on exit, error, Ctrl-C or SIGTERM.
@@ -79,7 +83,7 @@ from rendezvous.local_agents import AgentGroup, new_run_id, read_events  # noqa:
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "elastic_runtime.json"
 BASELINE = REPO_ROOT / "benchmarks" / "static_ddp_baseline.py"
-VARIANTS = REPO_ROOT / "benchmarks" / "runner_variants.py"
+MODELS = {"digits": "worker.examples.digits", "wide": "benchmarks.wide_digits"}
 TIMED = "benchmarks.timed_model_def"
 BATCH = 32  # per worker
 TRAIN_SAMPLES = 1437  # digits train split (80 % of 1,797)
@@ -142,7 +146,6 @@ class Job:
     name: str
     label: str
     snapshot_every: int | None  # None: the static baseline
-    fixes: str  # RUNNER_FIXES of benchmarks/runner_variants.py ("" = the runtime as it is)
     steps_file: Path
     group: AgentGroup
     total_steps: int
@@ -159,21 +162,19 @@ class Job:
 
 
 def start_throughput_job(name: str, snapshot_every: int | None, args: argparse.Namespace,
-                         etcd: EmbeddedEtcd, work_dir: Path, fixes: str = "") -> Job:
+                         etcd: EmbeddedEtcd, work_dir: Path) -> Job:
     run_id = new_run_id(name)
     run_dir = work_dir / run_id
     run_dir.mkdir(parents=True)
     steps_file = run_dir / "steps.jsonl"
     group = AgentGroup(run_dir / "logs")
     label = "static DDP" if snapshot_every is None else (
-        f"elastic K={'inf' if snapshot_every >= HUGE else snapshot_every}"
-        + (f" +{fixes.replace(',', '+')}" if fixes else ""))
-    job = Job(name, label, snapshot_every, fixes, steps_file, group,
+        f"elastic K={'inf' if snapshot_every >= HUGE else snapshot_every}")
+    job = Job(name, label, snapshot_every, steps_file, group,
               args.epochs * steps_per_epoch(2), launched_at=time.time())
     env = {"TIMED_STEPS_FILE": str(steps_file), "TIMED_STEP_NUMBERS": "0",
-           "TIMED_ETCD_REQUEST_TIMEOUT": str(ETCD_REQUEST_TIMEOUT_S)}
-    if fixes:
-        env["RUNNER_FIXES"] = fixes
+           "TIMED_ETCD_REQUEST_TIMEOUT": str(ETCD_REQUEST_TIMEOUT_S),
+           "TIMED_MODEL_DEF": MODELS[args.model]}
     if snapshot_every is None:
         endpoint = f"127.0.0.1:{free_port()}"
         for index in range(2):
@@ -187,8 +188,8 @@ def start_throughput_job(name: str, snapshot_every: int | None, args: argparse.N
             group.start(name=f"node{index}", backend="elastic-etcd", endpoint=etcd.endpoint,
                         run_id=run_id, nnodes="2:3", max_restarts=3,
                         rdzv_conf={"last_call_timeout": 1}, env=env,
-                        script=VARIANTS if fixes else "-m",
-                        script_args=[*([] if fixes else ["worker"]),
+                        script="-m",
+                        script_args=["worker",
                                      "--model-def", TIMED, "--epochs", args.epochs,
                                      "--batch-size", BATCH, "--snapshot-every", snapshot_every,
                                      "--snapshot-dir", run_dir / "snapshots",
@@ -312,26 +313,28 @@ def snapshots_per_step(snapshot_every: int | None, total: int, per_epoch: int) -
     return taken / total
 
 
-ALL_FIXES = "nosleep,noreduce,writer,placement"
-JOB_SPECS: dict[str, tuple[int | None, str]] = {  # name: (--snapshot-every, RUNNER_FIXES)
-    "static": (None, ""), "k10": (10, ""), "k1": (1, ""), "kinf": (HUGE, ""),
-    "kinf-nosleep": (HUGE, "nosleep"), "kinf-nosleep-noreduce": (HUGE, "nosleep,noreduce"),
-    "kinf-allfixes": (HUGE, ALL_FIXES), "k10-writer-placement": (10, "writer,placement"),
-    "k10-allfixes": (10, ALL_FIXES),
-}
-JOBS = "static,k10,k1,kinf"
-ABLATION_JOBS = ("static,kinf,kinf-nosleep,kinf-nosleep-noreduce,k10,k10-writer-placement,"
-                 "k10-allfixes")
+JOBS = "static,k10,k50,kinf"
+
+
+def job_snapshot_every(name: str) -> int | None:
+    """``static`` -> None, ``kinf`` -> never (epoch ends only), ``k<N>`` -> N."""
+    if name == "static":
+        return None
+    if name == "kinf":
+        return HUGE
+    if name.startswith("k") and name[1:].isdigit() and int(name[1:]) >= 1:
+        return int(name[1:])
+    raise ValueError(f"unknown job {name!r}: use static, kinf or k<N> (N >= 1)")
 
 
 def bench_throughput(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path,
                      stack: contextlib.ExitStack) -> dict[str, Any]:
-    specs = [(name, *JOB_SPECS[name]) for name in args.jobs]
+    specs = [(name, job_snapshot_every(name)) for name in args.jobs]
     print(f"[throughput] starting {len(specs)} jobs of 2 nodes, {args.epochs} epochs "
           f"({args.epochs * steps_per_epoch(2)} steps) each", flush=True)
     jobs = []
-    for name, every, fixes in specs:
-        job = start_throughput_job(name, every, args, etcd, work_dir, fixes)
+    for name, every in specs:
+        job = start_throughput_job(name, every, args, etcd, work_dir)
         stack.callback(job.group.kill_all)
         jobs.append(job)
     pause_when_training(jobs, SETUP_TIMEOUT_S)
@@ -371,7 +374,7 @@ def bench_throughput(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Pat
                                           if job.first_step_at else None),
             "agents_cpu_share": (round(agent_cpu[job.name], 4)
                                  if agent_cpu[job.name] is not None else None),
-            "fixes": job.fixes,
+            "model": args.model,
             "error": job.error,
             "window_rows": rows,
         }
@@ -633,8 +636,9 @@ def bench_micro(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path) ->
                 assert progress.commit(manifest, previous, revision, new)
                 times.append(time.perf_counter() - began)
                 previous, revision = new, progress.committed_record()[1]
-            placement = timed(lambda p=progress, m=manifest, c=previous: p._placement(m, c),
-                              max(5, n // 10))
+            one_epoch = range(previous.epoch, previous.epoch + 1)
+            placement = timed(lambda p=progress, m=manifest, c=previous, e=one_epoch:
+                              p._placement(m, c, e), max(5, n // 10))
             results[f"progress_commit_ms_epochs{epochs}"] = statistics.median(times) * 1e3
             results[f"placement_ms_epochs{epochs}"] = statistics.median(placement) * 1e3
             if epochs == args.epochs:  # the background part as the throughput jobs run it
@@ -667,7 +671,8 @@ def summarize(report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
     summary: dict[str, Any] = {}
     tp = report.get("throughput")
     if tp:
-        print("\n(a)+(c) steady-state throughput: digits MLP, 2 nodes x 1 gloo worker, global "
+        print(f"\n(a)+(c) steady-state throughput: {MODELS[args.model]}, 2 nodes x 1 gloo "
+              f"worker, global "
               f"batch {2 * BATCH}, {args.epochs} epochs; time-sliced windows of {args.window} s "
               f"(first {args.warm} s skipped), {tp['_rounds']} rounds")
         print("method: all jobs start together; once a job has trained a step its workers are "
@@ -696,36 +701,34 @@ def summarize(report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
                   f"{fmt(row['first_step_after_launch_s'], '.0f'):>8}")
         print("(/static: pooled steps/s over static's; pairs med: median of per-round ratios, "
               "windows seconds apart; agents CPU: the two agents' own CPU use, workers stopped)")
-        k10 = (tp.get("k10") or {}).get("steps_per_s")
-        k1 = (tp.get("k1") or {}).get("steps_per_s")
-        kinf = (tp.get("kinf") or {}).get("steps_per_s")
-        if static and k10:
-            ratio = k10 / static
-            summary["elastic_k10_over_static"] = round(ratio, 4)
-            summary["elastic_kinf_over_static"] = round(kinf / static, 4) if kinf else None
-            met = ratio >= THROUGHPUT_GOAL
-            summary["throughput_goal_met"] = met
-            print(f"elastic K=10 / static = {ratio:.3f}   goal >= {THROUGHPUT_GOAL}: "
-                  f"{'met' if met else 'MISSED'}   (per-round pairs: median "
-                  f"{fmt(paired['k10']['median'], '.3f')}, {fmt(paired['k10']['min'], '.3f')}.."
-                  f"{fmt(paired['k10']['max'], '.3f')}, n={paired['k10']['pairs']})")
-            if kinf:
-                print(f"elastic K=inf / static = {kinf / static:.3f}   (runtime without "
-                      "snapshots but with its per-step work: shape, loss/stop all_reduce, ...)")
-        if k1 and kinf:
-            s1, sinf = tp["k1"]["snapshots_per_step"], tp["kinf"]["snapshots_per_step"]
-            per_snapshot = (1 / k1 - 1 / kinf) / (s1 - sinf)
-            base_step = 1 / kinf - per_snapshot * sinf
+        elastic = {name: row for name, row in tp.items()
+                   if not name.startswith("_") and name != "static" and row["steps_per_s"]}
+        if static:
+            for name, row in elastic.items():
+                ratio = row["steps_per_s"] / static
+                summary[f"elastic_{name}_over_static"] = round(ratio, 4)
+                pairs = paired.get(name) or {}
+                print(f"{row['label']} / static = {ratio:.3f}   goal >= {THROUGHPUT_GOAL}: "
+                      f"{'met' if ratio >= THROUGHPUT_GOAL else 'MISSED'}   (per-round pairs: "
+                      f"median {fmt(pairs.get('median'), '.3f')}, {fmt(pairs.get('min'), '.3f')}"
+                      f"..{fmt(pairs.get('max'), '.3f')}, n={pairs.get('pairs')})")
+            if "k10" in elastic:
+                summary["throughput_goal_met"] = (
+                    elastic["k10"]["steps_per_s"] / static >= THROUGHPUT_GOAL)
+        snapshotting = [row for row in elastic.values() if row["snapshot_every"] < HUGE]
+        kinf_row = elastic.get("kinf")
+        if snapshotting and kinf_row:
+            most = max(snapshotting, key=lambda row: row["snapshots_per_step"])
+            r1, rinf = most["steps_per_s"], kinf_row["steps_per_s"]
+            s1, sinf = most["snapshots_per_step"], kinf_row["snapshots_per_step"]
+            per_snapshot = (1 / r1 - 1 / rinf) / (s1 - sinf)
+            base_step = 1 / rinf - per_snapshot * sinf
             summary["snapshot_cost_ms"] = round(per_snapshot * 1e3, 3)
             summary["snapshot_cost_share_of_step"] = round(per_snapshot / base_step, 4)
             print(f"\n(c) one snapshot costs the training loop {per_snapshot * 1e3:.2f} ms = "
                   f"{100 * per_snapshot / base_step:.1f} % of a snapshot-free step "
-                  f"({base_step * 1e3:.2f} ms)   [from K=1 vs K=inf: (1/r1 - 1/rinf) / "
-                  f"({s1:.3f} - {sinf:.3f}) snapshots/step]")
-            if k10:
-                summary["k10_throughput_loss_vs_kinf"] = round(1 - k10 / kinf, 4)
-                print(f"    K=10 runs at {k10 / kinf:.3f} x K=inf "
-                      f"({100 * (1 - k10 / kinf):.1f} % lost to snapshots)")
+                  f"({base_step * 1e3:.2f} ms)   [from {most['label']} vs K=inf: (1/r1 - "
+                  f"1/rinf) / ({s1:.3f} - {sinf:.3f}) snapshots/step]")
     micro = report.get("micro")
     if micro:
         step_ms = None
@@ -805,27 +808,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir")
-    parser.add_argument("--jobs", help=f"throughput jobs (default {JOBS}); known: "
-                                       + ", ".join(JOB_SPECS))
-    parser.add_argument("--ablate", action="store_true",
-                        help=f"throughput jobs with the candidate fixes of "
-                             f"benchmarks/runner_variants.py: --jobs {ABLATION_JOBS} unless "
-                             "--jobs is given; output elastic_runtime_ablation.json")
+    parser.add_argument("--jobs", default=JOBS,
+                        help="throughput jobs: static, kinf, k<N> (default %(default)s)")
+    parser.add_argument("--model", choices=sorted(MODELS), default="wide",
+                        help="throughput jobs' model (default %(default)s)")
     args = parser.parse_args(argv)
     if args.quick:
         args.epochs, args.cap = 20, 40.0
         args.repeats, args.disrupt_epochs, args.micro_n = 1, 20, 50
-    args.jobs = [j.strip() for j in (args.jobs or (ABLATION_JOBS if args.ablate else JOBS))
-                 .split(",") if j.strip()]
-    unknown_jobs = [j for j in args.jobs if j not in JOB_SPECS]
-    if unknown_jobs:
-        parser.error(f"unknown jobs {unknown_jobs}; known: {', '.join(JOB_SPECS)}")
+    args.jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
+    for job in args.jobs:
+        try:
+            job_snapshot_every(job)
+        except ValueError as error:
+            parser.error(str(error))
     if args.window is None:
         args.window = min(1.0, round(3.0 / max(1, len(args.jobs) - 1), 2))
     if args.warm is None:
         args.warm = min(0.15, args.window / 5)
-    if args.ablate and args.out == DEFAULT_OUT:
-        args.out = DEFAULT_OUT.with_name("elastic_runtime_ablation.json")
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = set(args.parts) - {"throughput", "disrupt", "micro"}
     if unknown:

@@ -10,8 +10,9 @@ kill   3 agents with --nnodes=2:3 train in a 3-node world; SIGKILL the whole pro
        non-first node; seconds from the kill to the first training step of the 2-node world.
 join   2 agents with --nnodes=2:3 train; launch a 3rd; seconds from its launch to the first step
        of the 3-node world.
-form   N handlers in this process (registry.get_rendezvous_handler, min=max=N), each calling
-       next_rendezvous() in its own thread at the same moment; seconds until all N returned.
+form   N handlers (registry.get_rendezvous_handler, min=max=N) spread over --form-processes
+       processes (default 8; benchmarks/form_processes.py), each calling next_rendezvous() in
+       its own thread at the same moment; seconds until all N returned.
 
 Each kill/join run uses a fresh run id and fresh agents and counts as recovered when it reached the
 target world within --cap seconds. Prints medians and the ratios elastic-etcd / c10d and writes
@@ -336,6 +337,20 @@ def form_round(backend: Backend, size: int, timeout: float) -> Run:
     return run
 
 
+def form_round_in_processes(backend: Backend, size: int, timeout: float,
+                            processes: int) -> Run:
+    from benchmarks.form_processes import form_round_processes
+
+    run_id = new_run_id(f"form{size}-{backend.spec.name}")
+    run = Run(scenario=f"form{size}", run_id=run_id)
+    seconds, error = form_round_processes(
+        backend.spec.name, backend.endpoint(), run_id, size,
+        {i: backend.handler_conf(i, timeout) for i in range(size)}, processes, timeout,
+        backend.spec.disable_shared_store)
+    run.recovered, run.seconds, run.error = seconds is not None, seconds, error
+    return run
+
+
 def _rank(info: Any) -> int:
     return info.rank if hasattr(info, "rank") else info[1]  # RendezvousInfo or an old tuple
 
@@ -395,7 +410,10 @@ def bench_backend(
             continue
         runs = []
         for repeat in range(args.repeats):
-            run = form_round(backend, size, args.form_cap)
+            if args.form_processes > 1:
+                run = form_round_in_processes(backend, size, args.form_cap, args.form_processes)
+            else:
+                run = form_round(backend, size, args.form_cap)
             runs.append(run)
             shown = f"{run.seconds:.2f} s" if run.recovered else f"FAILED ({run.error})"
             print(f"[{spec.name}] form N={size} {repeat + 1}/{args.repeats}: {shown}", flush=True)
@@ -450,6 +468,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="--repeats 1 --sizes 8")
     parser.add_argument("--cap", type=float, default=60.0, help="recovery cap per run, seconds")
     parser.add_argument("--form-cap", type=float, default=120.0, help="cap per `form` run")
+    parser.add_argument("--form-processes", type=int, default=8,
+                        help="spread the N handlers of `form` over this many processes "
+                             "(1: all in this process, one thread each)")
     parser.add_argument("--last-call-timeout", type=int, default=1)
     parser.add_argument("--step-time", type=float, default=0.05)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -540,7 +561,8 @@ def main(argv: list[str] | None = None) -> int:
             "shared_store": args.shared_store,
             "elastic_conf": args.elastic_conf,
             "settle_s": SETTLE_S,
-            "form": "in-process handlers, one thread each, min_nodes=max_nodes=N",
+            "form": (f"handlers in {args.form_processes} processes, one thread each, "
+                     "min_nodes=max_nodes=N"),
         },
         "results": results,
         "ratios_elastic_etcd_over_c10d": ratios,

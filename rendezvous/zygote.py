@@ -211,6 +211,10 @@ def _validate(request: dict | None, fds: list[int]) -> tuple[PythonTarget | None
     target = parse_python_command(argv)
     if target is None:
         return None, f"command {argv} is not 'python [-u] SCRIPT|-m MODULE ...'"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        # A forked child cannot use CUDA once its parent has: start cold instead.
+        return None, "a preloaded module initialised CUDA in the zygote"
     return target, ""
 
 

@@ -207,16 +207,15 @@ class Trainer:
         step, epoch, position = (self.committed.step, self.committed.epoch,
                                  self.committed.position)
         total = self.manifest.num_samples
+        # The world is fixed for this process's life: shape and learning rates once.
+        shape = step_shape(self.policy, self.world, self.base_world, self.args.batch_size)
+        for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            group["lr"] = base_lr * shape.lr_scale
         while epoch < self.manifest.epochs and not self.committed.complete:
             order = epoch_order(self.manifest.shards, epoch, self.manifest.seed,
                                 self.manifest.shuffle)
             while position < total:
                 began = time.monotonic()
-                shape = step_shape(self.policy, self.world, self.base_world,
-                                   self.args.batch_size)
-                for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs,
-                                          strict=True):
-                    group["lr"] = base_lr * shape.lr_scale
                 ids = order[position:position + shape.global_batch]
                 self._train_step(ids, shape.accumulation)
                 step, position = step + 1, position + len(ids)
@@ -272,7 +271,7 @@ class Trainer:
         """One optimizer step over the global batch ``ids``."""
         mine = ids[self.rank::self.world]
         chunk = -(-len(mine) // accumulation) if mine else 0
-        loss_sum = torch.zeros(())
+        loss_sum = 0.0
         for micro in range(accumulation):
             part = mine[micro * chunk:(micro + 1) * chunk] if chunk else []
             last = micro == accumulation - 1
@@ -280,19 +279,18 @@ class Trainer:
                 continue
             with (self.ddp.no_sync() if not last else contextlib.nullcontext()):
                 if part:
-                    batch = self._fetch(part)
-                    loss = self.md.loss(self.ddp, batch)
-                    weight = (self.world if self.md.loss_reduction == "sum"
-                              else self.world * len(part) / len(ids))
-                    (loss * weight).backward()
-                    per_sample = loss.detach() * (1 if self.md.loss_reduction == "sum"
-                                                  else len(part))
-                    loss_sum += per_sample
+                    loss = self.md.loss(self.ddp, self._fetch(part))
+                    summed = self.md.loss_reduction == "sum"
+                    # DDP averages gradients over ranks; weight so the step's gradient is that
+                    # of the mean over the whole global batch, however it was split.
+                    weight = self.world if summed else self.world * len(part) / len(ids)
+                    (loss if weight == 1 else loss * weight).backward()
+                    loss_sum += loss.item() * (1 if summed else len(part))
                 else:  # no samples left for this rank: still join the gradient allreduce
                     sum(p.sum() * 0 for p in self.ddp.parameters()).backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self._pending_losses.append((float(loss_sum), len(ids)))
+        self._pending_losses.append((loss_sum, len(ids)))
 
 
 def main(argv: list[str] | None = None) -> int:
