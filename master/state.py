@@ -36,9 +36,12 @@ from typing import Any
 from pyetcd.client import MultiEndpointEtcd3Client
 from pyetcd.events import DeleteEvent
 
+from rendezvous.etcd_client import TRANSIENT_ERRORS
 from rendezvous.leases import LeaseKeeper, grant
 
 log = logging.getLogger(__name__)
+# How long a master waits for an unreachable etcd while it asks for leadership.
+ACQUIRE_RETRY_S = 60.0
 
 JOB_STATES = ("running", "succeeded", "failed")
 
@@ -126,12 +129,23 @@ class MasterState:
             self._keeper.keep(self._lease)
         tx = self.client.transactions
         waiting_logged = False
+        unreachable_since: float | None = None
         while not stop.is_set():
-            ok, responses = self.client.transaction(
-                compare=[tx.version(self.keys.leader) == 0],
-                success=[tx.put(self.keys.leader, self._token, lease=self._lease)],
-                failure=[tx.get(self.keys.leader)],
-            )
+            try:
+                ok, responses = self.client.transaction(
+                    compare=[tx.version(self.keys.leader) == 0],
+                    success=[tx.put(self.keys.leader, self._token, lease=self._lease)],
+                    failure=[tx.get(self.keys.leader)],
+                )
+            except TRANSIENT_ERRORS as error:  # etcd restarting: wait it out, within bounds
+                unreachable_since = unreachable_since or time.monotonic()
+                if time.monotonic() - unreachable_since > ACQUIRE_RETRY_S:
+                    raise
+                log.warning("leadership request failed, retrying run=%s error=%r",
+                            self.keys.run_prefix, error)
+                stop.wait(0.5)
+                continue
+            unreachable_since = None
             if ok:
                 self._leader = True
                 log.info("leadership acquired run=%s master=%s lease=%x", self.keys.run_prefix,
