@@ -40,7 +40,6 @@ from .round_formation import (
     decide,
     is_admitted,
     is_full_and_healthy,
-    leader_of,
     nodes_waiting_count,
     waiting_nodes,
 )
@@ -79,6 +78,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             raise RendezvousConnectionError(str(error)) from error
         self._membership = Membership(self._client, self._keys, config, self.node_id, self._addr)
         self._round: RoundRecord | None = None
+        self._waiting_memo: tuple[int, int, int] | None = None  # (revision, round, answer)
         self._left = threading.Event()
         self._lock = threading.Lock()
         leave_hook.register(self)
@@ -116,10 +116,16 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             return 0
         if self._membership.node_lease_lost:
             return 1  # peers declared us dead; restart and re-join
+        revision = self._membership.revision
+        memo = self._waiting_memo
+        if memo is not None and memo[:2] == (revision, current_round.number):
+            return memo[2]  # polled often (monitor loop, store waits): O(N) once per change
         live, latest = self._membership.view()
+        count = nodes_waiting_count(live, latest, self._config.max_nodes)
         if latest.number != current_round.number:
-            return max(1, nodes_waiting_count(live, latest, self._config.max_nodes))
-        return nodes_waiting_count(live, latest, self._config.max_nodes)
+            count = max(1, count)
+        self._waiting_memo = (revision, current_round.number, count)
+        return count
 
     def wait_for_membership_change(self, timeout: float) -> bool:
         """Whether the current round loses or gains a member within ``timeout`` seconds."""
@@ -192,18 +198,18 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
                 raise RendezvousClosedError(f"node {self.node_id} has left the run")
             if membership.closed():
                 raise RendezvousClosedError(f"run {config.run_id} is closed")
-            revision = membership.revision
-            if membership.node_lease_lost or membership.my_record() is None:
+            status = membership.status()
+            revision, current = status.revision, status.round
+            if membership.node_lease_lost or status.me is None:
                 membership.register()
                 membership.publish(waiting=True, after_round=after_round)
                 continue
-            live, current = membership.view()
-            me = membership.my_record()
-            if me is not None and is_admitted(me, current):
+            if is_admitted(status.me, current):
                 return current
             now = time.monotonic()
             recheck_at: float | None = None
-            if leader_of(live, current) == self.node_id:
+            if status.leader == self.node_id:
+                live, current = membership.view()
                 waiting = waiting_nodes(live, current)
                 min_reached_at = clock.observe(len(waiting) >= config.min_nodes, now)
                 decision = decide(live, current, config.min_nodes, config.max_nodes, now,
@@ -215,10 +221,12 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
                              decision.reason)
                     continue
                 recheck_at = decision.recheck_at
-            if is_full_and_healthy(live, current, config.max_nodes):
+            if len(current.participants) >= config.max_nodes and is_full_and_healthy(
+                    membership.view()[0], current, config.max_nodes):
                 # On the redundancy list: wait for a place as long as the full round runs.
                 deadline = now + config.join_timeout
             if now >= deadline:
+                live, current = membership.view()
                 raise RendezvousTimeoutError(
                     f"node {self.node_id}: no round with >= {config.min_nodes} nodes formed "
                     f"within join_timeout={config.join_timeout}s "
@@ -233,6 +241,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         rank = current.rank_of(self.node_id)
         assert rank is not None
         self._round = current
+        self._membership.keep_run_lease(current.run_lease)
         store = EtcdStore(self._client, self._keys.store(current.number),
                           lease_id=current.run_lease, timeout=STORE_TIMEOUT,
                           abort_if=self._round_broken)

@@ -18,10 +18,16 @@ from .cache import WatchedPrefix
 from .config import RendezvousConfig
 from .keys import RunKeys, prefix_range_end
 from .leases import LeaseKeeper, grant
+from .membership_view import MembershipView, Status
 from .probe import PeerProbe, ProbeTarget, ring_successors
-from .round_formation import NO_ROUND, NodeRecord, RoundRecord
+from .round_formation import NodeRecord, RoundRecord
 
 log = logging.getLogger(__name__)
+
+PROBE_DEBOUNCE_S = 0.05
+# etcd refuses a transaction with more than --max-txn-ops compares (default 128): larger rounds
+# check their participants with one read instead of one compare each.
+MAX_ALIVE_COMPARES = 64
 
 
 class Membership:
@@ -44,14 +50,12 @@ class Membership:
         self._record = NodeRecord(node_id, 0, waiting=False, after_round=0, addr=addr)
         self._cache = WatchedPrefix(client, keys.rdzv)
         self._view_lock = threading.Lock()
-        self._view_revision = -1
-        self._parsed: dict[str, tuple[int, NodeRecord]] = {}
-        self._view_live: list[NodeRecord] = []
-        self._view_round = NO_ROUND
+        self._view = MembershipView(keys)
         self._cache.start()
         self._keeper = LeaseKeeper(client, config.lease_ttl / 3, self._on_lease_lost)
         self._probe: PeerProbe | None = None
         self._left = False
+        self._left_event = threading.Event()
         self._probe_dirty = threading.Event()
         if config.peer_probe:
             self._probe = PeerProbe("0.0.0.0", self._on_peer_dead)
@@ -66,45 +70,51 @@ class Membership:
     def wait_for_change(self, after_revision: int, timeout: float) -> None:
         self._cache.wait_for_change(after_revision, timeout)
 
+    def _synced(self) -> MembershipView:
+        """The view brought up to the cache's revision (call with ``_view_lock`` held)."""
+        view = self._view
+        revision, changed = self._cache.changes_since(view.revision)
+        if revision != view.revision:
+            if changed is None:
+                revision, entries = self._cache.snapshot()
+                view.reset(revision, entries)
+            else:
+                view.apply(revision, changed)
+        return view
+
     def view(self) -> tuple[list[NodeRecord], RoundRecord]:
-        """Live nodes and the current round, parsed once per revision of each key."""
-        revision, entries = self._cache.snapshot()
+        """Live nodes and the current round (O(live nodes): for deciders, not for waiters)."""
         with self._view_lock:
-            if revision == self._view_revision:
-                return list(self._view_live), self._view_round
-            parsed: dict[str, tuple[int, NodeRecord]] = {}
-            current = NO_ROUND
-            for key, entry in entries.items():
-                if key.startswith(self._keys.nodes):
-                    known = self._parsed.get(key)
-                    if known is not None and known[0] == entry.mod_revision:
-                        parsed[key] = known
-                        continue
-                    with contextlib.suppress(ValueError, KeyError):
-                        record = NodeRecord.from_json(key[len(self._keys.nodes):],
-                                                      entry.create_revision, entry.value)
-                        parsed[key] = (entry.mod_revision, record)
-                elif key == self._keys.round:
-                    current = RoundRecord.from_json(entry.value)
-            self._parsed = parsed
-            self._view_revision = revision
-            self._view_live = [record for _, record in parsed.values()]
-            self._view_round = current
-            return list(self._view_live), current
+            view = self._synced()
+            return list(view.records.values()), view.round
+
+    def status(self) -> Status:
+        """The round, our record and the leader at one revision, in O(1) (+ changes seen)."""
+        with self._view_lock:
+            view = self._synced()
+            me = view.records.get(self.node_id)
+            if me is not None and me.lease != self._node_lease:
+                me = None  # a record of our previous lease, about to expire
+            return Status(view.revision, view.round, me, view.leader())
+
+    def live_version(self) -> int:
+        """Changes whenever a node appears, vanishes or changes lease/probe address."""
+        with self._view_lock:
+            return self._synced().live_version
 
     def my_record(self) -> NodeRecord | None:
-        entry = self._cache.get(self._keys.node(self.node_id))
-        if entry is None or entry.lease != self._node_lease:
-            return None
-        return NodeRecord.from_json(self.node_id, entry.create_revision, entry.value)
+        return self.status().me
 
     def closed(self) -> bool:
         return self._cache.get(self._keys.closed) is not None
 
     # -- registration -------------------------------------------------------------------------
     def register(self) -> None:
-        """(Re)join the run under a fresh node lease; the run lease is shared or created."""
-        self._ensure_run_lease()
+        """(Re)join the run under a fresh node lease.
+
+        The run lease is not needed to wait: the leader creates it with the first round and
+        members keep it alive from then on (``keep_run_lease``). Leaving it out here saves a
+        grant, a transaction and, for all but one of N nodes starting at once, a revoke."""
         if self._node_lease:
             self._keeper.forget(self._node_lease)
         self._node_lease = grant(self._client, self._config.lease_ttl)
@@ -155,6 +165,15 @@ class Membership:
         self._keeper.keep(lease)
         return lease
 
+    def keep_run_lease(self, lease_id: int) -> None:
+        """Keep the lease of the round we are a member of alive (with the other members)."""
+        if not lease_id or lease_id == self._run_lease:
+            return
+        if self._run_lease:
+            self._keeper.forget(self._run_lease)
+        self._run_lease = lease_id
+        self._keeper.keep(lease_id)
+
     def _on_lease_lost(self, lease_id: int) -> None:
         if lease_id == self._node_lease:
             self.node_lease_lost = True
@@ -172,7 +191,12 @@ class Membership:
         tx = self._client.transactions
         guard = (tx.mod(self._keys.round) == entry.mod_revision if entry is not None
                  else tx.version(self._keys.round) == 0)
-        alive = [tx.version(self._keys.node(n)) > 0 for n in participants]
+        if len(participants) <= MAX_ALIVE_COMPARES:
+            alive = [tx.version(self._keys.node(n)) > 0 for n in participants]
+        else:
+            alive = []
+            if not self._all_registered(participants):
+                return False
         new_round = RoundRecord(current.number + 1, participants, run_lease)
         old_store = self._keys.store(current.number)
         try:
@@ -190,6 +214,18 @@ class Membership:
             return False
         return bool(ok)
 
+    def _all_registered(self, participants: tuple[str, ...]) -> bool:
+        """One keys-only read: every participant still has its node key (for rounds too large
+        for one compare per participant; one that dies right after is caught by the round's
+        members as a lost participant, like any later loss)."""
+        response = self._client.get_range_response(
+            self._keys.nodes, prefix_range_end(self._keys.nodes), keys_only=True)
+        present = {kv.key.decode()[len(self._keys.nodes):] for kv in response.kvs}
+        missing = set(participants) - present
+        if missing:
+            log.info("round not written: participants gone nodes=%s", sorted(missing)[:5])
+        return not missing
+
     def close_run(self) -> None:
         run_lease = self._ensure_run_lease()
         self._client.put(self._keys.closed, json.dumps({"by": self.node_id}), lease=run_lease)
@@ -198,6 +234,7 @@ class Membership:
         if self._left:
             return
         self._left = True
+        self._left_event.set()
         self._probe_dirty.set()
         if self._probe is not None:
             self._probe.stop()
@@ -209,8 +246,16 @@ class Membership:
 
     # -- probes -------------------------------------------------------------------------------
     def _probe_loop(self) -> None:
+        seen = -1
         while self._probe_dirty.wait() and not self._left:
+            # Coalesce a burst (N nodes registering at once) into one update, and skip
+            # changes that do not move the ring (records flipping "waiting").
+            self._left_event.wait(PROBE_DEBOUNCE_S)
             self._probe_dirty.clear()
+            version = self.live_version()
+            if version == seen:
+                continue
+            seen = version
             try:
                 self._update_probes()
             except Exception:  # noqa: BLE001 - probing is an optimisation; the lease decides

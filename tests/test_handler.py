@@ -305,3 +305,28 @@ def test_failing_agent_leaves_without_closing_the_run(make_handler) -> None:
     assert eventually(lambda: b.num_nodes_waiting() == 1)
     assert not b.is_closed()
     assert Joiner(b).result().world_size == 1
+
+
+def test_cache_reports_the_keys_changed_since_a_revision(private_etcd, monkeypatch) -> None:
+    monkeypatch.setattr("rendezvous.cache.CHANGE_LOG_SIZE", 4)
+    client = raw_client(private_etcd)
+    try:
+        cache = WatchedPrefix(client, "/l/")
+        client.put("/l/old", "0")
+        cache.start()
+        start = cache.revision
+        client.put("/l/a", "1")
+        client.put("/l/b", "2")
+        last = client.delete("/l/old") and client.put("/l/a", "3").header.revision
+        assert eventually(lambda: cache.revision >= last)
+        revision, changed = cache.changes_since(start)
+        assert revision >= last
+        assert changed == {"/l/a": cache.get("/l/a"), "/l/b": cache.get("/l/b"), "/l/old": None}
+        assert cache.changes_since(revision) == (revision, {})
+        for index in range(5):  # more changes than the log keeps: the reader must re-read
+            last = client.put(f"/l/k{index}", "x").header.revision
+        assert eventually(lambda: cache.revision >= last)
+        assert cache.changes_since(start)[1] is None
+        cache.stop()
+    finally:
+        client.close()

@@ -6,6 +6,7 @@ SIGTERM as a preemption notice, a node joining) and checks the job trains on and
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -85,8 +86,13 @@ def test_a_peer_loss_does_not_spend_a_restart(tmp_path: Path, etcd) -> None:
         wait_for_events(events, lambda ev: first_step_with_world(ev, 2, killed_at),
                         RECOVER_TIMEOUT, what="a step of the 2-node world")
         finished_ok(group, agents[:2])
-    forgiven = [a for a in agents[:2] if "without spending a restart" in a.log_text()]
-    assert forgiven, group.logs()
+    # Which came first is a race: the worker's own crash (gloo: peer reset), or the agent's
+    # monitor pass seeing the membership change and stopping it (exit -15). Whenever a worker
+    # crashed first, its agent must have forgiven the failure (with grace 0 it gives up).
+    for agent in agents[:2]:
+        text = agent.log_text()
+        crashed_first = re.search(r"worker pid=\d+ exited code=(?!-15\b|0\b)-?\d+", text)
+        assert not crashed_first or "without spending a restart" in text, group.logs()
 
 
 def test_a_node_joining_grows_the_world(tmp_path: Path, etcd) -> None:

@@ -1,11 +1,13 @@
 """Training-state snapshots: a fast node-local copy, a persisted copy, then a commit in etcd.
 
-Only rank 0 writes (DDP replicas are identical). ``save`` copies the state to CPU at once, so
-training goes on while a background thread writes ``snapshot-{step:09d}.pt`` first into the
-node-local directory, then into the persisted one (a PVC in a cluster), each by write-to-temp
-and rename, and only then calls ``on_persisted`` (the etcd commit). A snapshot that is
-committed therefore always exists in the persisted directory; a node that survives restores
-from its local copy, anyone else from the persisted one, and newcomers get it by broadcast.
+Only rank 0 writes (DDP replicas are identical). ``save`` copies the state's tensor bytes into
+a reused buffer at once (``snapshot_format.pack``), so training goes on while a background
+thread writes ``snapshot-{step:09d}.pt`` first into the node-local directory, then into the
+persisted one (a PVC in a cluster), each by write-to-temp and rename, and only then calls
+``on_persisted`` (the etcd commit). A snapshot that is committed therefore always exists in the
+persisted directory; a node that survives restores from its local copy, anyone else from the
+persisted one, and newcomers get it by broadcast. Files are in ``snapshot_format`` (checksummed
+raw tensors) unless the state holds something that format cannot store; then ``torch.save``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from . import snapshot_format
+from .snapshot_format import CorruptSnapshot, NotPackable, Packed
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,8 @@ class Snapshotter:
         self._idle = threading.Event()
         self._idle.set()
         self._error: BaseException | None = None
+        self._buffer: bytearray | None = None  # reused: one snapshot is in flight at a time
+        self._packable = True
 
     def _dirs(self) -> list[Path]:
         return [d for d in (self.local_dir, self.persist_dir) if d is not None]
@@ -66,13 +73,22 @@ class Snapshotter:
 
         At most one snapshot is in flight: this first waits for the previous one."""
         self.wait()
-        cpu_state = _to_cpu(state)
+        packed: Packed | dict[str, Any] | None = None
+        if self._packable:
+            try:
+                packed = snapshot_format.pack(state, self._buffer)
+                self._buffer = packed.buffer
+            except NotPackable as why:
+                log.warning("snapshot state not packable (%s); using torch.save", why)
+                self._packable = False
+        if packed is None:
+            packed = _to_cpu(state)
         if self._thread is None:  # one long-lived writer: starting threads costs the loop
             self._thread = threading.Thread(target=self._writer, daemon=True,
                                             name="snapshot-writer")
             self._thread.start()
         self._idle.clear()
-        self._queue.put((step, cpu_state, on_persisted))
+        self._queue.put((step, packed, on_persisted))
         if wait:
             self.wait()
 
@@ -91,17 +107,23 @@ class Snapshotter:
             finally:
                 self._idle.set()
 
-    def _write(self, step: int, state: dict[str, Any],
+    def _write(self, step: int, state: Packed | dict[str, Any],
                on_persisted: Callable[[str], None]) -> None:
         name = snapshot_name(step)
         try:
             first, *others = self._dirs()
             temporary = first / f".{name}.tmp{os.getpid()}"
-            torch.save(state, temporary)  # serialise once (holds the GIL), then copy bytes
+            if isinstance(state, Packed):
+                state.write_to(temporary)
+            else:
+                torch.save(state, temporary)  # serialise once (holds the GIL), copy bytes
             os.replace(temporary, first / name)
             for directory in others:
                 temporary = directory / f".{name}.tmp{os.getpid()}"
-                shutil.copyfile(first / name, temporary)
+                if isinstance(state, Packed):
+                    state.write_to(temporary)
+                else:
+                    shutil.copyfile(first / name, temporary)
                 os.replace(temporary, directory / name)
             for directory in (first, *others):
                 self._prune(directory)
@@ -124,7 +146,11 @@ class Snapshotter:
                 errors.append(f"{path}: missing")
                 continue
             try:
+                if snapshot_format.is_packed_file(path):
+                    return snapshot_format.load(path)
                 return torch.load(path, map_location="cpu", weights_only=True)
+            except CorruptSnapshot as error:
+                errors.append(f"{path}: unreadable ({error})")
             except Exception as error:  # noqa: BLE001 - try the next copy, then explain
                 errors.append(f"{path}: unreadable ({type(error).__name__}: {error})")
         raise SnapshotError(f"snapshot {name} cannot be restored: " + "; ".join(errors))

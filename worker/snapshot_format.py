@@ -1,0 +1,196 @@
+"""The snapshot file format: a JSON tree, raw tensor bytes, a CRC32C; no pickle, no zip.
+
+``torch.save`` pickles, zips and CRC32s with miniz: ~18 ms for a 1.1 M-parameter model and
+its optimizer, CPU that a saturated node takes out of training at every snapshot. This format
+costs one copy of the tensor bytes into a reused buffer (on the training thread: the state must
+not change while it is read), a hardware CRC32C and one ``write`` (on the writer thread).
+
+Layout (little-endian)::
+
+    b"KFPSNAP1" | u64 header length | header (JSON) | payload (tensor bytes, 64-byte aligned)
+
+The header holds the state tree with every tensor replaced by ``{"$t": i}``, the tensor table
+(dtype, shape, offset, bytes), the payload length and its CRC32C. Tree values may be dicts (any
+JSON-able or int keys), lists, tuples, str, int, float, bool, None and dense tensors; anything
+else raises :class:`NotPackable` and the caller falls back to ``torch.save``. A truncated or
+altered file fails to load with :class:`CorruptSnapshot`, never with wrong numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+try:  # hardware CRC32C (SSE4.2/ARMv8): ~12 GB/s against zlib's ~1.5 GB/s
+    from google_crc32c import value as _crc32c
+    CHECKSUM = "crc32c"
+except ImportError:  # pragma: no cover - the package is a dependency; zlib keeps it working
+    _crc32c = None
+    CHECKSUM = "crc32"
+
+MAGIC = b"KFPSNAP1"
+ALIGN = 64
+_LENGTH = struct.Struct("<Q")
+
+
+class NotPackable(TypeError):
+    """The state holds a value this format does not store (use torch.save for it)."""
+
+
+class CorruptSnapshot(ValueError):
+    """The file is truncated, altered or not a snapshot; the message says which check failed."""
+
+
+def checksum(data: memoryview | bytes | bytearray, kind: str = CHECKSUM) -> int:
+    if kind == "crc32c" and _crc32c is not None:
+        # Its C function takes only bytes: the copy (~0.2 ms/MB) still beats zlib's CRC32.
+        return int(_crc32c(data if isinstance(data, bytes) else bytes(data)))
+    if kind == "crc32":
+        return zlib.crc32(data)
+    raise CorruptSnapshot(f"checksum {kind!r} is not available here (pip install google-crc32c)")
+
+
+@dataclass
+class Packed:
+    """A state copied out: its tree, tensor table and the first ``size`` bytes of ``buffer``.
+
+    The checksum and header are made on first write (the writer thread, not the trainer's)."""
+
+    tree: Any
+    table: list[dict[str, Any]]
+    buffer: bytearray
+    size: int
+    _header: bytes | None = None
+
+    @property
+    def header(self) -> bytes:
+        if self._header is None:
+            payload = memoryview(self.buffer)[: self.size]
+            header = json.dumps({"format": 1, "state": self.tree, "tensors": self.table,
+                                 "payload": self.size, "checksum": CHECKSUM,
+                                 "sum": checksum(payload)}, separators=(",", ":")).encode()
+            # Pad so that the payload starts ALIGN-aligned in the file (and in the buffer it
+            # is read into): tensors are then viewed in place.
+            header += b" " * (-(len(MAGIC) + _LENGTH.size + len(header)) % ALIGN)
+            self._header = header
+        return self._header
+
+    def write_to(self, path: str | os.PathLike[str]) -> None:
+        header = self.header
+        with open(path, "wb") as handle:
+            handle.write(MAGIC + _LENGTH.pack(len(header)) + header)
+            handle.write(memoryview(self.buffer)[: self.size])
+
+
+def _dense(value: torch.Tensor) -> torch.Tensor:
+    if value.layout != torch.strided or value.is_quantized or value.is_nested:
+        raise NotPackable(f"tensor with layout {value.layout} / quantized / nested")
+    return value.detach()
+
+
+def _tree(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """The JSON tree of ``value``; tensors are appended to ``tensors``."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(_dense(value))
+        return {"$t": len(tensors) - 1}
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, dict):
+        metadata = getattr(value, "_metadata", None)  # a state_dict's module versions
+        if (metadata is None and all(isinstance(k, str) for k in value)
+                and not any(k.startswith("$") for k in value)):
+            return {k: _tree(v, tensors) for k, v in value.items()}
+        if all(isinstance(k, str | int) and not isinstance(k, bool) for k in value):
+            tree = {"$d": [[k, _tree(v, tensors)] for k, v in value.items()]}
+            if isinstance(metadata, dict):
+                tree["$m"] = _tree(metadata, tensors)
+            return tree
+    elif isinstance(value, list):
+        return [_tree(v, tensors) for v in value]
+    elif isinstance(value, tuple) and type(value) is tuple:
+        return {"$u": [_tree(v, tensors) for v in value]}
+    raise NotPackable(f"cannot store a {type(value).__qualname__} in a snapshot")
+
+
+def pack(state: dict[str, Any], reuse: bytearray | None = None) -> Packed:
+    """Copy ``state`` into ``reuse`` (grown if needed) and describe it; call on the thread that
+    owns the state, before it changes again."""
+    tensors: list[torch.Tensor] = []
+    tree = _tree(state, tensors)
+    table, offset = [], 0
+    for tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        table.append({"dtype": str(tensor.dtype).removeprefix("torch."),
+                      "shape": list(tensor.shape), "offset": offset, "nbytes": nbytes})
+        offset += -(-nbytes // ALIGN) * ALIGN
+    buffer = reuse if reuse is not None and len(reuse) >= offset else bytearray(offset)
+    if offset:
+        flat = torch.frombuffer(buffer, dtype=torch.uint8, count=offset)
+        for tensor, entry in zip(tensors, table, strict=True):
+            if entry["nbytes"]:
+                source = tensor.contiguous().reshape(-1).view(torch.uint8)
+                flat[entry["offset"]: entry["offset"] + entry["nbytes"]].copy_(source)
+    return Packed(tree, table, buffer, offset)
+
+
+def is_packed_file(path: str | os.PathLike[str]) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(len(MAGIC)) == MAGIC
+
+
+def _untree(value: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(value, list):
+        return [_untree(v, tensors) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "$t" in value:
+        return tensors[value["$t"]]
+    if "$d" in value:
+        items = {k: _untree(v, tensors) for k, v in value["$d"]}
+        if "$m" not in value:
+            return items
+        with_metadata = OrderedDict(items)
+        with_metadata._metadata = _untree(value["$m"], tensors)  # type: ignore[attr-defined]
+        return with_metadata
+    if "$u" in value:
+        return tuple(_untree(v, tensors) for v in value["$u"])
+    return {k: _untree(v, tensors) for k, v in value.items()}
+
+
+def load(path: str | os.PathLike[str]) -> dict[str, Any]:
+    data = bytearray(open(path, "rb").read())  # noqa: SIM115 - read whole, closed at once
+    if data[: len(MAGIC)] != MAGIC:
+        raise CorruptSnapshot("not a kfp-elastic snapshot (bad magic)")
+    start = len(MAGIC) + _LENGTH.size
+    if len(data) < start:
+        raise CorruptSnapshot("truncated header")
+    (header_length,) = _LENGTH.unpack_from(data, len(MAGIC))
+    try:
+        header = json.loads(bytes(data[start: start + header_length]))
+    except ValueError as error:
+        raise CorruptSnapshot(f"unreadable header ({error})") from None
+    payload = memoryview(data)[start + header_length:]
+    if len(payload) != header["payload"]:
+        raise CorruptSnapshot(f"payload has {len(payload)} bytes, header says {header['payload']}"
+                              " (truncated or appended to)")
+    if checksum(payload, header["checksum"]) != header["sum"]:
+        raise CorruptSnapshot(f"{header['checksum']} mismatch: the tensor bytes were altered")
+    flat = (torch.frombuffer(data, dtype=torch.uint8, offset=start + header_length,
+                             count=len(payload)) if len(payload)
+            else torch.empty(0, dtype=torch.uint8))
+    tensors = []
+    for entry in header["tensors"]:
+        dtype = getattr(torch, entry["dtype"])
+        raw = flat[entry["offset"]: entry["offset"] + entry["nbytes"]]
+        # Own storage per tensor (a copy): a view would keep, and torch.save would write, the
+        # whole payload for any one tensor of it.
+        tensors.append(raw.view(dtype).reshape(entry["shape"]).clone() if entry["nbytes"]
+                       else torch.empty(entry["shape"], dtype=dtype))
+    return _untree(header["state"], tensors)
