@@ -330,3 +330,14 @@ def test_cache_reports_the_keys_changed_since_a_revision(private_etcd, monkeypat
         cache.stop()
     finally:
         client.close()
+
+
+def test_a_round_larger_than_etcds_transaction_limit_forms(make_handler) -> None:
+    # etcd refuses a transaction of more than --max-txn-ops (128) compares: a round of 130
+    # once never formed because its write compared every participant's key.
+    size = 130
+    handlers = [make_handler(size, size, peer_probe="false") for _ in range(size)]
+    joiners = [Joiner(handler) for handler in handlers]
+    infos = [joiner.result(timeout=60) for joiner in joiners]
+    assert sorted(info.rank for info in infos) == list(range(size))
+    assert {info.world_size for info in infos} == {size}

@@ -153,22 +153,29 @@ class Progress:
         return Committed.from_json(value), meta.mod_revision
 
     def commit(self, manifest: Manifest, previous: Committed | None, previous_revision: int,
-               new: Committed) -> bool:
-        """Move from ``previous`` to ``new`` if nobody else committed since; queues follow."""
+               new: Committed) -> int:
+        """Move from ``previous`` to ``new`` if nobody else committed since; queues follow.
+
+        Returns the new record's mod revision (for the next compare-and-swap), 0 if the swap
+        lost: read back in the same transaction, which saves a request per snapshot."""
         tx = self._client.transactions
         guard = (tx.mod(self.keys.committed) == previous_revision if previous_revision
                  else tx.version(self.keys.committed) == 0)
         moves = self._queue_moves(manifest, previous or INITIAL, new)
-        first, rest = moves[:MAX_TXN_OPS - 1], moves[MAX_TXN_OPS - 1:]
-        ok, _ = self._client.transaction(
-            compare=[guard], success=[tx.put(self.keys.committed, new.to_json()), *first],
+        first, rest = moves[:MAX_TXN_OPS - 2], moves[MAX_TXN_OPS - 2:]
+        ok, responses = self._client.transaction(
+            compare=[guard],
+            success=[tx.put(self.keys.committed, new.to_json()), *first,
+                     tx.get(self.keys.committed)],
             failure=[],
         )
-        if ok:
-            for start in range(0, len(rest), MAX_TXN_OPS):
-                self._client.transaction(compare=[], success=rest[start:start + MAX_TXN_OPS],
-                                         failure=[])
-        return bool(ok)
+        if not ok:
+            return 0
+        for start in range(0, len(rest), MAX_TXN_OPS):
+            self._client.transaction(compare=[], success=rest[start:start + MAX_TXN_OPS],
+                                     failure=[])
+        (_, metadata), = responses[-1]
+        return int(metadata.mod_revision)
 
     def _queue_moves(self, manifest: Manifest, old: Committed, new: Committed) -> list:
         """Puts and deletes that turn the queues of ``old`` into those of ``new``.

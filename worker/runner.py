@@ -185,14 +185,13 @@ class Trainer:
         delay = 0.1
         while True:
             try:
-                if not self.progress.commit(self.manifest, self.committed,
-                                            self.committed_revision, new):
+                revision = self.progress.commit(self.manifest, self.committed,
+                                                self.committed_revision, new)
+                if not revision:
                     current, revision = self.progress.committed_record()
                     if current != new:  # an earlier attempt of ours did not land either
                         raise RuntimeError(f"commit of step {new.step} lost a race; another "
                                            "rank 0 exists")
-                    self.committed, self.committed_revision = new, revision
-                    return
                 break
             except TRANSIENT_ERRORS as error:
                 if time.monotonic() + delay > deadline:
@@ -200,7 +199,7 @@ class Trainer:
                 log.warning("commit of step %d failed, retrying error=%r", new.step, error)
                 time.sleep(delay)
                 delay = min(2 * delay, 2.0)
-        self.committed, self.committed_revision = new, self.progress.committed_record()[1]
+        self.committed, self.committed_revision = new, revision
 
     # -- training -----------------------------------------------------------------------------
     def run(self) -> int:

@@ -29,14 +29,16 @@ from typing import Any
 import torch
 
 try:  # hardware CRC32C (SSE4.2/ARMv8): ~12 GB/s against zlib's ~1.5 GB/s
+    from google_crc32c import extend as _crc32c_extend
     from google_crc32c import value as _crc32c
     CHECKSUM = "crc32c"
 except ImportError:  # pragma: no cover - the package is a dependency; zlib keeps it working
-    _crc32c = None
+    _crc32c = _crc32c_extend = None
     CHECKSUM = "crc32"
 
 MAGIC = b"KFPSNAP1"
 ALIGN = 64
+CRC_PIECE = 1 << 20
 _LENGTH = struct.Struct("<Q")
 
 
@@ -50,8 +52,12 @@ class CorruptSnapshot(ValueError):
 
 def checksum(data: memoryview | bytes | bytearray, kind: str = CHECKSUM) -> int:
     if kind == "crc32c" and _crc32c is not None:
-        # Its C function takes only bytes: the copy (~0.2 ms/MB) still beats zlib's CRC32.
-        return int(_crc32c(data if isinstance(data, bytes) else bytes(data)))
+        # Its C function takes only bytes: copies of 1 MiB pieces (cache-sized, ~0.1 ms/MB)
+        # still beat zlib's CRC32 on the whole buffer.
+        view, crc = memoryview(data), 0
+        for start in range(0, len(view), CRC_PIECE):
+            crc = _crc32c_extend(crc, bytes(view[start:start + CRC_PIECE]))
+        return crc
     if kind == "crc32":
         return zlib.crc32(data)
     raise CorruptSnapshot(f"checksum {kind!r} is not available here (pip install google-crc32c)")
