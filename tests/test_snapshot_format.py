@@ -135,3 +135,25 @@ def test_state_dict_metadata_is_kept(tmp_path: Path) -> None:
 def test_snapshots_written_by_torch_save_still_load(tmp_path: Path) -> None:
     torch.save({"model": {"w": torch.ones(3)}, "step": 9}, tmp_path / "snapshot-000000009.pt")
     assert Snapshotter(tmp_path).load("snapshot-000000009.pt")["step"] == 9
+
+
+def test_old_snapshot_files_are_recycled_and_every_kept_one_reads_back(tmp_path: Path) -> None:
+    from worker.snapshot import KEEP
+
+    snapshots = Snapshotter(tmp_path)
+    names: list[str] = []
+    sizes = [4000, 4000, 4000, 10, 3000, 50]  # a smaller state lands in a larger old file
+    for step, size in enumerate(sizes):
+        if step == KEEP:
+            oldest_inode = (tmp_path / names[0]).stat().st_ino
+        snapshots.save(step, {"w": torch.full((size,), float(step)), "step": step},
+                       names.append, wait=True)
+        if step == KEEP:
+            assert (tmp_path / names[-1]).stat().st_ino == oldest_inode  # pages reused
+    kept = sorted(p.name for p in tmp_path.glob("snapshot-*.pt"))
+    assert kept == names[-KEEP:]
+    for step, name in enumerate(names[-KEEP:], start=len(sizes) - KEEP):
+        loaded = snapshots.load(name)
+        assert loaded["step"] == step
+        assert torch.equal(loaded["w"], torch.full((sizes[step],), float(step)))
+    assert not list(tmp_path.glob(".*"))  # no temporary left behind

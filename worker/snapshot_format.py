@@ -89,10 +89,23 @@ class Packed:
         return self._header
 
     def write_to(self, path: str | os.PathLike[str]) -> None:
-        header = self.header
-        with open(path, "wb") as handle:
-            handle.write(MAGIC + _LENGTH.pack(len(header)) + header)
-            handle.write(memoryview(self.buffer)[: self.size])
+        """Write the file; an existing file at ``path`` is overwritten in place (its pages are
+        reused, which is much cheaper than allocating new ones) and cut to size."""
+        header = MAGIC + _LENGTH.pack(len(self.header)) + self.header
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            _write_all(descriptor, header, 0)
+            _write_all(descriptor, memoryview(self.buffer)[: self.size], len(header))
+            os.ftruncate(descriptor, len(header) + self.size)
+        finally:
+            os.close(descriptor)
+
+
+def _write_all(descriptor: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(descriptor, view, offset)
+        view, offset = view[written:], offset + written
 
 
 def _dense(value: torch.Tensor) -> torch.Tensor:
