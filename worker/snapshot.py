@@ -30,6 +30,7 @@ from .snapshot_format import CorruptSnapshot, NotPackable, Packed
 log = logging.getLogger(__name__)
 
 KEEP = 3  # snapshots kept per directory: the committed one and a couple to fall back to
+WRITER_NICE = 10  # niceness of the snapshot writer thread (the training thread keeps its own)
 
 
 class SnapshotError(RuntimeError):
@@ -101,6 +102,10 @@ class Snapshotter:
             raise error
 
     def _writer(self) -> None:
+        # Linux: a thread has its own nice value. The writer then takes the CPU that training
+        # leaves idle (allreduce waits) instead of competing with it on a busy node.
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
         while True:
             step, state, on_persisted = self._queue.get()
             try:
