@@ -10,7 +10,8 @@
 
 The run lease is created by the leader of the first round and kept alive by every member of the
 current round; once the last member has left it expires after ``close_timeout`` and takes every
-key of the run with it (nodes that only wait need no run lease: their own lease holds their key). Values we write are JSON, never pickle.
+key of the run with it (nodes that only wait need no run lease: their own lease holds their
+key). Values we write are JSON, never pickle.
 Issue-3 parts (master, shards, events) add their own sub-prefixes next to ``rdzv/`` and ``store/``.
 """
 

@@ -62,6 +62,33 @@ def test_commits_move_shards_and_reject_a_stale_writer(progress: Progress) -> No
     assert progress.queue_counts(1) == {"todo": 0, "doing": 0, "done": 3}
 
 
+def test_queues_left_behind_by_an_interrupted_commit_are_repaired(progress: Progress,
+                                                                  monkeypatch) -> None:
+    manifest = progress.publish_manifest(
+        manifest_from_shards(shards_for_length(400, 5), epochs=2, seed=0))  # 80 shards
+    # A commit over 80 shards needs more than one transaction: kill it after the first.
+    real = progress._client.transaction
+    calls = []
+
+    def first_only(**kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise ConnectionError("rank 0 killed mid-commit")
+        return real(**kwargs)
+
+    monkeypatch.setattr(progress._client, "transaction", first_only)
+    end_of_epoch = Committed(step=5, epoch=1, position=0)
+    with pytest.raises(ConnectionError):
+        progress.commit(manifest, None, 0, end_of_epoch)
+    monkeypatch.setattr(progress._client, "transaction", real)
+    assert progress.committed_record()[0] == end_of_epoch  # the record moved ...
+    assert progress.queue_counts(0)["done"] < 80  # ... the queues did not all follow
+    assert progress.reconcile_queues(manifest, end_of_epoch) > 0
+    assert progress.queue_counts(0) == {"todo": 0, "doing": 0, "done": 80}
+    assert progress.queue_counts(1) == {"todo": 80, "doing": 0, "done": 0}
+    assert progress.reconcile_queues(manifest, end_of_epoch) == 0  # idempotent
+
+
 def test_base_world_size_is_fixed_by_the_first_proposal(progress: Progress) -> None:
     assert progress.base_world_size(3) == 3
     assert progress.base_world_size(2) == 3

@@ -94,8 +94,11 @@ class ProgressKeys:
         return f"{self.run_prefix}/shards/manifest"
 
     def queue(self, epoch: int, state: str, shard_id: int | None = None) -> str:
-        base = f"{self.run_prefix}/shards/epoch/{epoch}/{state}/"
+        base = f"{self.epoch(epoch)}{state}/"
         return base if shard_id is None else f"{base}{shard_id}"
+
+    def epoch(self, epoch: int) -> str:
+        return f"{self.run_prefix}/shards/epoch/{epoch}/"
 
     @property
     def committed(self) -> str:
@@ -177,6 +180,32 @@ class Progress:
         (_, metadata), = responses[-1]
         return int(metadata.mod_revision)
 
+    def reconcile_queues(self, manifest: Manifest, at: Committed) -> int:
+        """Make the queues of ``at``'s epoch and the one before agree with ``at``; returns how
+        many keys had to change (0 normally).
+
+        A commit moves up to MAX_TXN_OPS - 2 queue keys atomically with the record and the
+        rest in follow-up transactions; a rank 0 killed in between, or an etcd error there,
+        leaves those behind. The record is the truth and the queues are derived from it, so
+        the next restore (or the commit's retry) repairs them here, idempotently."""
+        epoch = _epoch_of(at, manifest.epochs - 1)
+        epochs = range(max(0, epoch - 1), epoch + 1)
+        expected = {}
+        for (number, shard_id), (state, consumed) in self._placement(manifest, at,
+                                                                      epochs).items():
+            expected[self.keys.queue(number, state, shard_id)] = _queue_value(state, consumed)
+        actual: dict[str, str] = {}
+        for number in epochs:
+            for value, meta in self._client.get_prefix(self.keys.epoch(number)):
+                actual[meta.key.decode()] = value.decode()
+        tx = self._client.transactions
+        ops = [tx.delete(key) for key in actual if key not in expected]
+        ops += [tx.put(key, value) for key, value in expected.items() if actual.get(key) != value]
+        for start in range(0, len(ops), MAX_TXN_OPS):
+            self._client.transaction(compare=[], success=ops[start:start + MAX_TXN_OPS],
+                                     failure=[])
+        return len(ops)
+
     def _queue_moves(self, manifest: Manifest, old: Committed, new: Committed) -> list:
         """Puts and deletes that turn the queues of ``old`` into those of ``new``.
 
@@ -196,8 +225,8 @@ class Progress:
                 continue
             if old_state[0] != state:
                 ops.append(tx.delete(self.keys.queue(epoch, old_state[0], shard_id)))
-            value = json.dumps({"consumed": consumed}) if state == "doing" else "{}"
-            ops.append(tx.put(self.keys.queue(epoch, state, shard_id), value))
+            ops.append(tx.put(self.keys.queue(epoch, state, shard_id),
+                              _queue_value(state, consumed)))
         return ops
 
     def _placement(self, manifest: Manifest, at: Committed,
@@ -246,6 +275,10 @@ class Progress:
                                                         keys_only=True, count_only=True)
             counts[state] = int(response.count)
         return counts
+
+
+def _queue_value(state: str, consumed: int) -> str:
+    return json.dumps({"consumed": consumed}) if state == "doing" else "{}"
 
 
 def _epoch_of(at: Committed, last_epoch: int) -> int:

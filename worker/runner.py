@@ -137,6 +137,10 @@ class Trainer:
     def _find_restore_point(self) -> tuple[Committed, int, dict | None]:
         assert self.progress is not None
         committed, revision = self.progress.committed_record()
+        if committed is not None:
+            fixed = self.progress.reconcile_queues(self.manifest, committed)
+            if fixed:
+                log.warning("repaired %d shard queue keys left by an interrupted commit", fixed)
         if committed is None or not committed.snapshot:
             return committed or INITIAL, revision, None
         try:
@@ -192,6 +196,8 @@ class Trainer:
                     if current != new:  # an earlier attempt of ours did not land either
                         raise RuntimeError(f"commit of step {new.step} lost a race; another "
                                            "rank 0 exists")
+                    # Ours landed but its answer was lost: its follow-up queue moves may not.
+                    self.progress.reconcile_queues(self.manifest, new)
                 break
             except TRANSIENT_ERRORS as error:
                 if time.monotonic() + delay > deadline:
