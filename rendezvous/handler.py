@@ -215,9 +215,11 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
                 decision = decide(live, current, config.min_nodes, config.max_nodes, now,
                                   min_reached_at, config.last_call_timeout,
                                   config.rejoin_timeout)
-                if decision.form and membership.form_round(current, decision.participants):
+                formed = (membership.form_round(current, decision.participants)
+                          if decision.form else 0)
+                if formed:
                     log.info("formed round round=%d leader=%s world=%d reason=%s",
-                             current.number + 1, self.node_id, len(decision.participants),
+                             formed, self.node_id, len(decision.participants),
                              decision.reason)
                     continue
                 recheck_at = decision.recheck_at

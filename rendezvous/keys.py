@@ -8,10 +8,9 @@
 | ``{run}/rdzv/closed``                 | JSON ``{"by": node_id}``      | run lease      |
 | ``{run}/store/{round}/{key}``         | bytes given by torch          | run lease      |
 
-The run lease is created by the leader of the first round and kept alive by every member of the
-current round; once the last member has left it expires after ``close_timeout`` and takes every
-key of the run with it (nodes that only wait need no run lease: their own lease holds their
-key). Values we write are JSON, never pickle.
+The run lease is created by the leader of the first round and, once it exists, kept alive by
+every live node; once the last node has left it expires after ``close_timeout`` and takes every
+key of the run with it. Values we write are JSON, never pickle.
 Issue-3 parts (master, shards, events) add their own sub-prefixes next to ``rdzv/`` and ``store/``.
 """
 

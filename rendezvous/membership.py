@@ -127,6 +127,7 @@ class Membership:
         """Write our record and wait until the cache shows it (so absence later means loss)."""
         if not self._node_lease:
             self.register()
+        self._adopt_run_lease()
         probe = self._probe.address.replace("0.0.0.0", self._addr) if self._probe else ""
         self._record = NodeRecord(self.node_id, 0, waiting, after_round, self._addr, probe,
                                   self._node_lease)
@@ -165,6 +166,15 @@ class Membership:
         self._keeper.keep(lease)
         return lease
 
+    def _adopt_run_lease(self) -> None:
+        """Keep the run's lease alive while we wait, once it exists (no request: the cache has
+        it). Spares waiting for a place, or for MIN nodes, then keep the round record and the
+        round numbering alive even after every member is gone for longer than close_timeout."""
+        entry = self._cache.get(self._keys.run)
+        if entry is not None:
+            with contextlib.suppress(ValueError, KeyError):
+                self.keep_run_lease(int(json.loads(entry.value)["lease"]))
+
     def keep_run_lease(self, lease_id: int) -> None:
         """Keep the lease of the round we are a member of alive (with the other members)."""
         if not lease_id or lease_id == self._run_lease:
@@ -181,12 +191,13 @@ class Membership:
             self._run_lease = 0
 
     # -- rounds -------------------------------------------------------------------------------
-    def form_round(self, current: RoundRecord, participants: tuple[str, ...]) -> bool:
-        """Write round ``current.number + 1`` if nothing changed since we read ``current``."""
+    def form_round(self, current: RoundRecord, participants: tuple[str, ...]) -> int:
+        """Write the round after ``current`` if nothing changed since we read ``current``;
+        its number (normally ``current.number + 1``), 0 if not written."""
         entry = self._cache.get(self._keys.round)
         cached_number = RoundRecord.from_json(entry.value).number if entry is not None else 0
         if cached_number != current.number:
-            return False  # decided on an outdated view
+            return 0  # decided on an outdated view
         run_lease = self._ensure_run_lease()
         tx = self._client.transactions
         guard = (tx.mod(self._keys.round) == entry.mod_revision if entry is not None
@@ -196,8 +207,14 @@ class Membership:
         else:
             alive = []
             if not self._all_registered(participants):
-                return False
-        new_round = RoundRecord(current.number + 1, participants, run_lease)
+                return 0
+        # A round record that vanished (its lease expired) restarts at 0; numbering goes on
+        # past every participant's after_round so that the round admits them at once.
+        with self._view_lock:
+            records = self._view.records
+            floor = max((records[n].after_round for n in participants if n in records),
+                        default=0)
+        new_round = RoundRecord(max(current.number, floor) + 1, participants, run_lease)
         old_store = self._keys.store(current.number)
         try:
             ok, _ = self._client.transaction(
@@ -211,8 +228,8 @@ class Membership:
         except grpc.RpcError as error:
             log.warning("round write failed round=%d error=%s", new_round.number, error.details())
             self._run_lease = 0
-            return False
-        return bool(ok)
+            return 0
+        return new_round.number if ok else 0
 
     def _all_registered(self, participants: tuple[str, ...]) -> bool:
         """One keys-only read: every participant still has its node key (for rounds too large

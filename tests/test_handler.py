@@ -341,3 +341,41 @@ def test_a_round_larger_than_etcds_transaction_limit_forms(make_handler) -> None
     infos = [joiner.result(timeout=60) for joiner in joiners]
     assert sorted(info.rank for info in infos) == list(range(size))
     assert {info.world_size for info in infos} == {size}
+
+
+def test_a_spare_keeps_the_run_alive_after_every_member_left(make_handler, etcd, run_id) -> None:
+    # Members gone longer than close_timeout while a spare waits for MIN: the round record
+    # must survive (the spare keeps the run lease), and the next round admits the spare.
+    a, b, spare = (make_handler(2, 2, close_timeout=2, last_call_timeout=0.2)
+                   for _ in range(3))
+    join_all([a, b])
+    waiting = Joiner(spare)
+    time.sleep(0.5)
+    a.leave("test")
+    b.leave("test")
+    time.sleep(4)  # two close_timeouts
+    client = raw_client(etcd)
+    try:
+        value, _ = client.get(f"/kfp-elastic/{run_id}/rdzv/round")
+        assert value is not None and json.loads(value)["round"] >= 1
+    finally:
+        client.close()
+    newcomer = make_handler(2, 2, close_timeout=2, last_call_timeout=0.2)
+    joining = Joiner(newcomer)
+    infos = [waiting.result(), joining.result()]
+    assert sorted(i.rank for i in infos) == [0, 1]
+
+
+def test_a_vanished_round_record_restarts_numbering_past_every_waiter(make_handler, etcd,
+                                                                       run_id) -> None:
+    a = make_handler(1, 1)
+    for _ in range(3):  # rounds 1..3
+        Joiner(a).result()
+    client = raw_client(etcd)
+    try:
+        client.delete(f"/kfp-elastic/{run_id}/rdzv/round")  # as if its lease had expired
+    finally:
+        client.close()
+    Joiner(a).result()
+    _, current = a._membership.view()
+    assert current.number == 4  # at once past after_round=3, not rounds 1, 2, 3 again
