@@ -34,11 +34,13 @@ disrupt     3 nodes (--nnodes=2:3) train with --snapshot-every K (5) and --step-
             worker's "restored rank=0 world=2 step=S" log line). Goals: SIGKILL <= K,
             SIGTERM = 0. The victim's rank cycles 0, 1, 2 over the repeats (rank 0 writes the
             snapshots) and the trigger step is stratified over the snapshot interval.
-micro       In-process: the synchronous part of a snapshot (what Trainer._commit does on the
-            training thread: state_dict, optimizer state, RNG, then Snapshotter.save's CPU copy
-            and thread start), its background part (torch.save, Progress.commit to etcd), how
-            much 10 training steps slow down while that background part runs (the GIL), and
-            Progress.commit's cost against the number of epochs.
+micro       In-process, on the ``--model`` state: the synchronous part of a snapshot (what
+            Trainer._commit does on the training thread: state_dict, optimizer state, RNG, then
+            Snapshotter.save's copy into the snapshot buffer), its background part (header +
+            CRC32C + write of the snapshot file, Progress.commit to etcd; torch.save of the
+            same state for comparison), how much 10 training steps slow down while that
+            background part runs (the GIL), and Progress.commit's cost against the number of
+            epochs.
 
 --model     the throughput jobs' model: ``digits`` (worker.examples.digits, an MLP whose 2-worker
             step takes ~4 ms: a stress case where fixed per-step costs weigh most) or ``wide``
