@@ -71,7 +71,6 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -82,7 +81,12 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from rendezvous.embedded_etcd import EmbeddedEtcd, free_port  # noqa: E402
-from rendezvous.local_agents import AgentGroup, new_run_id, read_events  # noqa: E402
+from rendezvous.local_agents import (  # noqa: E402
+    AgentGroup,
+    new_run_id,
+    read_events,
+    sigterm_as_interrupt,
+)
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "elastic_runtime.json"
 BASELINE = REPO_ROOT / "benchmarks" / "static_ddp_baseline.py"
@@ -848,21 +852,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown parts {sorted(unknown)}")
     return args
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    def raise_interrupt(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    # Ctrl-C raises KeyboardInterrupt even where SIGINT was inherited as ignored (`cmd &`).
-    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
 
 
 def main(argv: list[str] | None = None) -> int:

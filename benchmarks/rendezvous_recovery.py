@@ -29,14 +29,12 @@ import os
 import platform
 import re
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -52,6 +50,7 @@ from rendezvous.local_agents import (  # noqa: E402
     first_step_with_world,
     new_run_id,
     read_events,
+    sigterm_as_interrupt,
     tiny_ddp_args,
     wait_for_events,
 )
@@ -498,18 +497,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     args.sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
     return args
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    def raise_interrupt(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: list[str] | None = None) -> int:

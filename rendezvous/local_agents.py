@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -359,3 +359,21 @@ def wait_for_events(
 ) -> T:
     """``wait_for`` over the parsed events file: returns the first truthy ``predicate(events)``."""
     return wait_for(lambda: predicate(read_events(path)), timeout, interval, what)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (and Ctrl-C, even where SIGINT was inherited as ignored: ``cmd &``) raise
+    KeyboardInterrupt inside the block, so ``finally`` / ``ExitStack`` clean-ups stop every
+    process a script started."""
+
+    def raise_interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
