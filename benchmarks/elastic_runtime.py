@@ -63,14 +63,12 @@ import os
 import platform
 import random
 import re
-import shutil
 import signal
 import statistics
 import sys
 import tempfile
 import threading
 import time
-import traceback
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -85,7 +83,7 @@ from rendezvous.local_agents import (  # noqa: E402
     AgentGroup,
     new_run_id,
     read_events,
-    sigterm_as_interrupt,
+    run_with_cleanup,
 )
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "elastic_runtime.json"
@@ -861,27 +859,20 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = Path(tempfile.mkdtemp(prefix="runtime-bench-"))
     report: dict[str, Any] = {}
     began = time.time()
-    code = 0
-    with sigterm_as_interrupt(), contextlib.ExitStack() as stack:
-        if not args.keep_logs:
-            stack.callback(shutil.rmtree, work_dir, True)
-        try:
-            etcd = EmbeddedEtcd(data_dir=work_dir / "etcd", log_file=work_dir / "etcd.log")
-            stack.callback(etcd.stop)
-            etcd.start()
-            if "throughput" in args.parts:
-                report["throughput"] = bench_throughput(args, etcd, work_dir, stack)
-            if "disrupt" in args.parts:
-                report["disrupt"] = bench_disrupt(args, etcd, work_dir, stack)
-            if "micro" in args.parts:
-                print("[micro] snapshot and commit costs in-process", flush=True)
-                report["micro"] = bench_micro(args, etcd, work_dir)
-        except KeyboardInterrupt:
-            print("interrupted: cleaning up", file=sys.stderr)
-            code = 130
-        except Exception:  # noqa: BLE001
-            traceback.print_exc()
-            code = 1
+
+    def body(stack: contextlib.ExitStack) -> None:
+        etcd = EmbeddedEtcd(data_dir=work_dir / "etcd", log_file=work_dir / "etcd.log")
+        stack.callback(etcd.stop)
+        etcd.start()
+        if "throughput" in args.parts:
+            report["throughput"] = bench_throughput(args, etcd, work_dir, stack)
+        if "disrupt" in args.parts:
+            report["disrupt"] = bench_disrupt(args, etcd, work_dir, stack)
+        if "micro" in args.parts:
+            print("[micro] snapshot and commit costs in-process", flush=True)
+            report["micro"] = bench_micro(args, etcd, work_dir)
+
+    code = run_with_cleanup(work_dir, args.keep_logs, body)
     summary = summarize(report, args)
     out = {
         "benchmark": "elastic_runtime",

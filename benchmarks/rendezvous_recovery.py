@@ -28,13 +28,11 @@ import json
 import os
 import platform
 import re
-import shutil
 import statistics
 import sys
 import tempfile
 import threading
 import time
-import traceback
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -50,7 +48,7 @@ from rendezvous.local_agents import (  # noqa: E402
     first_step_with_world,
     new_run_id,
     read_events,
-    sigterm_as_interrupt,
+    run_with_cleanup,
     tiny_ddp_args,
     wait_for_events,
 )
@@ -506,22 +504,15 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = Path(tempfile.mkdtemp(prefix="rdzv-bench-"))
     results: dict[str, Any] = {}
     began = time.time()
-    code = 0
-    with sigterm_as_interrupt(), contextlib.ExitStack() as stack:
-        if not args.keep_logs:
-            stack.callback(shutil.rmtree, work_dir, True)
-        try:
-            for name in args.backends:
-                spec = BACKENDS[name]
-                if args.shared_store:
-                    spec = replace(spec, disable_shared_store=False)
-                results[name] = bench_backend(spec, args, work_dir, stack)
-        except KeyboardInterrupt:
-            print("interrupted: cleaning up", file=sys.stderr)
-            code = 130
-        except Exception:  # noqa: BLE001
-            traceback.print_exc()
-            code = 1
+
+    def body(stack: contextlib.ExitStack) -> None:
+        for name in args.backends:
+            spec = BACKENDS[name]
+            if args.shared_store:
+                spec = replace(spec, disable_shared_store=False)
+            results[name] = bench_backend(spec, args, work_dir, stack)
+
+    code = run_with_cleanup(work_dir, args.keep_logs, body)
     ratios = print_table(results, args.sizes)
     report = {
         "benchmark": "rendezvous_recovery",

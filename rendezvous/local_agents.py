@@ -18,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -377,3 +379,22 @@ def sigterm_as_interrupt() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
+
+
+def run_with_cleanup(work_dir: Path, keep_work_dir: bool,
+                     body: Callable[[contextlib.ExitStack], None]) -> int:
+    """Run ``body(stack)`` for a script: whatever it registers on ``stack`` (processes, etcd,
+    and ``work_dir`` unless kept) is cleaned up on return, error, Ctrl-C or SIGTERM. Returns
+    the script's exit code: 0, 130 (interrupted) or 1 (error, traceback printed)."""
+    with sigterm_as_interrupt(), contextlib.ExitStack() as stack:
+        if not keep_work_dir:
+            stack.callback(shutil.rmtree, work_dir, True)
+        try:
+            body(stack)
+        except KeyboardInterrupt:
+            print("interrupted: cleaning up", file=sys.stderr)
+            return 130
+        except Exception:  # noqa: BLE001 - a script reports and still cleans up
+            traceback.print_exc()
+            return 1
+    return 0
