@@ -8,7 +8,7 @@ module's; the optimizer only gets a ``register_step_post_hook`` that appends one
 
 to ``$TIMED_STEPS_FILE`` with a single ``os.write`` (O_APPEND: the processes of a job share the
 file, and a SIGKILLed process has lost nothing it wrote) each time ``optimizer.step()`` returns.
-``S`` is the runtime's global step number: the ``step`` local of ``worker.runner.Trainer.run``
+``S`` is the runtime's global step number: the ``step`` local of ``worker.runner.Trainer._train``
 (the steps done before the one now finishing, + 1), read from the calling frames; set
 ``TIMED_STEP_NUMBERS=0`` to skip that look-up (``S`` is then null). ``benchmarks/
 static_ddp_baseline.py`` writes the same lines, so both sides pay the same few µs per step.
@@ -57,7 +57,7 @@ def _runner_step() -> int | None:
     """The runtime's global step count before the step now finishing (None when not found)."""
     frame = sys._getframe(2)
     while frame is not None:
-        if frame.f_code.co_name == "run" and "step" in frame.f_code.co_varnames:
+        if frame.f_code.co_name in ("run", "_train") and "step" in frame.f_code.co_varnames:
             value = frame.f_locals.get("step")
             if isinstance(value, int):
                 return value

@@ -29,6 +29,7 @@ from .data_plan import epoch_order, shards_for_length
 from .model_def import ModelDef, load_model_def
 from .policy import BatchPolicy, step_shape
 from .progress import INITIAL, Committed, Manifest, Progress, manifest_from_shards
+from .rescue import Rescues, best_holder
 from .snapshot import SnapshotError, Snapshotter
 
 log = logging.getLogger("worker")
@@ -87,6 +88,7 @@ class Trainer:
             client = connect_to(args.etcd)
             self.progress = Progress(client, f"{args.key_prefix.rstrip('/')}/{run_id}")
         self.snapshots = Snapshotter(args.snapshot_dir, args.local_snapshot_dir)
+        self.rescues = Rescues(args.local_snapshot_dir or args.snapshot_dir, run_id)
         self.train_set = model_def.dataset("train")
         self.stop_requested = False
         signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -96,14 +98,20 @@ class Trainer:
             self.progress.base_world_size(base) if self.progress else None)
         self.committed: Committed
         self.committed_revision = 0
+        self.start: tuple[int, int, int] = (0, 0, 0)  # (step, epoch, position) restored
+        self.losses: list[float] = []
         self.model = model_def.model()
         self.optimizer = (model_def.optimizer(self.model.parameters()) if model_def.optimizer
                           else torch.optim.SGD(self.model.parameters(), lr=args.lr))
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self._restore()
         self.ddp = DistributedDataParallel(self.model)
-        self.losses: list[float] = []
         self._pending_losses: list[tuple[float, int]] = []  # (this rank's loss sum, batch)
+        # What a rescue would hold: the last finished step's position, RNG and batch shape.
+        self._finished = self.start
+        self._rng_after_step = torch.get_rng_state()
+        self._interval_shape = (0, 0.0)  # (global batch, lr) of the steps since the commit
+        self._stepping = False  # inside optimizer.step(): parameters half updated
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         self.stop_requested = True
@@ -123,26 +131,52 @@ class Trainer:
         return existing
 
     def _restore(self) -> None:
-        found = self._find_restore_point() if self.rank == 0 else None
-        committed, revision, state = _shared(found)
+        """Restore the newest state any rank has: a survivor's rescue, else the committed one."""
+        committed, revision = _shared(self._committed_head() if self.rank == 0 else None)
+        mine = self.rescues.newest_after(committed.step)
+        steps: list[Any] = [None] * self.world
+        dist.all_gather_object(steps, mine[0] if mine else -1)
+        self.rescues.discard_up_to(committed.step)
+        holder = best_holder(steps, committed.step)
+        if holder is not None:
+            state = _shared(mine[1] if self.rank == holder else None, src=holder)
+            source = f"rescue of rank {holder}"
+        else:
+            committed, revision, state = _shared(
+                self._load_committed(committed, revision) if self.rank == 0 else None)
+            source = f"snapshot {committed.snapshot or '-'}"
         self.committed, self.committed_revision = committed, revision
+        self.start = (committed.step, committed.epoch, committed.position)
         if state is not None:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             torch.set_rng_state(state["rng"])
-        log.info("restored rank=%d world=%d step=%d epoch=%d position=%d snapshot=%s",
-                 self.rank, self.world, committed.step, committed.epoch, committed.position,
-                 committed.snapshot or "-")
+            self.start = (state["step"], state["epoch"], state["position"])
+        log.info("restored rank=%d world=%d step=%d epoch=%d position=%d from=%s",
+                 self.rank, self.world, *self.start, source)
+        if holder is not None:
+            assert state is not None
+            # Persist + commit it like any snapshot (in the background): until that lands the
+            # rescue files stay, so another failure meanwhile finds them again.
+            self.losses = list(state.get("losses", ()))
+            self._commit(*self.start, state.get("global_batch", 0), state.get("lr", 0.0),
+                         complete=self.start[1] >= self.manifest.epochs,
+                         world=state.get("world_size", self.world))
 
-    def _find_restore_point(self) -> tuple[Committed, int, dict | None]:
+    def _committed_head(self) -> tuple[Committed, int]:
         assert self.progress is not None
         committed, revision = self.progress.committed_record()
         if committed is not None:
             fixed = self.progress.reconcile_queues(self.manifest, committed)
             if fixed:
                 log.warning("repaired %d shard queue keys left by an interrupted commit", fixed)
-        if committed is None or not committed.snapshot:
-            return committed or INITIAL, revision, None
+        return committed or INITIAL, revision
+
+    def _load_committed(self, committed: Committed,
+                        revision: int) -> tuple[Committed, int, dict | None]:
+        assert self.progress is not None
+        if not committed.snapshot:
+            return committed, revision, None
         try:
             return committed, revision, self.snapshots.load(committed.snapshot)
         except SnapshotError as error:
@@ -166,19 +200,21 @@ class Trainer:
             "restore the file or delete the run's progress keys to start over")
 
     def _commit(self, step: int, epoch: int, position: int, shape_batch: int, lr: float,
-                complete: bool = False, wait: bool = False) -> None:
+                complete: bool = False, wait: bool = False, world: int = 0) -> None:
+        losses, self.losses = tuple(self.losses), []
         if self.rank != 0:
             return
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "step": step, "epoch": epoch, "position": position, "rng": torch.get_rng_state()}
-        losses, self.losses = tuple(self.losses), []
+        world = world or self.world
 
         def commit(name: str) -> None:
-            new = Committed(step, epoch, position, name, self.world, shape_batch, lr, complete,
+            new = Committed(step, epoch, position, name, world, shape_batch, lr, complete,
                             losses)
             self._commit_with_retry(new)
+            self.rescues.discard_up_to(step)
             log.info("committed step=%d epoch=%d position=%d snapshot=%s world=%d", step, epoch,
-                     position, name, self.world)
+                     position, name, world)
 
         self.snapshots.save(step, state, commit, wait=wait)
 
@@ -209,11 +245,30 @@ class Trainer:
 
     # -- training -----------------------------------------------------------------------------
     def run(self) -> int:
-        step, epoch, position = (self.committed.step, self.committed.epoch,
-                                 self.committed.position)
+        try:
+            stopped = self._train()
+        except Exception:
+            self._write_rescue()
+            raise
+        if stopped:
+            return EXIT_PREEMPTED
+        if self.rank == 0:
+            self.snapshots.wait()
+            if self.args.output:
+                Path(self.args.output).parent.mkdir(parents=True, exist_ok=True)
+                torch.save(self.model.state_dict(), self.args.output)
+        dist.barrier()
+        self.rescues.discard_up_to(self._finished[0])  # the job is complete: none can win
+        return 0
+
+    def _train(self) -> bool:
+        """Train to the end (False) or to an agreed stop on SIGTERM (True)."""
+        step, epoch, position = self.start
         total = self.manifest.num_samples
         # The world is fixed for this process's life: shape and learning rates once.
         shape = step_shape(self.policy, self.world, self.base_world, self.args.batch_size)
+        lr = self.base_lrs[0] * shape.lr_scale
+        self._interval_shape = (shape.global_batch, lr)
         for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             group["lr"] = base_lr * shape.lr_scale
         while epoch < self.manifest.epochs and not self.committed.complete:
@@ -227,28 +282,46 @@ class Trainer:
                 if position >= total:
                     epoch, position = epoch + 1, 0
                     log.info("epoch end rank=%d epoch=%d step=%d", self.rank, epoch - 1, step)
+                self._finished = (step, epoch, position)
+                self._rng_after_step = torch.get_rng_state()
                 done = epoch >= self.manifest.epochs
                 stop = False
                 if done or position == 0 or step % self.args.snapshot_every == 0:
                     stop = self._sync_interval()
-                    self._commit(step, epoch, position, shape.global_batch,
-                                 self.base_lrs[0] * shape.lr_scale,
+                    self._commit(step, epoch, position, shape.global_batch, lr,
                                  complete=done, wait=stop or done)
                 if stop:
                     log.warning("stopping on SIGTERM rank=%d step=%d (snapshot committed)",
                                 self.rank, step)
-                    return EXIT_PREEMPTED
+                    return True
                 if self.args.step_time > 0:
                     time.sleep(max(0.0, self.args.step_time - (time.monotonic() - began)))
                 if position == 0:
                     break  # a new epoch: its own order
-        if self.rank == 0:
-            self.snapshots.wait()
-            if self.args.output:
-                Path(self.args.output).parent.mkdir(parents=True, exist_ok=True)
-                torch.save(self.model.state_dict(), self.args.output)
-        dist.barrier()
-        return 0
+        return False
+
+    def _write_rescue(self) -> None:
+        """Training broke (a peer died, mostly): keep the last finished step for the next
+        world (``worker/rescue.py``), unless it broke halfway through an optimizer step."""
+        step, epoch, position = self._finished
+        if self._stepping:
+            log.error("training failed inside optimizer.step() rank=%d step=%d: no rescue, "
+                      "the next world restores the committed snapshot", self.rank, step + 1)
+            return
+        batch, lr = self._interval_shape
+        # Losses of steps not yet agreed are this rank's estimate of the global-batch mean.
+        pending = [round(total * self.world / max(1, n), 6) for total, n in self._pending_losses]
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "step": step, "epoch": epoch, "position": position,
+                 "rng": self._rng_after_step, "world_size": self.world, "global_batch": batch,
+                 "lr": lr, "losses": [*self.losses, *pending]}
+        try:
+            path = self.rescues.write(step, self.rank, state)
+        except Exception as error:  # noqa: BLE001 - the original failure is what matters
+            log.error("rescue not written rank=%d step=%d error=%r", self.rank, step, error)
+            return
+        log.warning("training broke; rescued rank=%d step=%d epoch=%d position=%d path=%s",
+                    self.rank, step, epoch, position, path)
 
     def _fetch(self, ids: list[int]) -> Any:
         """One batch: a dataset's own batched fetch when it has one, else item by item."""
@@ -293,7 +366,9 @@ class Trainer:
                     loss_sum += loss.item() * (1 if summed else len(part))
                 else:  # no samples left for this rank: still join the gradient allreduce
                     sum(p.sum() * 0 for p in self.ddp.parameters()).backward()
+        self._stepping = True
         self.optimizer.step()
+        self._stepping = False
         self.optimizer.zero_grad(set_to_none=True)
         self._pending_losses.append((loss_sum, len(ids)))
 
