@@ -36,7 +36,7 @@ def elastic_training(
     batch_size: int = 32,
     learning_rate: float = 0.1,
     batch_policy: str = "fixed-global-batch",
-    snapshot_every: int = 10,
+    snapshot_every: int = 0,
     step_time: float = 0.0,
     launcher: str = "auto",
     etcd_endpoint: str = "",

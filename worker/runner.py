@@ -10,6 +10,7 @@ many samples each rank got or on the world size.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import logging
 import os
@@ -30,6 +31,7 @@ from .model_def import ModelDef, load_model_def
 from .policy import BatchPolicy, step_shape
 from .progress import INITIAL, Committed, Manifest, Progress, manifest_from_shards
 from .rescue import Rescues, best_holder
+from .schedule import SnapshotPolicy, next_sync_step, parse_snapshot_every
 from .snapshot import SnapshotError, Snapshotter
 
 log = logging.getLogger("worker")
@@ -49,7 +51,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="world size the policy scales from (default: the first one)")
     parser.add_argument("--shard-size", type=int, default=0, help="samples per shard")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--snapshot-every", type=int, default=10, help="steps between snapshots")
+    parser.add_argument("--snapshot-every", default="auto",
+                        help="steps between snapshots, or auto (0 = auto): as often as "
+                             "--snapshot-overhead allows")
+    parser.add_argument("--snapshot-overhead", type=float, default=0.01,
+                        help="auto: share of training time snapshots may cost")
+    parser.add_argument("--snapshot-max-interval", type=float, default=300.0,
+                        help="auto: seconds between snapshots at most")
     parser.add_argument("--snapshot-dir", default=os.environ.get("KFP_ELASTIC_SNAPSHOT_DIR"),
                         help="persisted snapshots (a PVC in a cluster)")
     parser.add_argument("--local-snapshot-dir", default=None, help="fast node-local copy")
@@ -63,8 +71,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--etcd HOST:PORT (or KFP_ELASTIC_ETCD_ENDPOINT) is required")
     if not args.snapshot_dir:
         parser.error("--snapshot-dir (or KFP_ELASTIC_SNAPSHOT_DIR) is required")
-    if min(args.epochs, args.batch_size, args.snapshot_every) < 1:
-        parser.error("--epochs, --batch-size and --snapshot-every must be >= 1")
+    if min(args.epochs, args.batch_size) < 1:
+        parser.error("--epochs and --batch-size must be >= 1")
+    try:
+        args.snapshot_every = (None if args.snapshot_every.strip() == "0"
+                               else parse_snapshot_every(args.snapshot_every))
+    except ValueError as error:
+        parser.error(str(error))
+    if not 0 < args.snapshot_overhead < 1 or args.snapshot_max_interval <= 0:
+        parser.error("--snapshot-overhead must be in (0, 1) and --snapshot-max-interval > 0")
     BatchPolicy.parse(args.policy)
     return args
 
@@ -89,6 +104,8 @@ class Trainer:
             self.progress = Progress(client, f"{args.key_prefix.rstrip('/')}/{run_id}")
         self.snapshots = Snapshotter(args.snapshot_dir, args.local_snapshot_dir)
         self.rescues = Rescues(args.local_snapshot_dir or args.snapshot_dir, run_id)
+        self.snapshot_policy = SnapshotPolicy(args.snapshot_every, args.snapshot_overhead,
+                                              args.snapshot_max_interval)
         self.train_set = model_def.dataset("train")
         self.stop_requested = False
         signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -271,6 +288,12 @@ class Trainer:
         self._interval_shape = (shape.global_batch, lr)
         for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             group["lr"] = base_lr * shape.lr_scale
+        every = self.snapshot_policy.every
+        sync_at = next_sync_step(step, None, every)
+        synced_at, synced_step, snapshot_step = time.monotonic(), step, step
+        # Seconds per step of the last few sync intervals; the fastest is the estimate, as a
+        # stalled node (or a benchmark's SIGSTOP) must not make the loop look slower.
+        recent: collections.deque[float] = collections.deque(maxlen=8)
         while epoch < self.manifest.epochs and not self.committed.complete:
             order = epoch_order(self.manifest.shards, epoch, self.manifest.seed,
                                 self.manifest.shuffle)
@@ -286,16 +309,28 @@ class Trainer:
                 self._rng_after_step = torch.get_rng_state()
                 done = epoch >= self.manifest.epochs
                 stop = False
-                if done or position == 0 or step % self.args.snapshot_every == 0:
-                    stop = self._sync_interval()
-                    self._commit(step, epoch, position, shape.global_batch, lr,
-                                 complete=done, wait=stop or done)
+                if self.args.step_time > 0:
+                    time.sleep(max(0.0, self.args.step_time - (time.monotonic() - began)))
+                if done or position == 0 or step >= sync_at:
+                    proposal = (0, 0)
+                    if self.rank == 0:  # only rank 0 snapshots: its clock decides
+                        if step > synced_step:
+                            recent.append((time.monotonic() - synced_at) / (step - synced_step))
+                        step_time = min(recent, default=None)
+                        trained_s = (step - snapshot_step) * (step_time or 0.0)
+                        due = self.snapshot_policy.due(step, position == 0, trained_s,
+                                                       self.snapshots.last_cost_s)
+                        proposal = (int(due), next_sync_step(step, step_time, every))
+                    stop, snapshot, sync_at = self._sync(*proposal)
+                    if snapshot or stop or done:
+                        self._commit(step, epoch, position, shape.global_batch, lr,
+                                     complete=done, wait=stop or done)
+                        snapshot_step = step
+                    synced_at, synced_step = time.monotonic(), step
                 if stop:
                     log.warning("stopping on SIGTERM rank=%d step=%d (snapshot committed)",
                                 self.rank, step)
                     return True
-                if self.args.step_time > 0:
-                    time.sleep(max(0.0, self.args.step_time - (time.monotonic() - began)))
                 if position == 0:
                     break  # a new epoch: its own order
         return False
@@ -333,17 +368,18 @@ class Trainer:
             return default_collate(data.__getitems__(ids))
         return self.md.collate([data[i] for i in ids])
 
-    def _sync_interval(self) -> bool:
-        """At a commit step: agree on "stop" (SIGTERM on any rank) and gather the mean loss of
-        each step since the last commit, in one small allreduce instead of one per step."""
-        local = torch.tensor([float(self.stop_requested)]
+    def _sync(self, snapshot: int, next_sync: int) -> tuple[bool, bool, int]:
+        """Agree on "stop" (SIGTERM on any rank), learn rank 0's decisions (snapshot now, the
+        next sync step) and gather the mean loss of each step since the last sync: one small
+        allreduce instead of one per step. Only rank 0 passes non-zero decisions."""
+        local = torch.tensor([float(self.stop_requested), float(snapshot), float(next_sync)]
                              + [loss for loss, _ in self._pending_losses], dtype=torch.float64)
         dist.all_reduce(local)
         counts = [count for _, count in self._pending_losses]
         self.losses.extend(round(float(total) / max(1, n), 6)
-                           for total, n in zip(local[1:].tolist(), counts, strict=True))
+                           for total, n in zip(local[3:].tolist(), counts, strict=True))
         self._pending_losses = []
-        return bool(local[0] > 0)
+        return bool(local[0] > 0), bool(local[1] > 0), int(local[2])
 
     def _train_step(self, ids: list[int], accumulation: int) -> None:
         """One optimizer step over the global batch ``ids``."""

@@ -18,6 +18,7 @@ import os
 import queue
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,10 @@ class Snapshotter:
         self._error: BaseException | None = None
         self._buffer: bytearray | None = None  # reused: one snapshot is in flight at a time
         self._packable = True
+        self._sync_part_s = 0.0
+        # What the last snapshot cost: the training thread's copy (wall) + the writer's CPU.
+        # On a busy node the writer's CPU comes out of training as well.
+        self.last_cost_s: float | None = None
 
     def _dirs(self) -> list[Path]:
         return [d for d in (self.local_dir, self.persist_dir) if d is not None]
@@ -75,6 +80,7 @@ class Snapshotter:
 
         At most one snapshot is in flight: this first waits for the previous one."""
         self.wait()
+        began = time.perf_counter()
         packed: Packed | dict[str, Any] | None = None
         if self._packable:
             try:
@@ -85,6 +91,7 @@ class Snapshotter:
                 self._packable = False
         if packed is None:
             packed = _to_cpu(state)
+        self._sync_part_s = time.perf_counter() - began
         if self._thread is None:  # one long-lived writer: starting threads costs the loop
             self._thread = threading.Thread(target=self._writer, daemon=True,
                                             name="snapshot-writer")
@@ -108,9 +115,11 @@ class Snapshotter:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
         while True:
             step, state, on_persisted = self._queue.get()
+            began = time.thread_time()
             try:
                 self._write(step, state, on_persisted)
             finally:
+                self.last_cost_s = self._sync_part_s + time.thread_time() - began
                 self._idle.set()
 
     def _write(self, step: int, state: Packed | dict[str, Any],

@@ -33,7 +33,7 @@ def elastic_train(
     batch_size: int = 32,
     learning_rate: float = 0.1,
     batch_policy: str = "fixed-global-batch",
-    snapshot_every: int = 10,
+    snapshot_every: int = 0,
     step_time: float = 0.0,
     seed: int = 0,
     launcher: str = "auto",
@@ -72,7 +72,8 @@ def elastic_train(
         min_workers: fewest workers to train with; max_workers: most.
         nproc_per_worker: processes per worker (GPUs per pod).
         batch_policy: fixed-global-batch | linear | sqrt (how a world size change scales).
-        snapshot_every: steps between snapshots (and commits of the data position).
+        snapshot_every: steps between snapshots (and commits of the data position); 0 =
+            auto: as often as 1 % of training time allows.
         step_time: minimum seconds per step (slows a tiny demo down so faults land mid-run).
         launcher: auto | local | kubernetes.
         etcd_endpoint: HOST:PORT[,...]; empty: $KFP_ELASTIC_RDZV_ENDPOINT, else embedded.

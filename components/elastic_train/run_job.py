@@ -52,7 +52,7 @@ class TrainRequest:
     batch_size: int = 32
     learning_rate: float = 0.1
     batch_policy: str = "fixed-global-batch"
-    snapshot_every: int = 10
+    snapshot_every: int = 0  # 0 = auto
     step_time: float = 0.0
     seed: int = 0
     launcher: str = "auto"  # auto: kubernetes inside a pod, local elsewhere
@@ -105,9 +105,12 @@ def validate(request: TrainRequest) -> tuple[Fault, ...]:
     if request.min_workers > request.max_workers:
         raise ValueError(f"min_workers={request.min_workers} is more than "
                          f"max_workers={request.max_workers}")
-    for name in ("nproc_per_worker", "epochs", "batch_size", "snapshot_every"):
+    for name in ("nproc_per_worker", "epochs", "batch_size"):
         if getattr(request, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(request, name)}")
+    if request.snapshot_every < 0:
+        raise ValueError(f"snapshot_every must be >= 1, or 0 for auto; got "
+                         f"{request.snapshot_every}")
     if request.learning_rate <= 0 or request.step_time < 0 or request.max_wait_s <= 0:
         raise ValueError("learning_rate and max_wait_s must be > 0 and step_time >= 0")
     if request.max_failures < 0 or request.worker_gpus < 0:
