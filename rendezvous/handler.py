@@ -116,6 +116,8 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             return 0
         if self._membership.node_lease_lost:
             return 1  # peers declared us dead; restart and re-join
+        if not self._membership.follows_all:
+            return 0  # not a member yet (``_enter_round`` switches to the full view first)
         revision = self._membership.revision
         memo = self._waiting_memo
         if memo is not None and memo[:2] == (revision, current_round.number):
@@ -189,6 +191,8 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         membership = self._membership
         _, latest = membership.view()
         after_round = max(self._round.number if self._round else 0, latest.number)
+        if not membership.is_leader():
+            membership.follow_all(False)  # a waiter follows only what tells it to go on
         membership.publish(waiting=True, after_round=after_round)
         log.info("waiting for round node=%s after_round=%d", self.node_id, after_round)
         deadline = time.monotonic() + config.join_timeout
@@ -206,9 +210,18 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
                 continue
             if is_admitted(status.me, current):
                 return current
+            if status.leader is None:
+                if not membership.try_lead():
+                    membership.wait_for_change(revision, MAX_WAIT_SLICE_S)
+                continue
             now = time.monotonic()
             recheck_at: float | None = None
-            if status.leader == self.node_id:
+            leading = status.leader.node_id == self.node_id
+            if leading:
+                membership.follow_all(True)
+            if leading and membership.waiting_count() < config.min_nodes:
+                clock.observe(False, now)  # decide() would say the same, without O(N) work
+            elif leading:
                 live, current = membership.view()
                 waiting = waiting_nodes(live, current)
                 min_reached_at = clock.observe(len(waiting) >= config.min_nodes, now)
@@ -223,16 +236,18 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
                              decision.reason)
                     continue
                 recheck_at = decision.recheck_at
-            if len(current.participants) >= config.max_nodes and is_full_and_healthy(
-                    membership.view()[0], current, config.max_nodes):
+            if len(current.participants) >= config.max_nodes and (
+                    not membership.follows_all  # the leader watches the round's health
+                    or is_full_and_healthy(membership.view()[0], current, config.max_nodes)):
                 # On the redundancy list: wait for a place as long as the full round runs.
                 deadline = now + config.join_timeout
             if now >= deadline:
                 live, current = membership.view()
+                counts = (f"{len(waiting_nodes(live, current))} waiting, {len(live)} live"
+                          if membership.follows_all else f"leader {status.leader.node_id}")
                 raise RendezvousTimeoutError(
                     f"node {self.node_id}: no round with >= {config.min_nodes} nodes formed "
-                    f"within join_timeout={config.join_timeout}s "
-                    f"({len(waiting_nodes(live, current))} waiting, {len(live)} live)"
+                    f"within join_timeout={config.join_timeout}s ({counts})"
                 )
             slice_end = min(deadline, now + MAX_WAIT_SLICE_S)
             if recheck_at is not None:
@@ -242,6 +257,9 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
     def _enter_round(self, current: RoundRecord) -> RendezvousInfo | None:
         rank = current.rank_of(self.node_id)
         assert rank is not None
+        # A member answers num_nodes_waiting from every node's record: follow them all again
+        # (one read) before the round counts as entered.
+        self._membership.follow_all(True)
         self._round = current
         self._membership.keep_run_lease(current.run_lease)
         store = EtcdStore(self._client, self._keys.store(current.number),

@@ -6,6 +6,7 @@
 | ``{run}/rdzv/nodes/{node_id}``        | JSON node record              | node's lease   |
 | ``{run}/rdzv/round``                  | JSON round record             | run lease      |
 | ``{run}/rdzv/closed``                 | JSON ``{"by": node_id}``      | run lease      |
+| ``{run}/rdzv/leader``                 | JSON leader record            | leader's lease |
 | ``{run}/store/{round}/{key}``         | bytes given by torch          | run lease      |
 
 The run lease is created by the leader of the first round and, once it exists, kept alive by
@@ -45,6 +46,10 @@ class RunKeys:
     @property
     def closed(self) -> str:
         return f"{self.rdzv}closed"
+
+    @property
+    def leader(self) -> str:
+        return f"{self.rdzv}leader"
 
     @property
     def store_root(self) -> str:

@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 
 import grpc
 from pyetcd.client import MultiEndpointEtcd3Client
@@ -20,7 +21,7 @@ from .keys import RunKeys, prefix_range_end
 from .leases import LeaseKeeper, grant
 from .membership_view import MembershipView, Status
 from .probe import PeerProbe, ProbeTarget, ring_successors
-from .round_formation import NodeRecord, RoundRecord
+from .round_formation import LeaderRecord, NodeRecord, RoundRecord, is_admitted
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,12 @@ class Membership:
         self._run_lease = 0
         self.node_lease_lost = False
         self._record = NodeRecord(node_id, 0, waiting=False, after_round=0, addr=addr)
-        self._cache = WatchedPrefix(client, keys.rdzv)
+        # Narrowed (own record + round/leader/closed/run keys) while we wait and do not lead;
+        # everything while we lead or are a member (see ``follow_all``).
+        self._cache = WatchedPrefix(client, keys.rdzv, hidden=keys.nodes,
+                                    shown=keys.node(node_id))
+        self._leader_value = ""  # the leader key's value while we hold it
+        self._ring: list[ProbeTarget] = []  # ring successors, from the last full view
         self._view_lock = threading.Lock()
         self._view = MembershipView(keys)
         self._cache.start()
@@ -65,10 +71,25 @@ class Membership:
     # -- views from the cache -----------------------------------------------------------------
     @property
     def revision(self) -> int:
-        return self._cache.revision
+        """Position of the cache (moves with every change seen; not an etcd revision)."""
+        return self._cache.position
 
     def wait_for_change(self, after_revision: int, timeout: float) -> None:
         self._cache.wait_for_change(after_revision, timeout)
+
+    @property
+    def follows_all(self) -> bool:
+        """Whether the view has every node's record (leader, member) or only ours."""
+        return not self._cache.narrow
+
+    def follow_all(self, everything: bool) -> None:
+        """Follow every node (to lead, or as a member: ``num_nodes_waiting``) or, while
+        waiting without leading, only our record and the round/leader/closed keys: N waiting
+        nodes then cost O(N) watch events in all, not N^2."""
+        if self._cache.narrow == (not everything):
+            return
+        self._cache.set_narrow(not everything)
+        self._probe_dirty.set()
 
     def _synced(self) -> MembershipView:
         """The view brought up to the cache's revision (call with ``_view_lock`` held)."""
@@ -83,7 +104,8 @@ class Membership:
         return view
 
     def view(self) -> tuple[list[NodeRecord], RoundRecord]:
-        """Live nodes and the current round (O(live nodes): for deciders, not for waiters)."""
+        """Live nodes and the current round (O(live nodes): for deciders, not for waiters).
+        Only our own record unless ``follows_all``."""
         with self._view_lock:
             view = self._synced()
             return list(view.records.values()), view.round
@@ -95,12 +117,18 @@ class Membership:
             me = view.records.get(self.node_id)
             if me is not None and me.lease != self._node_lease:
                 me = None  # a record of our previous lease, about to expire
-            return Status(view.revision, view.round, me, view.leader())
+            return Status(view.revision, view.round, me, view.leader)
 
-    def live_version(self) -> int:
-        """Changes whenever a node appears, vanishes or changes lease/probe address."""
+    def waiting_count(self) -> int:
         with self._view_lock:
-            return self._synced().live_version
+            return self._synced().waiting_count()
+
+    def live_version(self) -> tuple[object, ...]:
+        """Changes whenever a node appears, vanishes or changes lease/probe address, or the
+        leader changes, or we start or stop following every node (what probes depend on)."""
+        with self._view_lock:
+            view = self._synced()
+            return view.live_version, view.leader, self.follows_all
 
     def my_record(self) -> NodeRecord | None:
         return self.status().me
@@ -117,6 +145,7 @@ class Membership:
         grant, a transaction and, for all but one of N nodes starting at once, a revoke."""
         if self._node_lease:
             self._keeper.forget(self._node_lease)
+        self._leader_value = ""  # bound to the old lease
         self._node_lease = grant(self._client, self._config.lease_ttl)
         self._keeper.keep(self._node_lease)
         self.node_lease_lost = False
@@ -128,9 +157,8 @@ class Membership:
         if not self._node_lease:
             self.register()
         self._adopt_run_lease()
-        probe = self._probe.address.replace("0.0.0.0", self._addr) if self._probe else ""
-        self._record = NodeRecord(self.node_id, 0, waiting, after_round, self._addr, probe,
-                                  self._node_lease)
+        self._record = NodeRecord(self.node_id, 0, waiting, after_round, self._addr,
+                                  self._probe_address(), self._node_lease)
         try:
             response = self._client.put(self._keys.node(self.node_id), self._record.to_json(),
                                         lease=self._node_lease)
@@ -140,7 +168,49 @@ class Membership:
             self.register()
             self.publish(waiting, after_round)
             return
-        self._cache.wait_for_change(response.header.revision - 1, self._config.request_timeout)
+        self._cache.wait_for_key(self._keys.node(self.node_id), response.header.revision,
+                                 self._config.request_timeout)
+
+    def is_leader(self) -> bool:
+        return bool(self._leader_value)
+
+    def try_lead(self) -> bool:
+        """Create the leader key (bound to our lease) if nobody holds it; wait until the cache
+        shows it. One request per waiting node when a leader is needed: O(N), not a watch of
+        every node by every node."""
+        record = LeaderRecord(self.node_id, self._node_lease, self._probe_address())
+        tx = self._client.transactions
+        # Not if the round we see admits us: the watches of a narrowed cache may show the
+        # leader key deleted before the round that admitted us (same transaction).
+        entry = self._cache.get(self._keys.round)
+        if entry is not None and is_admitted(self._record, RoundRecord.from_json(entry.value)):
+            return False
+        same_round = (tx.mod(self._keys.round) == entry.mod_revision if entry is not None
+                      else tx.version(self._keys.round) == 0)
+        try:
+            won, _ = self._client.transaction(
+                compare=[tx.version(self._keys.leader) == 0, same_round,
+                         tx.version(self._keys.node(self.node_id)) > 0],
+                success=[tx.put(self._keys.leader, record.to_json(), lease=self._node_lease)],
+                failure=[],
+            )
+        except grpc.RpcError as error:
+            if "lease not found" not in str(error.details()):
+                raise
+            return False  # our lease is gone: the caller re-registers
+        if won:
+            self._leader_value = record.to_json()
+            log.info("leading node=%s run=%s", self.node_id, self._config.run_id)
+            deadline = time.monotonic() + self._config.request_timeout
+            while (self.status().leader or LeaderRecord("")).node_id != self.node_id:
+                if time.monotonic() >= deadline:
+                    break
+                self._cache.wait_for_change(self._cache.position,
+                                            deadline - time.monotonic())
+        return bool(won)
+
+    def _probe_address(self) -> str:
+        return self._probe.address.replace("0.0.0.0", self._addr) if self._probe else ""
 
     def _ensure_run_lease(self) -> int:
         entry = self._cache.get(self._keys.run)
@@ -202,6 +272,12 @@ class Membership:
         tx = self._client.transactions
         guard = (tx.mod(self._keys.round) == entry.mod_revision if entry is not None
                  else tx.version(self._keys.round) == 0)
+        if not self._leader_value:
+            return 0
+        # Only the holder of the leader key writes; a leader admitted by its own round hands
+        # the key on (the waiting nodes left, spares, race for it).
+        leads = tx.value(self._keys.leader) == self._leader_value
+        hand_on = ([tx.delete(self._keys.leader)] if self.node_id in participants else [])
         if len(participants) <= MAX_ALIVE_COMPARES:
             alive = [tx.version(self._keys.node(n)) > 0 for n in participants]
         else:
@@ -219,16 +295,19 @@ class Membership:
         try:
             ok, _ = self._client.transaction(
                 failure=[],
-                compare=[guard, *alive],
+                compare=[guard, leads, *alive],
                 success=[
                     tx.put(self._keys.round, new_round.to_json(), lease=run_lease),
                     tx.delete(old_store, range_end=prefix_range_end(old_store)),
+                    *hand_on,
                 ],
             )
         except grpc.RpcError as error:
             log.warning("round write failed round=%d error=%s", new_round.number, error.details())
             self._run_lease = 0
             return 0
+        if ok and hand_on:
+            self._leader_value = ""
         return new_round.number if ok else 0
 
     def _all_registered(self, participants: tuple[str, ...]) -> bool:
@@ -263,7 +342,7 @@ class Membership:
 
     # -- probes -------------------------------------------------------------------------------
     def _probe_loop(self) -> None:
-        seen = -1
+        seen: tuple[object, ...] | None = None
         while self._probe_dirty.wait() and not self._left:
             # Coalesce a burst (N nodes registering at once) into one update, and skip
             # changes that do not move the ring (records flipping "waiting").
@@ -281,13 +360,23 @@ class Membership:
     def _update_probes(self) -> None:
         if self._probe is None or self._left:
             return
-        live, _ = self.view()
-        order = [n.node_id for n in sorted(live, key=lambda n: n.create_revision)]
-        by_id = {n.node_id: n for n in live}
-        targets = [ProbeTarget(n, by_id[n].probe, by_id[n].lease)
-                   for n in ring_successors(order, self.node_id, self._config.probe_fanout)
-                   if by_id[n].probe and by_id[n].lease]
-        self._probe.watch(targets)
+        with self._view_lock:
+            view = self._synced()
+            live, leader = list(view.records.values()), view.leader
+        if self.follows_all:
+            order = [n.node_id for n in sorted(live, key=lambda n: n.create_revision)]
+            by_id = {n.node_id: n for n in live}
+            self._ring = [ProbeTarget(n, by_id[n].probe, by_id[n].lease)
+                          for n in ring_successors(order, self.node_id,
+                                                   self._config.probe_fanout)
+                          if by_id[n].probe and by_id[n].lease]
+        # Waiting without the full view: keep the last ring and probe the leader, so that a
+        # dead leader is replaced at once (a dead waiter is found by the leader's ring, by
+        # the members of the round it gets into, or by its lease).
+        targets = {t.node_id: t for t in self._ring}
+        if not self.follows_all and leader and leader.node_id != self.node_id and leader.probe:
+            targets[leader.node_id] = ProbeTarget(leader.node_id, leader.probe, leader.lease)
+        self._probe.watch(list(targets.values()))
 
     def _on_peer_dead(self, target: ProbeTarget) -> None:
         try:

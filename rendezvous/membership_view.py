@@ -3,8 +3,9 @@
 Each of N agents sees every one of N registrations; re-parsing and re-sorting all N records at
 each of them made forming a round O(N^2) per agent (128 agents on 2 cores did not form in
 60 s). This view applies only the keys that changed and keeps the waiting nodes ordered by
-registration, so a waiter's look at "am I admitted, who leads" is O(1) per change. No I/O: it
-is fed by ``WatchedPrefix.changes_since`` / ``snapshot``.
+registration, so the leader's "are MIN nodes waiting" is O(1) per change. A waiting node that
+does not lead sees only its own record and the round, leader and closed keys (a narrowed
+``WatchedPrefix``). No I/O: it is fed by ``WatchedPrefix.changes_since`` / ``snapshot``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .keys import RunKeys
-from .round_formation import NO_ROUND, NodeRecord, RoundRecord, is_waiting
+from .round_formation import NO_ROUND, LeaderRecord, NodeRecord, RoundRecord, is_waiting
 
 
 class Entry(Protocol):
@@ -29,7 +30,7 @@ class Status:
     revision: int
     round: RoundRecord
     me: NodeRecord | None
-    leader: str | None
+    leader: LeaderRecord | None
 
 
 class MembershipView:
@@ -38,17 +39,19 @@ class MembershipView:
         self.revision = -1
         self.round = NO_ROUND
         self.records: dict[str, NodeRecord] = {}
+        self.leader: LeaderRecord | None = None
         # (create_revision, node_id) of waiting nodes (is_waiting under self.round), sorted.
         self._waiting: list[tuple[int, str]] = []
         self.live_version = 0
 
-    def leader(self) -> str | None:
-        """The earliest-registered waiting node (``round_formation.leader_of``), in O(1)."""
-        return self._waiting[0][1] if self._waiting else None
+    def waiting_count(self) -> int:
+        """Nodes waiting (``round_formation.waiting_nodes``) among the records seen, in O(1)."""
+        return len(self._waiting)
 
     def reset(self, revision: int, entries: Mapping[str, Entry]) -> None:
         self.records = {}
         self.round = NO_ROUND
+        self.leader = None
         for key, entry in entries.items():
             self._apply_one(key, entry)
         self.live_version += 1
@@ -71,6 +74,12 @@ class MembershipView:
             else:
                 with contextlib.suppress(ValueError, KeyError):
                     self.round = RoundRecord.from_json(entry.value)
+            return
+        if key == self._keys.leader:
+            self.leader = None
+            if entry is not None:
+                with contextlib.suppress(ValueError, KeyError):
+                    self.leader = LeaderRecord.from_json(entry.value)
             return
         if not key.startswith(self._keys.nodes):
             return

@@ -66,6 +66,24 @@ class RoundRecord:
 NO_ROUND = RoundRecord(number=0, participants=())
 
 
+@dataclass(frozen=True)
+class LeaderRecord:
+    """The waiting node that decides (it created the leader key, bound to its lease)."""
+
+    node_id: str
+    lease: int = 0
+    probe: str = ""  # waiting nodes probe the leader: a dead one is replaced at once
+
+    def to_json(self) -> str:
+        return json.dumps({"node": self.node_id, "lease": self.lease, "probe": self.probe})
+
+    @classmethod
+    def from_json(cls, text: bytes | str) -> LeaderRecord:
+        data = json.loads(text)
+        return cls(node_id=str(data["node"]), lease=int(data.get("lease", 0)),
+                   probe=str(data.get("probe", "")))
+
+
 def is_admitted(node: NodeRecord, current: RoundRecord) -> bool:
     return current.number > node.after_round and node.node_id in current.participants
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from rendezvous.keys import RunKeys
 from rendezvous.membership_view import MembershipView
-from rendezvous.round_formation import NodeRecord, RoundRecord, leader_of
+from rendezvous.round_formation import LeaderRecord, NodeRecord, RoundRecord, waiting_nodes
 
 KEYS = RunKeys("/p/run")
 
@@ -59,8 +59,8 @@ def test_random_change_sequences_match_a_fresh_view() -> None:
             fresh = MembershipView(KEYS)
             fresh.reset(revision, entries)
             assert view.records == fresh.records and view.round == fresh.round
-            assert view.leader() == fresh.leader() == leader_of(fresh.records.values(),
-                                                                fresh.round)
+            assert view.waiting_count() == fresh.waiting_count() == len(
+                waiting_nodes(fresh.records.values(), fresh.round))
 
 
 def test_live_version_moves_on_ring_changes_only() -> None:
@@ -77,3 +77,14 @@ def test_live_version_moves_on_ring_changes_only() -> None:
     assert relet != joined  # a new lease: probes must revoke the new one
     view.apply(5, {KEYS.node("a"): None})
     assert view.live_version != relet
+
+
+def test_the_leader_comes_from_the_leader_key() -> None:
+    view = MembershipView(KEYS)
+    view.reset(1, {KEYS.node("a"): node_entry("a", 2, waiting=True, after_round=0)})
+    assert view.leader is None  # no earliest-node rule: only the key says who leads
+    leader = LeaderRecord("b", lease=7, probe="127.0.0.1:9")
+    view.apply(2, {KEYS.leader: FakeEntry(leader.to_json().encode(), 2)})
+    assert view.leader == leader
+    view.apply(3, {KEYS.leader: None})
+    assert view.leader is None
