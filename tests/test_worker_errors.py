@@ -84,3 +84,14 @@ def test_corrupt_snapshot_without_fallback_stops_and_keeps_state(etcd, run_id: s
     assert "no older one is readable; nothing was overwritten" in result.stderr
     assert progress.committed_record() == before
     assert (tmp_path / "snap" / "snapshot-000000002.pt").read_bytes().startswith(b"garbage")
+
+
+def test_bad_snapshot_schedule_is_named_before_anything_starts(tmp_path: Path) -> None:
+    for bad, reason in ((["--snapshot-every", "often"], "--snapshot-every must be a number"),
+                        (["--snapshot-every", "-2"], "--snapshot-every must be >= 1 or 'auto'"),
+                        (["--snapshot-overhead", "1.5"], "--snapshot-overhead must be in (0, 1)")):
+        result = subprocess.run(
+            [sys.executable, "-m", "worker", "--model-def", "tests.model_defs.counting",
+             "--snapshot-dir", str(tmp_path), "--etcd", "127.0.0.1:1", *bad],
+            capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert result.returncode == 2 and reason in result.stderr, result.stderr
