@@ -41,6 +41,7 @@ class TimelineStats:
     lost_steps: int = 0
     max_commit_gap: int = 0
     last_commit_t: float | None = None
+    unconfirmed_lost: int = 0  # estimated at rounds since the last commit
     commits: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256))
 
     @property
@@ -57,7 +58,7 @@ class TimelineStats:
         if kind == "round_formed":
             self._round(int(event.get("round", 0)), t, int(event.get("world_size", 0)))
         elif kind == "committed":
-            self._commit(int(event.get("step", 0)), t)
+            self._commit(int(event.get("step", 0)), t, bool(event.get("rescued", False)))
 
     def _round(self, number: int, t: float, world_size: int) -> None:
         # Rounds formed while no master watched show as a jump of the round number; a smaller
@@ -71,9 +72,13 @@ class TimelineStats:
             if self.max_commit_gap:
                 lost = min(lost, self.max_commit_gap)
             self.lost_steps += lost
+            self.unconfirmed_lost += lost
         self.last_round, self.last_round_t, self.world_size = number, t, world_size
 
-    def _commit(self, step: int, t: float) -> None:
+    def _commit(self, step: int, t: float, rescued: bool = False) -> None:
+        if rescued:  # survivors kept what they had trained: the rounds' estimate did not happen
+            self.lost_steps -= self.unconfirmed_lost
+        self.unconfirmed_lost = 0
         if self.commits:
             previous = self.commits[-1][1]
             if step < previous:

@@ -126,7 +126,7 @@ class Observer:
         self._append("committed", step=committed.step, epoch=committed.epoch,
                      position=committed.position, world_size=committed.world_size,
                      losses=list(committed.losses), complete=committed.complete,
-                     snapshot=committed.snapshot,
+                     snapshot=committed.snapshot, rescued=committed.rescued,
                      global_batch=getattr(committed, "global_batch", None),
                      lr=getattr(committed, "lr", None))  # fmt: skip
         manifest = self.load_manifest()

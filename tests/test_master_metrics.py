@@ -37,6 +37,17 @@ def test_lost_steps_after_a_round_change_are_estimated_and_capped() -> None:
     assert stats.lost_steps == 2 + 4
 
 
+def test_a_rescued_commit_after_a_round_change_takes_the_estimate_back() -> None:
+    events = [round_formed(0, 1), commit(4, 4), commit(8, 8), commit(12, 12), round_formed(14, 2),
+              round_formed(15, 3)]
+    stats = TimelineStats().add_all(events)
+    assert stats.lost_steps == 3
+    stats.add({**commit(16, 14), "rescued": True})  # survivors kept steps 13 and 14
+    assert stats.lost_steps == 0 and stats.steps_total == 14
+    stats.add_all([commit(20, 18), round_formed(22, 4), commit(24, 18)])  # a plain restore
+    assert stats.lost_steps == 1  # 2 s at 0.875 steps/s: the estimate stands
+
+
 def test_a_committed_step_going_backwards_counts_the_difference() -> None:
     stats = TimelineStats().add_all([commit(1, 10), commit(2, 20), commit(3, 15), commit(4, 16)])
     assert stats.lost_steps == 5 and stats.steps_total == 16

@@ -68,6 +68,7 @@ class Committed:
     lr: float = 0.0
     complete: bool = False
     losses: tuple[float, ...] = field(default=())  # mean loss of the steps since last commit
+    rescued: bool = False  # the state a survivor saved when its world broke (worker/rescue.py)
 
     def to_json(self) -> str:
         data = asdict(self)

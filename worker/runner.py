@@ -134,7 +134,7 @@ class Trainer:
             self.losses = list(state.get("losses", ()))
             self._commit(*self.start, state.get("global_batch", 0), state.get("lr", 0.0),
                          complete=self.start[1] >= self.manifest.epochs,
-                         world=state.get("world_size", self.world))
+                         world=state.get("world_size", self.world), rescued=True)
 
     def _committed_head(self) -> tuple[Committed, int]:
         assert self.progress is not None
@@ -173,7 +173,8 @@ class Trainer:
             "restore the file or delete the run's progress keys to start over")
 
     def _commit(self, step: int, epoch: int, position: int, shape_batch: int, lr: float,
-                complete: bool = False, wait: bool = False, world: int = 0) -> None:
+                complete: bool = False, wait: bool = False, world: int = 0,
+                rescued: bool = False) -> None:
         losses, self.losses = tuple(self.losses), []
         if self.rank != 0:
             return
@@ -183,7 +184,7 @@ class Trainer:
 
         def commit(name: str) -> None:
             new = Committed(step, epoch, position, name, world, shape_batch, lr, complete,
-                            losses)
+                            losses, rescued)
             self._commit_with_retry(new)
             self.rescues.discard_up_to(step)
             log.info("committed step=%d epoch=%d position=%d snapshot=%s world=%d", step, epoch,
