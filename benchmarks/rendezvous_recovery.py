@@ -27,14 +27,10 @@ import contextlib
 import json
 import os
 import platform
-import re
-import statistics
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,332 +38,26 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from rendezvous.embedded_etcd import EmbeddedEtcd, free_port  # noqa: E402
-from rendezvous.local_agents import (  # noqa: E402
-    AgentGroup,
-    first_step_with_world,
-    new_run_id,
-    read_events,
-    run_with_cleanup,
-    tiny_ddp_args,
-    wait_for_events,
+# The parts live in modules beside this script, imported by their package path like
+# benchmarks.form_processes, so that each is loaded once under one name.
+from benchmarks.rendezvous_recovery_common import (  # noqa: E402
+    BACKENDS,
+    Backend,
+    BackendSpec,
+    check_available,
+    summarize,
 )
+from benchmarks.rendezvous_recovery_form import (  # noqa: E402
+    form_round,
+    form_round_in_processes,
+)
+from benchmarks.rendezvous_recovery_kill_join import SETTLE_S, run_agents_scenario  # noqa: E402
+from rendezvous.local_agents import run_with_cleanup  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "rendezvous_recovery.json"
-SETUP_TIMEOUT_S = 120.0  # to reach the starting world before the measured event
-SETTLE_S = 1.0  # train this long in the starting world before the event
-
-
-@dataclass(frozen=True)
-class BackendSpec:
-    name: str
-    etcd: str | None  # None, "v3" or "v2": which embedded etcd the backend needs
-    disable_shared_store: bool  # set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for the agents
-    note: str = ""
-
-
-BACKENDS: dict[str, BackendSpec] = {
-    "elastic-etcd": BackendSpec("elastic-etcd", "v3", False, "this project's etcd-v3 backend"),
-    "c10d": BackendSpec(
-        "c10d",
-        None,
-        True,
-        "first agent hosts the TCPStore (is_host=1; killing it kills the job, so never the "
-        "victim); TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, without it a new round's workers time "
-        "out on the shared store; dead peers are dropped after 3 missed 5 s heartbeats",
-    ),
-    "etcd-v2": BackendSpec(
-        "etcd-v2",
-        "v2",
-        True,
-        "torch's etcd-v2 backend on etcd 3.5 --enable-v2 (v2 API removed in etcd 3.6)",
-    ),
-}
-
-
-@dataclass
-class Run:
-    scenario: str
-    run_id: str
-    recovered: bool = False
-    seconds: float | None = None  # event -> first step of the target world
-    worker_start_s: float | None = None  # event -> first worker "start" in the target world
-    restart_counts: list[int] = field(default_factory=list)  # TORCHELASTIC_RESTART_COUNT after
-    victim_group_rank: int | None = None
-    event_t: float | None = None  # time.time() of the kill or the launch
-    # From the agents' logs (LOGLEVEL=INFO), seconds after the event, best effort:
-    worker_failed_s: float | None = None  # first surviving worker reported failed
-    rendezvous_done_s: float | None = None  # first "Rendezvous complete" of the new round
-    error: str | None = None
-    elapsed_s: float | None = None  # form: from the start until all returned, failed or not
-    logs: str | None = None  # agent log tails, only for runs that failed
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-_LOG_TIME = re.compile(r"^[IWE](\d{4} \d\d:\d\d:\d\d\.\d+) ")
-
-
-def log_times(text: str, needle: str, year: int) -> list[float]:
-    """time.time() values of torchrun log lines ("I1121 12:56:26.440000 ...") containing needle."""
-    found = []
-    for line in text.splitlines():
-        match = _LOG_TIME.match(line)
-        if match and needle in line:
-            stamp = datetime.strptime(f"{year}{match.group(1)}", "%Y%m%d %H:%M:%S.%f")
-            found.append(stamp.timestamp())
-    return found
-
-
-def first_after(times: list[float], after: float) -> float | None:
-    later = [t - after for t in times if t > after]
-    return round(min(later), 3) if later else None
-
-
-def median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def summarize(runs: list[Run], cap: float) -> dict[str, Any]:
-    seconds = [r.seconds for r in runs if r.recovered and r.seconds is not None]
-    return {
-        "median_s": median(seconds),
-        "min_s": min(seconds) if seconds else None,
-        "max_s": max(seconds) if seconds else None,
-        "recovered": len(seconds),
-        "runs": len(runs),
-        "cap_s": cap,
-        "details": [asdict(r) for r in runs],
-    }
-
-
-class Backend:
-    """A backend with what it needs running (an embedded etcd, or nothing for c10d)."""
-
-    def __init__(
-        self,
-        spec: BackendSpec,
-        stack: contextlib.ExitStack,
-        work_dir: Path,
-        extra_conf: dict[str, str] | None = None,
-    ) -> None:
-        self.spec = spec
-        self.extra_conf: dict[str, str] = dict(extra_conf or {})
-        self.etcd: EmbeddedEtcd | None = None
-        if spec.etcd:
-            self.etcd = EmbeddedEtcd(
-                enable_v2=spec.etcd == "v2",
-                data_dir=work_dir / f"etcd-{spec.name}",
-                log_file=work_dir / f"etcd-{spec.name}.log",
-            )
-            stack.callback(self.etcd.stop)
-            self.etcd.start()
-
-    def endpoint(self) -> str:
-        """The endpoint for a new run (c10d: a fresh port, hosted by the first agent)."""
-        return self.etcd.endpoint if self.etcd else f"127.0.0.1:{free_port()}"
-
-    def agent_conf(self, index: int, last_call_timeout: int) -> dict[str, object]:
-        conf: dict[str, object] = {"last_call_timeout": last_call_timeout}
-        if self.spec.name == "c10d":
-            conf["is_host"] = 1 if index == 0 else 0
-        return {**conf, **self.extra_conf}
-
-    def handler_conf(self, index: int, timeout: float) -> dict[str, object]:
-        conf: dict[str, object] = {"join_timeout": int(timeout)}
-        if self.spec.name == "c10d":
-            conf["is_host"] = index == 0
-        return {**conf, **self.extra_conf}
-
-
-# --------------------------------------------------------------------------- kill / join
-
-
-def run_agents_scenario(
-    backend: Backend, scenario: str, args: argparse.Namespace, work_dir: Path
-) -> Run:
-    run_id = new_run_id(f"{scenario}-{backend.spec.name}")
-    run = Run(scenario=scenario, run_id=run_id)
-    run_dir = work_dir / run_id
-    events = run_dir / "events.jsonl"
-    endpoint = backend.endpoint()
-    group = AgentGroup(run_dir / "logs")
-
-    def start(index: int) -> Any:
-        return group.start(
-            name=f"node{index}",
-            backend=backend.spec.name,
-            endpoint=endpoint,
-            run_id=run_id,
-            nnodes="2:3",
-            max_restarts=10,
-            monitor_interval=0.2,
-            rdzv_conf=backend.agent_conf(index, args.last_call_timeout),
-            disable_shared_store=backend.spec.disable_shared_store,
-            env={"LOGLEVEL": "INFO"},  # torchrun's rendezvous/restart lines, for the logs
-            script_args=tiny_ddp_args(events, step_time=args.step_time, state_dir=run_dir),
-        )
-
-    with group:
-        try:
-            first_world = 3 if scenario == "kill" else 2
-            target_world = 5 - first_world
-            for index in range(first_world):
-                start(index)
-            wait_for_events(
-                events,
-                lambda evs: first_step_with_world(evs, first_world),
-                SETUP_TIMEOUT_S,
-                what=f"a step of the {first_world}-node world",
-            )
-            time.sleep(SETTLE_S)
-            if scenario == "kill":
-                victim = group.agents[2]  # never node0: the c10d store host
-                pids = victim.tree_pids()
-                ranks = [e for e in read_events(events) if e["pid"] in pids]
-                run.victim_group_rank = ranks[-1]["group_rank"] if ranks else None
-                event_t = victim.sigkill_tree()
-            else:
-                event_t = start(2).started_at or time.time()
-            try:
-                step = wait_for_events(
-                    events,
-                    lambda evs: first_step_with_world(evs, target_world, after_t=event_t),
-                    args.cap,
-                    what=f"a step of the {target_world}-node world",
-                )
-                run.recovered = True
-                run.seconds = round(step["t"] - event_t, 3)
-            except TimeoutError as error:
-                run.error = str(error)
-            run.event_t = event_t
-            year = time.localtime(event_t).tm_year
-            logs = "\n".join(a.log_text() for a in group.agents if a.alive())
-            run.worker_failed_s = first_after(log_times(logs, "failed (exitcode", year), event_t)
-            run.rendezvous_done_s = first_after(
-                log_times(logs, "Rendezvous complete", year), event_t
-            )
-            after = [e for e in read_events(events) if e["t"] > event_t]
-            starts = [e["t"] for e in after if e["event"] == "start"]
-            run.worker_start_s = round(min(starts) - event_t, 3) if starts else None
-            run.restart_counts = sorted(
-                {
-                    e["restart_count"]
-                    for e in after
-                    if e["event"] == "step" and e["world_size"] == target_world
-                }
-            )
-        except Exception as error:  # noqa: BLE001 - one failed run must not end the benchmark
-            run.error = f"{type(error).__name__}: {error}"
-        if not run.recovered:
-            run.logs = group.logs(tail=15)
-    return run
-
-
-# --------------------------------------------------------------------------- round formation
-
-
-def form_round(backend: Backend, size: int, timeout: float) -> Run:
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
-    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
-
-    run_id = new_run_id(f"form{size}-{backend.spec.name}")
-    run = Run(scenario=f"form{size}", run_id=run_id)
-    endpoint = backend.endpoint()
-    if backend.spec.disable_shared_store:  # as for the agents: rank 0 hosts no extra TCPStore
-        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    else:
-        os.environ.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
-    handlers: list[Any] = []
-    results: dict[int, tuple[float, Any]] = {}
-    errors: list[str] = []
-    barrier = threading.Barrier(size + 1)
-    started: list[float] = []
-
-    def join(index: int) -> None:
-        barrier.wait()
-        try:
-            info = handlers[index].next_rendezvous()
-            results[index] = (time.monotonic(), info)
-        except Exception as error:  # noqa: BLE001
-            errors.append(f"{type(error).__name__}: {error}")
-
-    try:
-        for index in range(size):
-            params = RendezvousParameters(
-                backend=backend.spec.name,
-                endpoint=endpoint,
-                run_id=run_id,
-                min_nodes=size,
-                max_nodes=size,
-                **backend.handler_conf(index, timeout),
-            )
-            handlers.append(get_rendezvous_handler(params))
-        threads = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(size)]
-        for thread in threads:
-            thread.start()
-        started.append(time.monotonic())
-        barrier.wait()
-        deadline = time.monotonic() + timeout + 5
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        run.elapsed_s = round(time.monotonic() - started[0], 3)
-        if len(results) == size:
-            ranks = sorted(_rank(info) for _, info in results.values())
-            if ranks != list(range(size)):
-                run.error = f"ranks {ranks} are not 0..{size - 1}"
-            else:
-                run.recovered = True
-                run.seconds = round(max(t for t, _ in results.values()) - started[0], 3)
-        else:
-            run.error = (
-                f"{len(results)}/{size} joined after {run.elapsed_s} s;"
-                f" errors: {sorted(set(errors))[:3]}"
-            )
-    except Exception as error:  # noqa: BLE001
-        run.error = f"{type(error).__name__}: {error}"
-    finally:
-        for handler in handlers:
-            with contextlib.suppress(Exception):
-                handler.shutdown()
-    return run
-
-
-def form_round_in_processes(backend: Backend, size: int, timeout: float,
-                            processes: int) -> Run:
-    from benchmarks.form_processes import form_round_processes
-
-    run_id = new_run_id(f"form{size}-{backend.spec.name}")
-    run = Run(scenario=f"form{size}", run_id=run_id)
-    seconds, error = form_round_processes(
-        backend.spec.name, backend.endpoint(), run_id, size,
-        {i: backend.handler_conf(i, timeout) for i in range(size)}, processes, timeout,
-        backend.spec.disable_shared_store)
-    run.recovered, run.seconds, run.error = seconds is not None, seconds, error
-    return run
-
-
-def _rank(info: Any) -> int:
-    return info.rank if hasattr(info, "rank") else info[1]  # RendezvousInfo or an old tuple
 
 
 # --------------------------------------------------------------------------- main
-
-
-def check_available(name: str) -> str | None:
-    """Why the backend cannot run here, or None."""
-    if name == "elastic-etcd":
-        try:
-            from rendezvous.plugin import entry_point  # noqa: F401
-        except Exception as error:  # noqa: BLE001
-            return f"rendezvous.plugin not importable: {type(error).__name__}: {error}"
-    if name == "etcd-v2":
-        try:
-            import etcd  # type: ignore[import-untyped]  # noqa: F401
-        except ImportError:
-            return "python-etcd (module `etcd`) is not installed: pip install python-etcd"
-    return None
 
 
 def bench_backend(
