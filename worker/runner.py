@@ -1,10 +1,11 @@
 """The elastic training loop behind ``torchrun ... -m worker --model-def pkg.module``.
 
-Every (re)start restores the committed snapshot (model, optimizer, data position, RNG), so a
-membership change rolls model and data back together and every sample of every epoch reaches
-the final model exactly once. Steps take the next global batch of the epoch's fixed order,
-dealt to ranks round-robin; the loss is weighted so that the gradient does not depend on how
-many samples each rank got or on the world size.
+Every (re)start restores a whole state (model, optimizer, data position, RNG): the newest
+survivor's rescue (``rescue.py``) or else the committed snapshot, so a membership change moves
+model and data together and every sample of every epoch reaches the final model exactly once.
+When ranks sync and rank 0 snapshots is ``schedule.py``'s decision. Steps take the next global
+batch of the epoch's fixed order, dealt to ranks round-robin; the loss is weighted so that the
+gradient does not depend on how many samples each rank got or on the world size.
 """
 
 from __future__ import annotations
