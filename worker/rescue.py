@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from . import snapshot_format
+from .snapshot import read_state
 from .snapshot_format import CorruptSnapshot, NotPackable
 
 log = logging.getLogger(__name__)
@@ -87,9 +88,7 @@ class Rescues:
             if found.step <= committed_step:
                 break
             try:
-                state = (snapshot_format.load(found.path)
-                         if snapshot_format.is_packed_file(found.path)
-                         else torch.load(found.path, map_location="cpu", weights_only=True))
+                state = read_state(found.path)
             except (CorruptSnapshot, OSError, RuntimeError, ValueError) as error:
                 log.warning("unreadable rescue path=%s error=%s", found.path, error)
                 continue

@@ -42,6 +42,13 @@ def snapshot_name(step: int) -> str:
     return f"snapshot-{step:09d}.pt"
 
 
+def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A snapshot file's state: our format, or (older files, fallbacks) ``torch.save``."""
+    if snapshot_format.is_packed_file(path):
+        return snapshot_format.load(path)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def _to_cpu(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True)
@@ -174,9 +181,7 @@ class Snapshotter:
                 errors.append(f"{path}: missing")
                 continue
             try:
-                if snapshot_format.is_packed_file(path):
-                    return snapshot_format.load(path)
-                return torch.load(path, map_location="cpu", weights_only=True)
+                return read_state(path)
             except CorruptSnapshot as error:
                 errors.append(f"{path}: unreadable ({error})")
             except Exception as error:  # noqa: BLE001 - try the next copy, then explain
