@@ -72,6 +72,8 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         self._keys = RunKeys(config.run_prefix)
         self.node_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._addr = _advertised_addr(config.local_addr)
+        if config.warm_start:  # before connect(): the zygote may be forked only without threads
+            warm_start.install(warm_start.DEFAULT_PRELOAD + config.preload_modules)
         try:
             self._client = connect(config)
         except EtcdConnectionError as error:
@@ -84,8 +86,6 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         leave_hook.register(self)
         if config.peer_failure_grace > 0:
             peer_failures.install(config.peer_failure_grace)
-        if config.warm_start:
-            warm_start.install(warm_start.DEFAULT_PRELOAD + config.preload_modules)
         atexit.register(self.leave, "process exit")
         log.info("elastic-etcd handler ready node=%s run=%s endpoints=%s nnodes=%d:%d",
                  self.node_id, config.run_id, ",".join(map(str, config.endpoints)),

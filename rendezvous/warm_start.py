@@ -4,8 +4,10 @@ torchrun starts a script worker as ``Popen([python, "-u", script, ...])`` in
 ``SubprocessHandler._popen``. When warm start is on (``--rdzv-conf warm_start=true``, the
 default), the handler wraps that method in the agent process: a Python worker command is started
 as ``python -S zygote_shim.py <command>`` instead, and the shim has the agent's zygote fork the
-worker with torch already imported. The zygote is started on the first worker start (so handlers
-created outside torchrun never start one) and again if it has died; it stops with the agent.
+worker with torch already imported. Under torchrun the zygote is forked from the agent as the
+handler is created (``zygote_fork.py``: it inherits the agent's ``import torch``); elsewhere it is
+started on the first worker start (so handlers created outside torchrun never start one), and
+again, as a new process, if it has died. It stops with the agent.
 Anything warm start cannot reproduce (``--no-python``, NUMA binding, interpreter options other
 than ``-u``, another interpreter) is started exactly as before.
 """
@@ -26,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .zygote import DEFAULT_PRELOAD, parse_python_command
+from .zygote_fork import ForkedZygote, fork_zygote
 
 __all__ = ["DEFAULT_PRELOAD", "install", "shim_command", "ZygoteProcess"]
 from .zygote_shim import SOCKET_ENV
@@ -51,12 +54,16 @@ class ZygoteProcess:
     def __init__(self, preload: Sequence[str]) -> None:
         self.preload = tuple(preload)
         self._lock = threading.Lock()
-        self._process: subprocess.Popen[bytes] | None = None
+        self._process: subprocess.Popen[bytes] | ForkedZygote | None = None
         self._directory: str | None = None
         atexit.register(self.stop)
 
-    def socket_path(self) -> str | None:
-        """The socket of a live (possibly still importing) zygote; ``None`` if it cannot start."""
+    def socket_path(self, fork_from_here: bool = False) -> str | None:
+        """The socket of a live (possibly still importing) zygote; ``None`` if it cannot start.
+
+        ``fork_from_here``: start it by forking this process when that is safe (see
+        ``zygote_fork.py``), so that it inherits what this process has imported.
+        """
         with self._lock:
             if self._process is not None and self._process.poll() is None:
                 return self._socket()
@@ -67,7 +74,9 @@ class ZygoteProcess:
                 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
                     listener.bind(self._socket())
                     listener.listen(64)
-                    self._process = subprocess.Popen(
+                    forked = (fork_zygote(listener, self.preload, (self.stop,))
+                              if fork_from_here else None)
+                    self._process = forked or subprocess.Popen(
                         [sys.executable, "-m", "rendezvous.zygote",
                          "--listen-fd", str(listener.fileno()),
                          "--parent-pid", str(os.getpid()), "--preload", ":".join(self.preload)],
@@ -78,7 +87,8 @@ class ZygoteProcess:
                 log.warning("warm start off: cannot start the zygote (%s)", error)
                 self._cleanup()
                 return None
-            log.info("warm start: zygote pid=%d preload=%s", self._process.pid,
+            log.info("warm start: zygote pid=%d %s preload=%s", self._process.pid,
+                     "forked from this agent" if forked else "started",
                      ",".join(self.preload))
             return self._socket()
 
@@ -135,7 +145,9 @@ def install(preload: Sequence[str] = DEFAULT_PRELOAD) -> None:
         handler_class._popen = _wrap_popen(handler_class._popen)  # type: ignore[method-assign]
         _zygote = ZygoteProcess(preload)
     if _running_under_torchrun():
-        _zygote.socket_path()  # import torch in the zygote while the first round forms
+        # Forked now, before the handler opens its gRPC channel (threads): the zygote starts
+        # with the agent's torch and imports the rest while the first round forms.
+        _zygote.socket_path(fork_from_here=True)
 
 
 def _running_under_torchrun() -> bool:

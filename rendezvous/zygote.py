@@ -74,7 +74,7 @@ def parse_python_command(argv: list[str] | tuple[str, ...]) -> PythonTarget | No
     return PythonTarget(args=tuple(rest[1:]), script=rest[0], unbuffered=unbuffered)
 
 
-def _set_parent_death_signal(signum: int) -> None:
+def set_parent_death_signal(signum: int) -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signum))
     except (OSError, AttributeError):
@@ -150,6 +150,7 @@ class Zygote:
         pid = os.fork()
         if pid == 0:
             self._close_in_child()
+            conn.close()
             _run_worker(target, request["env"], request["cwd"], fds)  # never returns
         worker = _Worker(conn=conn, pid=pid)
         if not self._poll_exits:
@@ -238,9 +239,11 @@ def _run_worker(target: PythonTarget, env: dict, cwd: str, fds: list[int]) -> No
 
 def _become_fresh_process(target: PythonTarget, env: dict, cwd: str, fds: list[int]) -> None:
     os.setsid()  # like torchrun's start_new_session: signals reach the worker's whole group
-    _set_parent_death_signal(signal.SIGKILL)
+    set_parent_death_signal(signal.SIGKILL)
     for std_fd, fd in enumerate(fds):
         os.dup2(fd, std_fd)
+    for fd in set(fds) - {0, 1, 2}:
+        os.close(fd)  # the shim's stdio arrived as new descriptors; the worker has them as 0-2
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
                    signal.SIGUSR2, signal.SIGCHLD):  # fmt: skip
         signal.signal(signum, signal.SIG_DFL)
@@ -260,6 +263,7 @@ def _become_fresh_process(target: PythonTarget, env: dict, cwd: str, fds: list[i
                            line_buffering=interactive or stream is sys.stderr)
     _fresh_random_state()
     logging.getLogger().handlers.clear()
+    logging.getLogger().setLevel(logging.WARNING)
     log.handlers.clear()
 
 
@@ -334,7 +338,7 @@ def _exit_code(value: object) -> int:
     return 1
 
 
-def _preload(modules: list[str]) -> None:
+def preload(modules: list[str]) -> None:
     started = time.monotonic()
     for name in modules:
         try:
@@ -356,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("KFP_ELASTIC_LOG_LEVEL", "INFO").upper(),
                         format="[%(asctime)s] elastic-etcd %(levelname)s %(name)s: %(message)s")
-    _set_parent_death_signal(signal.SIGTERM)
+    set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != args.parent_pid:
         return 0  # the agent died before the death signal was armed
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when we stop
@@ -367,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         listener.bind(args.socket)
         listener.listen(64)
     # Shims that connect now wait in the backlog until the imports are done.
-    _preload([name for name in args.preload.split(":") if name])
+    preload([name for name in args.preload.split(":") if name])
     Zygote(listener, args.parent_pid).serve_forever()
     return 0
 

@@ -106,6 +106,10 @@ def test_a_node_joining_grows_the_world(tmp_path: Path, etcd) -> None:
         wait_for_events(events, lambda ev: first_step_with_world(ev, 4, joined_at),
                         RECOVER_TIMEOUT, what="a step of the 4-node world")
         finished_ok(group, agents)
+    # A new node's zygote is forked from its agent (torch already imported), not started cold.
+    assert "forked from this agent" in agents[3].log_text(), agents[3].log_text()
+    starts = [e for e in read_events(events) if e["event"] == "start" and e["t"] > joined_at]
+    assert starts and all(e["warm"] for e in starts)
 
 
 def test_sigterm_leaves_gracefully(tmp_path: Path, etcd) -> None:
