@@ -8,48 +8,26 @@ what a test asserts here is what the API server receives.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from rendezvous.config import ConfigError, RendezvousConfig, parse_endpoints
-
-# Names the manifests in manifests/base create; the ConfigMap kfp-elastic-config repeats them.
-DEFAULT_PRIORITY_CLASS = "kfp-elastic-worker-low"
-DEFAULT_SERVICE_ACCOUNT = "kfp-elastic-worker"
-CONTAINER_NAME = "worker"
-
-LABEL_PREFIX = "kfp-elastic.io/"
-JOB_LABEL = LABEL_PREFIX + "job"
-RUN_ID_LABEL = LABEL_PREFIX + "run-id"
-INDEX_LABEL = LABEL_PREFIX + "worker-index"
-ATTEMPT_LABEL = LABEL_PREFIX + "attempt"
-COMPONENT_LABEL = "app.kubernetes.io/component"
-_FIXED_LABELS = {"app.kubernetes.io/part-of": "kfp-elastic", COMPONENT_LABEL: "worker",
-                 "app.kubernetes.io/managed-by": "kfp-elastic-master"}  # fmt: skip
-
-# Where the etcd client certificate Secret is mounted (manifests/README.md uses the same path).
-ETCD_TLS_MOUNT = "/etc/kfp-elastic/etcd-tls"
-_BUILTIN_VOLUMES = {"etcd-tls", "dshm"}
-# Set on every worker by build_pod; a caller's env may not override them.
-RESERVED_ENV = frozenset({"POD_NAME", "POD_NAMESPACE", "POD_IP", "NODE_NAME", "KFP_ELASTIC_JOB",
-                          "KFP_ELASTIC_RUN_ID", "KFP_ELASTIC_WORKER_INDEX",
-                          "KFP_ELASTIC_ATTEMPT"})  # fmt: skip
-
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
-_QUANTITY = re.compile(r"([+-]?)(\d+\.?\d*|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?")
-_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-           "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": 10**3,
-           "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}  # fmt: skip
-_NPROC_WORDS = {"auto", "cpu", "gpu", "xpu"}
-_TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
-_TOLERATION_EFFECTS = {"", "NoSchedule", "PreferNoSchedule", "NoExecute"}
-_PULL_POLICIES = {"Always", "IfNotPresent", "Never"}
+from master.pod_spec_checks import (  # noqa: F401 - names callers import from here
+    _FIXED_LABELS,
+    ATTEMPT_LABEL,
+    COMPONENT_LABEL,
+    CONTAINER_NAME,
+    DEFAULT_PRIORITY_CLASS,
+    DEFAULT_SERVICE_ACCOUNT,
+    ETCD_TLS_MOUNT,
+    INDEX_LABEL,
+    JOB_LABEL,
+    LABEL_PREFIX,
+    RESERVED_ENV,
+    RUN_ID_LABEL,
+    parse_quantity,
+    validate,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,26 +103,10 @@ def selector(job_name: str) -> str:
     return f"{JOB_LABEL}={job_name},{COMPONENT_LABEL}=worker"
 
 
-def parse_quantity(text: str | int | float) -> Decimal:
-    """A Kubernetes resource quantity as a number ("1.5Gi" -> 1610612736, "250m" -> 0.25)."""
-    match = _QUANTITY.fullmatch(str(text).strip())
-    if not match:
-        raise ValueError(f"{text!r} is not a Kubernetes quantity (e.g. 500m, 2, 4Gi)")
-    sign, number, suffix = match.groups()
-    try:
-        value = Decimal(number)
-    except InvalidOperation:  # pragma: no cover - the regex admits only decimals
-        raise ValueError(f"{text!r} is not a Kubernetes quantity") from None
-    if suffix and len(suffix) > 1 and suffix[0] in "eE":
-        value *= Decimal(10) ** int(suffix[1:])
-    elif suffix:
-        value *= Decimal(_SUFFIX[suffix])
-    return -value if sign == "-" else value
-
 
 def build_pod(spec: WorkerPodSpec) -> dict[str, Any]:
     """The Pod manifest for ``spec``; raises ``ValueError`` naming the first bad field."""
-    _validate(spec)
+    validate(spec)
     name = spec.pod_name
     identity = {JOB_LABEL: spec.job_name, RUN_ID_LABEL: spec.effective_run_id,
                 INDEX_LABEL: str(spec.worker_index), ATTEMPT_LABEL: str(spec.attempt)}  # fmt: skip
@@ -279,172 +241,3 @@ def _resources(spec: WorkerPodSpec) -> dict[str, Any]:
     if limits:
         out["limits"] = limits
     return out
-
-
-def _validate(spec: WorkerPodSpec) -> None:
-    _dns_label("job_name", spec.job_name)
-    for key in ("worker_index", "attempt", "max_restarts", "termination_grace_period_s", "gpu"):
-        value = getattr(spec, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{key}={value!r} must be an integer >= 0")
-    if len(spec.pod_name) > 63:
-        raise ValueError(f"pod name {spec.pod_name!r} is longer than 63 characters (the pod's "
-                         "hostname); shorten job_name")  # fmt: skip
-    run_id = spec.effective_run_id
-    if len(run_id) > 63 or not re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", run_id):
-        raise ValueError(f"run_id={run_id!r}: use at most 63 letters, digits, '.', '_' or '-', "
-                         "starting and ending with a letter or digit (it is a label value)")
-    if spec.namespace is not None:
-        _dns_label("namespace", spec.namespace)
-    if not spec.image or any(c.isspace() for c in spec.image):
-        raise ValueError(f"image={spec.image!r} must be a non-empty image reference")
-    if not spec.entrypoint:
-        raise ValueError("entrypoint must name the training script or module")
-    if not spec.command or not all(spec.command):
-        raise ValueError("command must be a non-empty list of non-empty strings")
-    for key in ("min_nodes", "max_nodes"):
-        value = getattr(spec, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{key}={value!r} must be an integer >= 1")
-    if spec.min_nodes > spec.max_nodes:
-        raise ValueError(f"min_nodes={spec.min_nodes} > max_nodes={spec.max_nodes}")
-    nproc = spec.nproc_per_node
-    if isinstance(nproc, bool) or not (
-        (isinstance(nproc, int) and nproc >= 1) or nproc in _NPROC_WORDS
-    ):
-        raise ValueError(f"nproc_per_node={nproc!r} must be an integer >= 1 or one of "
-                         f"{sorted(_NPROC_WORDS)}")  # fmt: skip
-    _validate_rdzv(spec)
-    _validate_resources(spec)
-    for key in ("priority_class", "service_account", "etcd_tls_secret"):
-        if getattr(spec, key) is not None:
-            _dns_subdomain(key, getattr(spec, key))
-    for name in (*spec.env_from_config_maps, *spec.image_pull_secrets):
-        _dns_subdomain("env_from_config_maps/image_pull_secrets", name)
-    if spec.image_pull_policy is not None and spec.image_pull_policy not in _PULL_POLICIES:
-        raise ValueError(f"image_pull_policy={spec.image_pull_policy!r} must be one of "
-                         f"{sorted(_PULL_POLICIES)}")  # fmt: skip
-    for what, mapping in (("labels", spec.labels), ("node_selector", spec.node_selector)):
-        for key, value in mapping.items():
-            _label(what, key, value)
-    reserved = set(spec.labels) & (set(_FIXED_LABELS) | {JOB_LABEL, RUN_ID_LABEL, INDEX_LABEL,
-                                                         ATTEMPT_LABEL})  # fmt: skip
-    if reserved:
-        raise ValueError(f"labels {sorted(reserved)} are set by the launcher; do not pass them")
-    for key in spec.annotations:
-        _label_key("annotations", key)
-    for name in spec.env:
-        if not _ENV_NAME.fullmatch(name):
-            raise ValueError(f"env name {name!r} is not a valid environment variable name")
-        if name in RESERVED_ENV:
-            raise ValueError(f"env {name!r} is set by the launcher; do not pass it")
-    for toleration in spec.tolerations:
-        _validate_toleration(toleration)
-    _validate_volumes(spec)
-    if spec.owner_reference is not None:
-        missing = {"apiVersion", "kind", "name", "uid"} - set(spec.owner_reference)
-        if missing:
-            raise ValueError(f"owner_reference lacks {sorted(missing)}")
-
-
-def _validate_rdzv(spec: WorkerPodSpec) -> None:
-    if "$(" not in spec.rdzv_endpoint:  # a kubelet reference is only known in the pod
-        try:
-            parse_endpoints(spec.rdzv_endpoint)
-        except ConfigError as exc:
-            raise ValueError(f"rdzv_endpoint: {exc}") from None
-    for key, value in spec.rdzv_conf.items():
-        if not key or any(c in f"{key}{value}" for c in ",= ") or not str(value):
-            raise ValueError(f"rdzv_conf {key}={value!r}: keys and values must be non-empty "
-                             "and contain no ',', '=' or spaces")  # fmt: skip
-    if spec.rdzv_backend == "elastic-etcd":
-        known = set(RendezvousConfig.setting_names()) | {"timeout"}
-        unknown = sorted(set(spec.rdzv_conf) - known)
-        if unknown:
-            raise ValueError(f"rdzv_conf keys {unknown} are unknown to elastic-etcd; known: "
-                             f"{sorted(known)}")  # fmt: skip
-    if spec.etcd_tls_secret and {"cacert", "cert", "key"} & set(spec.rdzv_conf):
-        raise ValueError("etcd_tls_secret sets rdzv_conf cacert/cert/key; do not pass them too")
-
-
-def _validate_resources(spec: WorkerPodSpec) -> None:
-    values: dict[str, Decimal] = {}
-    for key in ("cpu", "memory", "cpu_limit", "memory_limit", "shm_size"):
-        raw = getattr(spec, key)
-        if raw is None:
-            continue
-        try:
-            values[key] = parse_quantity(raw)
-        except ValueError as exc:
-            raise ValueError(f"{key}: {exc}") from None
-        if values[key] < 0:
-            raise ValueError(f"{key}={raw!r} must not be negative")
-    for request, limit in (("cpu", "cpu_limit"), ("memory", "memory_limit")):
-        if request in values and limit in values and values[limit] < values[request]:
-            raise ValueError(f"{limit}={getattr(spec, limit)!r} is below "
-                             f"{request}={getattr(spec, request)!r}")  # fmt: skip
-    if spec.gpu:
-        _label_key("gpu_resource", spec.gpu_resource)
-
-
-def _validate_toleration(toleration: Mapping[str, Any]) -> None:
-    extra = set(toleration) - _TOLERATION_KEYS
-    if extra:
-        raise ValueError(f"toleration {dict(toleration)} has unknown fields {sorted(extra)}")
-    operator = toleration.get("operator", "Equal")
-    if operator not in ("Equal", "Exists"):
-        raise ValueError(f"toleration operator {operator!r} must be Equal or Exists")
-    if operator == "Exists" and toleration.get("value"):
-        raise ValueError(f"toleration {dict(toleration)}: operator Exists takes no value")
-    if operator == "Equal" and not toleration.get("key"):
-        raise ValueError(f"toleration {dict(toleration)}: operator Equal needs a key")
-    if toleration.get("effect", "") not in _TOLERATION_EFFECTS:
-        raise ValueError(f"toleration effect {toleration.get('effect')!r} must be one of "
-                         f"{sorted(_TOLERATION_EFFECTS - {''})}")  # fmt: skip
-    if "tolerationSeconds" in toleration and toleration.get("effect") != "NoExecute":
-        raise ValueError("tolerationSeconds only applies to effect NoExecute")
-
-
-def _validate_volumes(spec: WorkerPodSpec) -> None:
-    names: set[str] = set()
-    for volume in spec.volumes:
-        name = volume.get("name", "")
-        _dns_label("volume name", name)
-        if name in names or name in _BUILTIN_VOLUMES:
-            raise ValueError(f"volume name {name!r} is used twice (or is reserved)")
-        names.add(name)
-    paths: set[str] = set()
-    for mount in spec.volume_mounts:
-        if mount.get("name") not in names:
-            raise ValueError(f"volume mount {dict(mount)} names no volume in `volumes`")
-        path = mount.get("mountPath", "")
-        if not path.startswith("/") or path in paths:
-            raise ValueError(f"volume mount path {path!r} must be absolute and unique")
-        paths.add(path)
-
-
-def _dns_label(what: str, value: str) -> None:
-    if not isinstance(value, str) or len(value) > 63 or not _DNS_LABEL.fullmatch(value):
-        raise ValueError(f"{what}={value!r} is not a DNS-1123 label (lower-case letters, "
-                         "digits and '-', at most 63, starting and ending alphanumeric)")
-
-
-def _dns_subdomain(what: str, value: str) -> None:
-    if not isinstance(value, str) or len(value) > 253 or not _DNS_SUBDOMAIN.fullmatch(value):
-        raise ValueError(f"{what}={value!r} is not a DNS-1123 subdomain name")
-
-
-def _label_key(what: str, key: str) -> None:
-    prefix, _, name = key.rpartition("/")
-    if prefix:
-        _dns_subdomain(f"{what} key prefix", prefix)
-    if len(name) > 63 or not _LABEL_NAME.fullmatch(name):
-        raise ValueError(f"{what} key {key!r} is not a valid Kubernetes label/annotation key")
-
-
-def _label(what: str, key: str, value: str) -> None:
-    _label_key(what, key)
-    valid = isinstance(value, str) and (not value or _LABEL_NAME.fullmatch(value))
-    if not valid or len(value) > 63:
-        raise ValueError(f"{what}: label value {value!r} for {key!r} is not a valid label value "
-                         "(at most 63 letters, digits, '-', '_' or '.')")
