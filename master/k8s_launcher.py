@@ -23,108 +23,17 @@ from kubernetes.client.rest import ApiException
 
 from master.launcher import DISRUPTIONS, Launcher, Reason, WorkerEvent, WorkerHandle, WorkerPhase
 from master.launcher import WorkerStatus as Status
-from master.pod_spec import ATTEMPT_LABEL, CONTAINER_NAME, INDEX_LABEL, WorkerPodSpec, build_pod
+from master.pod_spec import WorkerPodSpec, build_pod
 from master.pod_spec import selector as job_selector
+from master.pod_status import classify
 
 log = logging.getLogger(__name__)
 
-# DisruptionTarget condition reasons (Kubernetes >= 1.26; the scheduler's was renamed in 1.31).
-_DISRUPTION_REASONS = {
-    "PreemptionByScheduler": Reason.PREEMPTED,
-    "PreemptionByKubeScheduler": Reason.PREEMPTED,
-    "EvictionByEvictionAPI": Reason.EVICTED,
-    "TerminationByKubelet": Reason.EVICTED,  # node-pressure eviction, graceful node shutdown
-    "DeletionByTaintManager": Reason.NODE_LOST,  # NoExecute taint, e.g. node not ready
-    "DeletionByPodGC": Reason.NODE_LOST,  # pod of a deleted node
-}
-# Pod-level status.reason values the kubelet and node lifecycle set.
-_POD_REASONS = {
-    "Evicted": Reason.EVICTED,
-    "Preempting": Reason.PREEMPTED,  # kubelet made room for a critical pod
-    "NodeLost": Reason.NODE_LOST,
-    "Terminated": Reason.NODE_LOST,  # graceful node shutdown
-    "Shutdown": Reason.NODE_LOST,
-    "NodeShutdown": Reason.NODE_LOST,
-}
-_START_ERRORS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
-                 "CreateContainerConfigError", "CreateContainerError"}  # fmt: skip
-_PHASES = {p.value: p for p in WorkerPhase}
 _REMEMBERED_DELETES = 10_000
 
 
 class LaunchError(RuntimeError):
     """The API server refused to create a worker pod."""
-
-
-def classify(pod: Mapping[str, Any], *, deleted: bool = False, deleted_by_us: bool = False,
-             previous: Status | None = None) -> Status:  # fmt: skip
-    """A worker's status from its pod, as a JSON dict (a watch event's raw object).
-
-    ``deleted``: the pod is gone (a DELETED event). ``previous``: what was reported before, so
-    that a pod that had already ended keeps why it ended when it is deleted afterwards.
-    """
-    meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status") or {}
-    labels = meta.get("labels") or {}
-    phase = _PHASES.get(status.get("phase", "Pending"), WorkerPhase.RUNNING)  # "Unknown"
-    exit_code, term_reason, waiting = _container_state(status)
-    disruption = next((c for c in status.get("conditions") or []
-                       if c.get("type") == "DisruptionTarget" and c.get("status") == "True"),
-                      None)  # fmt: skip
-    terminating = deleted or bool(meta.get("deletionTimestamp"))
-    reason: Reason | None = None
-    message = ""
-    if disruption is not None:
-        reason = _DISRUPTION_REASONS.get(disruption.get("reason", ""), Reason.EVICTED)
-        message = f"{disruption.get('reason')}: {disruption.get('message', '')}"
-    elif status.get("reason") in _POD_REASONS:
-        reason, message = _POD_REASONS[status["reason"]], status.get("message", "")
-    elif status.get("reason") == "DeadlineExceeded":  # the pod's own activeDeadlineSeconds
-        reason, message = Reason.ERROR, status.get("message", "DeadlineExceeded")
-    elif phase == WorkerPhase.FAILED and status.get("reason") and exit_code is None:
-        # The kubelet refused the pod before starting it (OutOfcpu, NodeAffinity, ...).
-        reason, message = Reason.REJECTED, f"{status['reason']}: {status.get('message', '')}"
-    elif previous is not None and previous.phase in (WorkerPhase.SUCCEEDED, WorkerPhase.FAILED):
-        reason, message, exit_code = previous.reason, previous.message, previous.exit_code
-    elif phase == WorkerPhase.SUCCEEDED:  # exit code 0: finished, whatever happened after
-        reason = Reason.COMPLETED
-    elif terminating:
-        # A running pod that is deleted ends Failed with 137/143: not the worker's fault.
-        reason = Reason.DELETED if deleted_by_us else Reason.DELETED_EXTERNALLY
-        message = "deleted by the launcher" if deleted_by_us else "deleted (no reason given)"
-    elif phase == WorkerPhase.FAILED:
-        reason, message = Reason.ERROR, f"exit code {exit_code} ({term_reason or 'Error'})"
-    elif phase == WorkerPhase.PENDING and waiting in _START_ERRORS:
-        reason, message = Reason.START_ERROR, waiting or ""
-    elif phase == WorkerPhase.PENDING:
-        unscheduled = next((c for c in status.get("conditions") or []
-                            if c.get("type") == "PodScheduled" and c.get("status") == "False"),
-                           None)  # fmt: skip
-        if unscheduled is not None and unscheduled.get("reason") == "Unschedulable":
-            reason, message = Reason.UNSCHEDULABLE, unscheduled.get("message", "")
-    return Status(
-        name=meta.get("name", ""),
-        phase=WorkerPhase.DELETED if deleted else phase,
-        reason=reason,
-        message=message,
-        exit_code=exit_code,
-        worker_index=_int(labels.get(INDEX_LABEL)),
-        attempt=_int(labels.get(ATTEMPT_LABEL)),
-        node=spec.get("nodeName"),
-    )
-
-
-def _container_state(status: Mapping[str, Any]) -> tuple[int | None, str | None, str | None]:
-    """(exit code, terminated reason, waiting reason) of the worker container."""
-    statuses = status.get("containerStatuses") or []
-    ours = next((s for s in statuses if s.get("name") == CONTAINER_NAME), None)
-    state = (ours or (statuses[0] if statuses else {})).get("state") or {}
-    terminated = state.get("terminated") or {}
-    waiting = state.get("waiting") or {}
-    return terminated.get("exitCode"), terminated.get("reason"), waiting.get("reason")
-
-
-def _int(text: str | None) -> int | None:
-    return int(text) if text is not None and text.isdigit() else None
 
 
 def _key(status: Status) -> tuple[Any, ...]:

@@ -15,9 +15,10 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from master.k8s_launcher import KubernetesLauncher, LaunchError, classify
+from master.k8s_launcher import KubernetesLauncher, LaunchError
 from master.launcher import Reason, WorkerEvent, WorkerHandle, WorkerPhase
 from master.pod_spec import JOB_LABEL, WorkerPodSpec, build_pod
+from master.pod_status import classify
 from tests.fake_k8s import FakeKubernetes
 
 NS = "kfp-elastic"
