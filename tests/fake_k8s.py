@@ -13,85 +13,28 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import re
-import socket
-import sys
 import threading
 import time
 import uuid
 from collections import deque
-from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+
+from tests.fake_k8s_wire import (
+    ApiError,
+    Handler,
+    Server,
+    labels_match,
+    merge_patch,
+    now_timestamp,
+    parse_label_selector,
+)
 
 PRIORITY_CLASSES = {"kfp-elastic-worker-low": (-5, "Never"),
                     "kfp-elastic-control": (100000, "PreemptLowerPriority"),
                     "system-cluster-critical": (2000000000, "PreemptLowerPriority")}  # fmt: skip
 SERVICE_ACCOUNTS = {"default", "kfp-elastic-worker", "kfp-elastic-master"}
-_PATH = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+)(?P<sub>/status)?)?")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_REQUIREMENT = re.compile(r"\s*(?P<neg>!)?\s*(?P<key>[A-Za-z0-9./_-]+)\s*(?:(?P<op>==|=|!=)\s*"
-                          r"(?P<val>[A-Za-z0-9._-]*)|\s+(?P<set>in|notin)\s*\((?P<vals>[^)]*)\))?\s*")
-_MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "volumes": "name",
-               "conditions": "type", "containerStatuses": "name", "ownerReferences": "uid"}
-
-
-class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                       "message": message, "reason": reason, "code": code}  # fmt: skip
-
-
-def _now(delta: float = 0) -> str:
-    return (datetime.now(timezone.utc) + timedelta(seconds=delta)).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_label_selector(text: str) -> list[tuple[str, str, set[str]]]:
-    parts = re.findall(r"(?:[^,(]|\([^)]*\))+", text or "")
-    out = []
-    for part in parts:
-        m = _REQUIREMENT.fullmatch(part)
-        if not m or (m["neg"] and (m["op"] or m["set"])):
-            raise ApiError(400, "BadRequest", f"unable to parse requirement: {part!r}")
-        if m["set"]:
-            out.append((m["key"], m["set"], {v.strip() for v in m["vals"].split(",")}))
-        else:
-            op = "!" if m["neg"] else {"==": "="}.get(m["op"], m["op"] or "exists")
-            out.append((m["key"], op, {m["val"] or ""}))
-    return out
-
-
-def _labels_match(selector: list[tuple[str, str, set[str]]], labels: dict[str, str]) -> bool:
-    for key, op, values in selector:
-        value = labels.get(key)
-        ok = {"=": value in values, "in": value in values, "!=": value not in values,
-              "notin": value not in values, "exists": key in labels, "!": key not in labels}[op]
-        if not ok:
-            return False
-    return True
-
-
-def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
-    """RFC 7386 merge patch; ``strategic`` merges the lists Kubernetes merges by key instead of
-    replacing them (``$patch`` directives are not supported)."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        elif strategic and key in _MERGE_KEYS and isinstance(value, list):
-            merged = {item.get(_MERGE_KEYS[key]): item for item in out.get(key) or []}
-            for item in value:
-                k = item.get(_MERGE_KEYS[key])
-                merged[k] = merge_patch(merged.get(k, {}), item, True)
-            out[key] = list(merged.values())
-        else:
-            out[key] = merge_patch(out.get(key), value, strategic)
-    return out
 
 
 class FakeKubernetes:
@@ -114,7 +57,7 @@ class FakeKubernetes:
         self.namespace = namespace  # what the test hooks act on by default
         self.kubelet = kubelet  # False: deleted scheduled pods stay Terminating until finished
         self.requests: list[tuple[str, str, dict[str, str]]] = []
-        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server = Server(("127.0.0.1", 0), Handler)
         self._server.fake = self
         self.port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -190,7 +133,7 @@ class FakeKubernetes:
             c.setdefault("imagePullPolicy", "IfNotPresent" if tagged else "Always")
             c.setdefault("terminationMessagePath", "/dev/termination-log")
             c.setdefault("terminationMessagePolicy", "File")
-        meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
+        meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=now_timestamp())
         pod.update(apiVersion="v1", kind="Pod", status={"phase": "Pending"})
         with self._cond:
             if (ns, name) in self._pods:
@@ -215,7 +158,8 @@ class FakeKubernetes:
             if grace == 0 or terminal or not pod["spec"].get("nodeName"):
                 return self._remove(ns, pod)
             new = copy.deepcopy(pod)
-            new["metadata"].update(deletionTimestamp=_now(grace), deletionGracePeriodSeconds=grace)
+            new["metadata"].update(deletionTimestamp=now_timestamp(grace),
+                                   deletionGracePeriodSeconds=grace)
             out = self._record(ns, "MODIFIED", pod, new)
             if self.kubelet:
                 self.finish_deletion(name, ns=ns)
@@ -233,7 +177,7 @@ class FakeKubernetes:
     def _remove(self, ns: str, pod: dict[str, Any]) -> dict[str, Any]:
         new = copy.deepcopy(pod)
         if not new["metadata"].get("deletionTimestamp"):
-            new["metadata"].update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0)
+            new["metadata"].update(deletionTimestamp=now_timestamp(), deletionGracePeriodSeconds=0)
         return self._record(ns, "DELETED", pod, new)
 
     def patch(self, ns: str, name: str, body: Any, content_type: str,
@@ -265,7 +209,7 @@ class FakeKubernetes:
         selector = parse_label_selector(labels)
         with self._cond:
             items = [copy.deepcopy(p) for (n, _), p in sorted(self._pods.items()) if n == ns
-                     and _labels_match(selector, p["metadata"].get("labels") or {})]
+                     and labels_match(selector, p["metadata"].get("labels") or {})]
             rv = str(self._rv)
         for item in items:  # items of a typed list carry no kind/apiVersion
             item.pop("kind", None)
@@ -298,13 +242,13 @@ class FakeKubernetes:
             if phase != "Pending" and not spec.get("nodeName"):
                 spec["nodeName"] = node
                 status.update(hostIP="10.0.0.1", podIP=f"10.1.0.{next(self._ips)}",
-                              startTime=_now())  # fmt: skip
+                              startTime=now_timestamp())  # fmt: skip
             names = [c["name"] for c in spec["containers"]]
             if phase == "Running":
-                state = {"running": {"startedAt": _now()}}
+                state = {"running": {"startedAt": now_timestamp()}}
             elif phase == "Succeeded" or (phase == "Failed" and exit_code is not None):
                 code = exit_code or 0
-                state = {"terminated": {"exitCode": code, "finishedAt": _now(),
+                state = {"terminated": {"exitCode": code, "finishedAt": now_timestamp(),
                                         "reason": container_reason or ("Completed" if code == 0
                                                                        else "Error")}}  # fmt: skip
             else:
@@ -323,7 +267,7 @@ class FakeKubernetes:
             for kind in ("Ready", "ContainersReady"):
                 merged[kind] = {"type": kind, "status": ready}
             for c in conditions or []:
-                merged[c["type"]] = {"status": "True", "lastTransitionTime": _now(), **c}
+                merged[c["type"]] = {"status": "True", "lastTransitionTime": now_timestamp(), **c}
             status["conditions"] = list(merged.values())
             return self._record(ns, "MODIFIED", old, new)
 
@@ -403,14 +347,14 @@ class FakeKubernetes:
 
     # -- watch ---------------------------------------------------------------------------
 
-    def watch(self, handler: _Handler, ns: str, query: dict[str, str]) -> None:
+    def watch(self, handler: Handler, ns: str, query: dict[str, str]) -> None:
         selector = parse_label_selector(query.get("labelSelector", ""))
         rv = query.get("resourceVersion", "")
         end = time.monotonic() + float(query.get("timeoutSeconds") or 1800)
         stream = _Stream()
 
         def visible(pod: dict | None) -> bool:
-            return pod is not None and pod["metadata"]["namespace"] == ns and _labels_match(
+            return pod is not None and pod["metadata"]["namespace"] == ns and labels_match(
                 selector, pod["metadata"].get("labels") or {})
 
         with self._cond:
@@ -475,118 +419,3 @@ def _mutable_spec(spec: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = False
-    block_on_close = True  # server_close() joins every handler thread
-    fake: FakeKubernetes
-
-    def __init__(self, *args: Any) -> None:
-        self._conns: set[socket.socket] = set()
-        self._conns_lock = threading.Lock()
-        super().__init__(*args)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._conns_lock:
-            self._conns.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._conns_lock:
-            self._conns.discard(request)
-        super().shutdown_request(request)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if not isinstance(sys.exc_info()[1], OSError):  # a client hanging up is no error
-            super().handle_error(request, client_address)
-
-    def close_connections(self) -> None:
-        """Unblock handler threads waiting on idle keep-alive connections."""
-        with self._conns_lock:
-            for conn in list(self._conns):
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body go out as separate small writes
-    server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _send(self, code: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def start_stream(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        self.wfile.flush()
-
-    def write_chunk(self, event: dict[str, Any]) -> None:
-        data = json.dumps(event).encode() + b"\n"
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
-
-    def end_stream(self) -> None:
-        try:
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
-        except OSError:
-            self.close_connection = True
-
-    def _dispatch(self, method: str) -> None:
-        fake = self.server.fake
-        url = urlsplit(self.path)
-        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
-        fake.requests.append((method, url.path, query))
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        try:
-            m = _PATH.fullmatch(url.path)
-            if not m:
-                raise ApiError(404, "NotFound", "the server could not find the requested resource")
-            ns, name, sub = m["ns"], m["name"], m["sub"]
-            if query.get("fieldSelector"):
-                raise ApiError(400, "BadRequest", "fieldSelector is not implemented by the fake")
-            body = json.loads(raw) if raw else None
-            if method == "GET" and name is None and query.get("watch", "").lower() in ("true", "1"):
-                try:
-                    return fake.watch(self, ns, query)
-                except OSError:  # the client went away mid-stream
-                    self.close_connection = True
-                    return
-            if method == "GET" and name is None:
-                return self._send(200, fake.list(ns, query.get("labelSelector", "")))
-            if method == "POST" and name is None:
-                dry = query.get("dryRun") == "All"
-                return self._send(200 if dry else 201, fake.create(ns, body or {}, dry))
-            if method == "GET" and name:
-                return self._send(200, fake.pod(name, ns))
-            if method == "DELETE" and name and not sub:
-                opts = body or {}
-                grace = query.get("gracePeriodSeconds", opts.get("gracePeriodSeconds"))
-                return self._send(200, fake.delete(ns, name, None if grace is None else int(grace),
-                                                   opts.get("preconditions")))  # fmt: skip
-            if method == "PATCH" and name:
-                ctype = self.headers.get("Content-Type", "")
-                return self._send(200, fake.patch(ns, name, body, ctype, status_only=bool(sub)))
-            raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {url.path}")
-        except ApiError as exc:
-            self._send(exc.status["code"], exc.status)
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            self._send(400, ApiError(400, "BadRequest", f"bad request: {exc}").status)
-
-    def _handle(self) -> None:
-        self._dispatch(self.command)
-
-    do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = _handle  # http.server's naming

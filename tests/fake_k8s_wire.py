@@ -1,0 +1,199 @@
+"""The API machinery of the fake Kubernetes API server (``tests/fake_k8s.py``) that is not pod
+storage: Status errors, label selectors, merge patches, and the HTTP transport (routing, JSON
+replies, chunked watch streams, connections closed on stop).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import socket
+import sys
+import threading
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+if TYPE_CHECKING:
+    from tests.fake_k8s import FakeKubernetes
+
+_PATH = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+)(?P<sub>/status)?)?")
+_REQUIREMENT = re.compile(r"\s*(?P<neg>!)?\s*(?P<key>[A-Za-z0-9./_-]+)\s*(?:(?P<op>==|=|!=)\s*"
+                          r"(?P<val>[A-Za-z0-9._-]*)|\s+(?P<set>in|notin)\s*\((?P<vals>[^)]*)\))?\s*")
+_MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "volumes": "name",
+               "conditions": "type", "containerStatuses": "name", "ownerReferences": "uid"}
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                       "message": message, "reason": reason, "code": code}  # fmt: skip
+
+
+def now_timestamp(delta: float = 0) -> str:
+    return (datetime.now(timezone.utc) + timedelta(seconds=delta)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_label_selector(text: str) -> list[tuple[str, str, set[str]]]:
+    parts = re.findall(r"(?:[^,(]|\([^)]*\))+", text or "")
+    out = []
+    for part in parts:
+        m = _REQUIREMENT.fullmatch(part)
+        if not m or (m["neg"] and (m["op"] or m["set"])):
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {part!r}")
+        if m["set"]:
+            out.append((m["key"], m["set"], {v.strip() for v in m["vals"].split(",")}))
+        else:
+            op = "!" if m["neg"] else {"==": "="}.get(m["op"], m["op"] or "exists")
+            out.append((m["key"], op, {m["val"] or ""}))
+    return out
+
+
+def labels_match(selector: list[tuple[str, str, set[str]]], labels: dict[str, str]) -> bool:
+    for key, op, values in selector:
+        value = labels.get(key)
+        ok = {"=": value in values, "in": value in values, "!=": value not in values,
+              "notin": value not in values, "exists": key in labels, "!": key not in labels}[op]
+        if not ok:
+            return False
+    return True
+
+
+def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
+    """RFC 7386 merge patch; ``strategic`` merges the lists Kubernetes merges by key instead of
+    replacing them (``$patch`` directives are not supported)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif strategic and key in _MERGE_KEYS and isinstance(value, list):
+            merged = {item.get(_MERGE_KEYS[key]): item for item in out.get(key) or []}
+            for item in value:
+                k = item.get(_MERGE_KEYS[key])
+                merged[k] = merge_patch(merged.get(k, {}), item, True)
+            out[key] = list(merged.values())
+        else:
+            out[key] = merge_patch(out.get(key), value, strategic)
+    return out
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = False
+    block_on_close = True  # server_close() joins every handler thread
+    fake: FakeKubernetes
+
+    def __init__(self, *args: Any) -> None:
+        self._conns: set[socket.socket] = set()
+        self._conns_lock = threading.Lock()
+        super().__init__(*args)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._conns_lock:
+            self._conns.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._conns_lock:
+            self._conns.discard(request)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], OSError):  # a client hanging up is no error
+            super().handle_error(request, client_address)
+
+    def close_connections(self) -> None:
+        """Unblock handler threads waiting on idle keep-alive connections."""
+        with self._conns_lock:
+            for conn in list(self._conns):
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out as separate small writes
+    server: Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _send(self, code: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+
+    def write_chunk(self, event: dict[str, Any]) -> None:
+        data = json.dumps(event).encode() + b"\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def end_stream(self) -> None:
+        try:
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:
+            self.close_connection = True
+
+    def _dispatch(self, method: str) -> None:
+        fake = self.server.fake
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        fake.requests.append((method, url.path, query))
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            m = _PATH.fullmatch(url.path)
+            if not m:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            ns, name, sub = m["ns"], m["name"], m["sub"]
+            if query.get("fieldSelector"):
+                raise ApiError(400, "BadRequest", "fieldSelector is not implemented by the fake")
+            body = json.loads(raw) if raw else None
+            if method == "GET" and name is None and query.get("watch", "").lower() in ("true", "1"):
+                try:
+                    return fake.watch(self, ns, query)
+                except OSError:  # the client went away mid-stream
+                    self.close_connection = True
+                    return
+            if method == "GET" and name is None:
+                return self._send(200, fake.list(ns, query.get("labelSelector", "")))
+            if method == "POST" and name is None:
+                dry = query.get("dryRun") == "All"
+                return self._send(200 if dry else 201, fake.create(ns, body or {}, dry))
+            if method == "GET" and name:
+                return self._send(200, fake.pod(name, ns))
+            if method == "DELETE" and name and not sub:
+                opts = body or {}
+                grace = query.get("gracePeriodSeconds", opts.get("gracePeriodSeconds"))
+                return self._send(200, fake.delete(ns, name, None if grace is None else int(grace),
+                                                   opts.get("preconditions")))  # fmt: skip
+            if method == "PATCH" and name:
+                ctype = self.headers.get("Content-Type", "")
+                return self._send(200, fake.patch(ns, name, body, ctype, status_only=bool(sub)))
+            raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {url.path}")
+        except ApiError as exc:
+            self._send(exc.status["code"], exc.status)
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            self._send(400, ApiError(400, "BadRequest", f"bad request: {exc}").status)
+
+    def _handle(self) -> None:
+        self._dispatch(self.command)
+
+    do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = _handle  # http.server's naming
