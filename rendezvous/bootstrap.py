@@ -2,7 +2,7 @@
 
 torch's ``RendezvousStoreInfo.build`` has rank 0 set two store keys and every other node read
 them: per node a store read, a watch, a second and a third read — about 2 ms of CPU each, most
-of a round's formation at N = 128 on 2 cores. A key under ``rdzv/`` instead reaches every node
+of a round's formation at N = 128 on 2 cores. The key ``rdzv/rank0`` instead reaches every node
 through the watch it has anyway (narrowed or not), and when the leader is rank 0 (the first
 round, normally) it is written in the round's own transaction. torch's two store keys are
 written in the same transaction for whoever reads those.
@@ -28,7 +28,7 @@ def master_ops(client: MultiEndpointEtcd3Client, keys: RunKeys, round_number: in
     record = MasterRecord(round_number, node_id, addr, get_free_port())
     store = keys.store(round_number)
     tx = client.transactions
-    return [tx.put(keys.master, record.to_json(), lease=run_lease),
+    return [tx.put(keys.rank0, record.to_json(), lease=run_lease),
             tx.put(f"{store}{RendezvousStoreInfo.MASTER_ADDR_KEY}", record.addr,
                    lease=run_lease),
             tx.put(f"{store}{RendezvousStoreInfo.MASTER_PORT_KEY}", str(record.port),
@@ -38,7 +38,7 @@ def master_ops(client: MultiEndpointEtcd3Client, keys: RunKeys, round_number: in
 def cached_master(cache: WatchedPrefix, keys: RunKeys, round_number: int,
                   ) -> MasterRecord | None:
     """Round ``round_number``'s bootstrap address, once its rank 0 published it."""
-    entry = cache.get(keys.master)
+    entry = cache.get(keys.rank0)
     if entry is None:
         return None
     with contextlib.suppress(ValueError, KeyError):

@@ -87,7 +87,7 @@ class LeaderRecord:
 @dataclass(frozen=True)
 class MasterRecord:
     """Where round ``round``'s workers bootstrap (MASTER_ADDR/PORT): rank 0's host and a port
-    free there. Under ``rdzv/`` so that every node's watch, narrowed or not, brings it."""
+    free there; the value of ``rdzv/rank0`` (``bootstrap.py``)."""
 
     round: int
     node_id: str  # rank 0, who picked the port on its host
