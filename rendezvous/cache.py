@@ -117,15 +117,19 @@ class WatchedPrefix:
         """Whether the copy leaves the hidden sub-prefix out (as loaded, not as wanted)."""
         return self._loaded_narrow
 
-    def set_narrow(self, narrow: bool) -> None:
+    def set_narrow(self, narrow: bool, wait: bool = True) -> None:
         """Follow everything (``False``) or leave the hidden sub-prefix out (``True``);
         switching re-reads the copy (one read per range) and watches from that revision.
-        If etcd cannot be read now, the resync loop switches as soon as it can."""
+        If etcd cannot be read now, or ``wait`` is false, the resync loop switches as soon
+        as it can (``narrow`` tells what the copy holds until then)."""
         if self._hidden is None or self._stopped.is_set():
             return
         if narrow == self._narrow and narrow == self._loaded_narrow:
             return
         self._narrow = narrow
+        if not wait:
+            self._resync_needed.set()
+            return
         try:
             self._load_and_watch()
         except Exception as error:  # noqa: BLE001 - etcd away: retried like a lost watch
@@ -285,10 +289,13 @@ class WatchedPrefix:
             for attempt in range(10**9):
                 if self._stopped.is_set():
                     return
+                switching = self._narrow != self._loaded_narrow  # asked for, not a lost watch
                 try:
                     self._load_and_watch()
-                    self._resyncs += 1
-                    log.info("watch resumed prefix=%s revision=%d", self._prefix, self.revision)
+                    if not switching:
+                        self._resyncs += 1
+                        log.info("watch resumed prefix=%s revision=%d", self._prefix,
+                                 self.revision)
                     break
                 except Exception as error:  # noqa: BLE001 - etcd down: try again later
                     delay = RESYNC_BACKOFF_S[min(attempt, len(RESYNC_BACKOFF_S) - 1)]

@@ -36,6 +36,7 @@ from .keys import RunKeys
 from .membership import Membership
 from .round_formation import (
     LastCallClock,
+    MasterRecord,
     RoundRecord,
     decide,
     is_admitted,
@@ -51,6 +52,12 @@ BACKEND_NAME = "elastic-etcd"
 STORE_TIMEOUT = timedelta(seconds=300)
 # Longest sleep between two looks at the cache while waiting (deadlines are checked this often).
 MAX_WAIT_SLICE_S = 1.0
+# How long a waiter that sees no leader key waits for its cache to catch up before it tries to
+# take the key (a dead leader is replaced this much later; the publish transaction normally
+# takes the key when there is none).
+LEADER_GRACE_S = 0.1
+# How often a node waiting for rank 0's MASTER_ADDR/PORT asks whether its round broke.
+BROKEN_CHECK_S = 0.2
 # How often a failed worker's agent looks for the membership change that explains the failure.
 MEMBERSHIP_POLL_S = 0.02
 
@@ -197,6 +204,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         log.info("waiting for round node=%s after_round=%d", self.node_id, after_round)
         deadline = time.monotonic() + config.join_timeout
         clock = LastCallClock()
+        leaderless_since = 0.0
         while True:
             if self._left.is_set():
                 raise RendezvousClosedError(f"node {self.node_id} has left the run")
@@ -210,11 +218,18 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
                 continue
             if is_admitted(status.me, current):
                 return current
+            now = time.monotonic()
             if status.leader is None:
-                if not membership.try_lead():
+                # Our narrowed cache may show the leader key gone (or not yet there) before
+                # the round written with its deletion (or the leader's put): wait for that
+                # first instead of a transaction that would lose.
+                leaderless_since = leaderless_since or now
+                if now < leaderless_since + LEADER_GRACE_S:
+                    membership.wait_for_change(revision, leaderless_since + LEADER_GRACE_S - now)
+                elif not membership.try_lead():
                     membership.wait_for_change(revision, MAX_WAIT_SLICE_S)
                 continue
-            now = time.monotonic()
+            leaderless_since = 0.0
             recheck_at: float | None = None
             leading = status.leader.node_id == self.node_id
             if leading:
@@ -257,23 +272,45 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
     def _enter_round(self, current: RoundRecord) -> RendezvousInfo | None:
         rank = current.rank_of(self.node_id)
         assert rank is not None
-        # A member answers num_nodes_waiting from every node's record: follow them all again
-        # (one read) before the round counts as entered.
-        self._membership.follow_all(True)
+        membership = self._membership
         self._round = current
-        self._membership.keep_run_lease(current.run_lease)
+        membership.keep_run_lease(current.run_lease)
+        if rank == 0 and membership.master(current.number) is None:
+            membership.publish_master(current)  # first: every other node waits for it
+        # A member answers num_nodes_waiting from every node's record: follow them all again
+        # (one read). On the cache's thread: torchrun can start the workers meanwhile, and
+        # N nodes reading N records each is what kept N = 128 from returning sooner. Until
+        # the read is done num_nodes_waiting() answers 0; a loss in between is in the read.
+        membership.follow_all(True, wait=False)
+        master = self._wait_for_master(current)
+        if master is None:  # a peer vanished mid-bootstrap: next round
+            log.info("round broke during bootstrap round=%d node=%s", current.number,
+                     self.node_id)
+            return None
         store = EtcdStore(self._client, self._keys.store(current.number),
                           lease_id=current.run_lease, timeout=STORE_TIMEOUT,
                           abort_if=self._round_broken)
-        try:
-            bootstrap = RendezvousStoreInfo.build(rank, store, local_addr=self._addr)
-        except Exception as error:  # noqa: BLE001 - a peer vanished mid-bootstrap: next round
-            if not self._round_broken():
-                raise
-            log.info("round broke during bootstrap round=%d node=%s error=%r",
-                     current.number, self.node_id, error)
-            return None
+        bootstrap = RendezvousStoreInfo(master.addr, master.port)
         return RendezvousInfo(store, rank, len(current.participants), bootstrap)
+
+    def _wait_for_master(self, current: RoundRecord) -> MasterRecord | None:
+        """Rank 0's MASTER_ADDR/PORT for ``current`` (``bootstrap.py``); None if the round
+        broke first (rank 0 died before publishing it, or a newer round replaced it)."""
+        membership = self._membership
+        deadline = time.monotonic() + STORE_TIMEOUT.total_seconds()
+        while True:
+            position = membership.revision
+            master = membership.master(current.number)
+            if master is not None:
+                return master
+            if self._round_broken():
+                return None
+            now = time.monotonic()
+            if now >= deadline:
+                raise RendezvousTimeoutError(
+                    f"node {self.node_id}: rank 0 of round {current.number} did not publish "
+                    f"MASTER_ADDR/PORT within {STORE_TIMEOUT.total_seconds():.0f}s")
+            membership.wait_for_change(position, min(BROKEN_CHECK_S, deadline - now))
 
     def _round_broken(self) -> bool:
         return self.num_nodes_waiting() > 0 or self._left.is_set()

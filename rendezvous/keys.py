@@ -7,6 +7,7 @@
 | ``{run}/rdzv/round``                  | JSON round record             | run lease      |
 | ``{run}/rdzv/closed``                 | JSON ``{"by": node_id}``      | run lease      |
 | ``{run}/rdzv/leader``                 | JSON leader record            | leader's lease |
+| ``{run}/rdzv/rank0``                  | JSON MASTER_ADDR/PORT of a round | run lease   |
 | ``{run}/store/{round}/{key}``         | bytes given by torch          | run lease      |
 
 The run lease is created by the leader of the first round and, once it exists, kept alive by
@@ -50,6 +51,12 @@ class RunKeys:
     @property
     def leader(self) -> str:
         return f"{self.rdzv}leader"
+
+    @property
+    def rank0(self) -> str:
+        # Sorts after ``nodes/`` like ``round``: a narrowed cache watches both with one range,
+        # so a round written with its rank 0's address reaches a waiter in one watch response.
+        return f"{self.rdzv}rank0"
 
     @property
     def store_root(self) -> str:

@@ -15,17 +15,18 @@ import time
 import grpc
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from .bootstrap import cached_master, master_ops
 from .cache import WatchedPrefix
 from .config import RendezvousConfig
 from .keys import RunKeys, prefix_range_end
 from .leases import LeaseKeeper, grant
 from .membership_view import MembershipView, Status
-from .probe import PeerProbe, ProbeTarget, ring_successors
-from .round_formation import LeaderRecord, NodeRecord, RoundRecord, is_admitted
+from .probe import PeerProbe, ProbeTarget
+from .probe_ring import ProbeRing, RingInputs
+from .round_formation import LeaderRecord, MasterRecord, NodeRecord, RoundRecord, is_admitted
 
 log = logging.getLogger(__name__)
 
-PROBE_DEBOUNCE_S = 0.05
 # etcd refuses a transaction with more than --max-txn-ops compares (default 128): larger rounds
 # check their participants with one read instead of one compare each.
 MAX_ALIVE_COMPARES = 64
@@ -54,19 +55,17 @@ class Membership:
         self._cache = WatchedPrefix(client, keys.rdzv, hidden=keys.nodes,
                                     shown=keys.node(node_id))
         self._leader_value = ""  # the leader key's value while we hold it
-        self._ring: list[ProbeTarget] = []  # ring successors, from the last full view
         self._view_lock = threading.Lock()
         self._view = MembershipView(keys)
         self._cache.start()
         self._keeper = LeaseKeeper(client, config.lease_ttl / 3, self._on_lease_lost)
         self._probe: PeerProbe | None = None
+        self._ring: ProbeRing | None = None
         self._left = False
-        self._left_event = threading.Event()
-        self._probe_dirty = threading.Event()
         if config.peer_probe:
             self._probe = PeerProbe("0.0.0.0", self._on_peer_dead)
-            self._cache.add_listener(self._probe_dirty.set)
-            threading.Thread(target=self._probe_loop, daemon=True, name="probe-targets").start()
+            self._ring = ProbeRing(self._probe, node_id, config.probe_fanout, self._ring_inputs)
+            self._cache.add_listener(self._ring.changed)
 
     # -- views from the cache -----------------------------------------------------------------
     @property
@@ -82,14 +81,16 @@ class Membership:
         """Whether the view has every node's record (leader, member) or only ours."""
         return not self._cache.narrow
 
-    def follow_all(self, everything: bool) -> None:
+    def follow_all(self, everything: bool, wait: bool = True) -> None:
         """Follow every node (to lead, or as a member: ``num_nodes_waiting``) or, while
         waiting without leading, only our record and the round/leader/closed keys: N waiting
-        nodes then cost O(N) watch events in all, not N^2."""
+        nodes then cost O(N) watch events in all, not N^2. ``wait=False``: switch on the
+        cache's thread (``follows_all`` says when it is done)."""
         if self._cache.narrow == (not everything):
             return
-        self._cache.set_narrow(not everything)
-        self._probe_dirty.set()
+        self._cache.set_narrow(not everything, wait)
+        if self._ring is not None:
+            self._ring.changed()
 
     def _synced(self) -> MembershipView:
         """The view brought up to the cache's revision (call with ``_view_lock`` held)."""
@@ -123,12 +124,15 @@ class Membership:
         with self._view_lock:
             return self._synced().waiting_count()
 
-    def live_version(self) -> tuple[object, ...]:
-        """Changes whenever a node appears, vanishes or changes lease/probe address, or the
-        leader changes, or we start or stop following every node (what probes depend on)."""
+    def _ring_inputs(self) -> RingInputs:
+        """What the probe ring depends on; ``version`` changes whenever a node appears,
+        vanishes or changes lease/probe address, the leader changes, or we start or stop
+        following every node."""
         with self._view_lock:
             view = self._synced()
-            return view.live_version, view.leader, self.follows_all
+            follows_all = self.follows_all
+            return RingInputs((view.live_version, view.leader, follows_all),
+                              list(view.records.values()), view.leader, follows_all)
 
     def my_record(self) -> NodeRecord | None:
         return self.status().me
@@ -153,23 +157,52 @@ class Membership:
                  self._config.run_id)
 
     def publish(self, waiting: bool, after_round: int) -> None:
-        """Write our record and wait until the cache shows it (so absence later means loss)."""
+        """Write our record and wait until the cache shows it (so absence later means loss).
+
+        The same transaction takes the leader key if nobody holds it (``try_lead``'s rule):
+        one request per node instead of a put and, for every node that registers before the
+        leader key reaches it, a second transaction."""
         if not self._node_lease:
             self.register()
         self._adopt_run_lease()
         self._record = NodeRecord(self.node_id, 0, waiting, after_round, self._addr,
                                   self._probe_address(), self._node_lease)
+        tx = self._client.transactions
+        node_key = self._keys.node(self.node_id)
+        put_record = tx.put(node_key, self._record.to_json(), lease=self._node_lease)
+        lead = self._lead_compare()
+        leader = LeaderRecord(self.node_id, self._node_lease, self._probe_address())
         try:
-            response = self._client.put(self._keys.node(self.node_id), self._record.to_json(),
-                                        lease=self._node_lease)
+            won, responses = self._client.transaction(
+                compare=lead or [],
+                success=[put_record] + ([tx.put(self._keys.leader, leader.to_json(),
+                                                lease=self._node_lease)] if lead else []),
+                failure=[put_record],
+            )
         except grpc.RpcError as error:
             if "lease not found" not in str(error.details()):
                 raise
             self.register()
             self.publish(waiting, after_round)
             return
-        self._cache.wait_for_key(self._keys.node(self.node_id), response.header.revision,
-                                 self._config.request_timeout)
+        revision = responses[0].response_put.header.revision
+        if won and lead:
+            self._leader_value = leader.to_json()
+            log.info("leading node=%s run=%s", self.node_id, self._config.run_id)
+            self._cache.wait_for_key(self._keys.leader, revision, self._config.request_timeout)
+        self._cache.wait_for_key(node_key, revision, self._config.request_timeout)
+
+    def _lead_compare(self) -> list[object] | None:
+        """The compares under which we may take the leader key: nobody holds it and the round
+        key is the one we saw; None if the round we see admits us already (the watches of a
+        narrowed cache may show the leader key deleted before that round: same transaction)."""
+        tx = self._client.transactions
+        entry = self._cache.get(self._keys.round)
+        if entry is not None and is_admitted(self._record, RoundRecord.from_json(entry.value)):
+            return None
+        same_round = (tx.mod(self._keys.round) == entry.mod_revision if entry is not None
+                      else tx.version(self._keys.round) == 0)
+        return [tx.version(self._keys.leader) == 0, same_round]
 
     def is_leader(self) -> bool:
         return bool(self._leader_value)
@@ -180,17 +213,12 @@ class Membership:
         every node by every node."""
         record = LeaderRecord(self.node_id, self._node_lease, self._probe_address())
         tx = self._client.transactions
-        # Not if the round we see admits us: the watches of a narrowed cache may show the
-        # leader key deleted before the round that admitted us (same transaction).
-        entry = self._cache.get(self._keys.round)
-        if entry is not None and is_admitted(self._record, RoundRecord.from_json(entry.value)):
+        lead = self._lead_compare()
+        if lead is None:
             return False
-        same_round = (tx.mod(self._keys.round) == entry.mod_revision if entry is not None
-                      else tx.version(self._keys.round) == 0)
         try:
             won, _ = self._client.transaction(
-                compare=[tx.version(self._keys.leader) == 0, same_round,
-                         tx.version(self._keys.node(self.node_id)) > 0],
+                compare=[*lead, tx.version(self._keys.node(self.node_id)) > 0],
                 success=[tx.put(self._keys.leader, record.to_json(), lease=self._node_lease)],
                 failure=[],
             )
@@ -292,6 +320,10 @@ class Membership:
                         default=0)
         new_round = RoundRecord(max(current.number, floor) + 1, participants, run_lease)
         old_store = self._keys.store(current.number)
+        # Rank 0 publishes where workers bootstrap; when that is us, with the round itself.
+        master = (master_ops(self._client, self._keys, new_round.number, self.node_id,
+                             self._addr, run_lease)
+                  if participants[0] == self.node_id else [])
         try:
             ok, _ = self._client.transaction(
                 failure=[],
@@ -300,6 +332,7 @@ class Membership:
                     tx.put(self._keys.round, new_round.to_json(), lease=run_lease),
                     tx.delete(old_store, range_end=prefix_range_end(old_store)),
                     *hand_on,
+                    *master,
                 ],
             )
         except grpc.RpcError as error:
@@ -322,7 +355,24 @@ class Membership:
             log.info("round not written: participants gone nodes=%s", sorted(missing)[:5])
         return not missing
 
+    # -- worker bootstrap (MASTER_ADDR/PORT: ``bootstrap.py``) ---------------------------------
+    def master(self, round_number: int) -> MasterRecord | None:
+        return cached_master(self._cache, self._keys, round_number)
+
+    def publish_master(self, current: RoundRecord) -> None:
+        """As rank 0 of ``current``, unless a newer round replaced it already."""
+        entry = self._cache.get(self._keys.round)
+        if entry is None or RoundRecord.from_json(entry.value).number != current.number:
+            return
+        tx = self._client.transactions
+        self._client.transaction(
+            compare=[tx.mod(self._keys.round) == entry.mod_revision], failure=[],
+            success=master_ops(self._client, self._keys, current.number, self.node_id,
+                               self._addr, current.run_lease))
+
     def close_run(self) -> None:
+        if self.closed():
+            return  # N nodes shutting down would otherwise send N^2 watch events
         run_lease = self._ensure_run_lease()
         self._client.put(self._keys.closed, json.dumps({"by": self.node_id}), lease=run_lease)
 
@@ -330,8 +380,8 @@ class Membership:
         if self._left:
             return
         self._left = True
-        self._left_event.set()
-        self._probe_dirty.set()
+        if self._ring is not None:
+            self._ring.stop()
         if self._probe is not None:
             self._probe.stop()
         self._keeper.stop()
@@ -341,43 +391,6 @@ class Membership:
                 self._client.revoke_lease(self._node_lease)
 
     # -- probes -------------------------------------------------------------------------------
-    def _probe_loop(self) -> None:
-        seen: tuple[object, ...] | None = None
-        while self._probe_dirty.wait() and not self._left:
-            # Coalesce a burst (N nodes registering at once) into one update, and skip
-            # changes that do not move the ring (records flipping "waiting").
-            self._left_event.wait(PROBE_DEBOUNCE_S)
-            self._probe_dirty.clear()
-            version = self.live_version()
-            if version == seen:
-                continue
-            seen = version
-            try:
-                self._update_probes()
-            except Exception:  # noqa: BLE001 - probing is an optimisation; the lease decides
-                log.exception("probe update failed node=%s", self.node_id)
-
-    def _update_probes(self) -> None:
-        if self._probe is None or self._left:
-            return
-        with self._view_lock:
-            view = self._synced()
-            live, leader = list(view.records.values()), view.leader
-        if self.follows_all:
-            order = [n.node_id for n in sorted(live, key=lambda n: n.create_revision)]
-            by_id = {n.node_id: n for n in live}
-            self._ring = [ProbeTarget(n, by_id[n].probe, by_id[n].lease)
-                          for n in ring_successors(order, self.node_id,
-                                                   self._config.probe_fanout)
-                          if by_id[n].probe and by_id[n].lease]
-        # Waiting without the full view: keep the last ring and probe the leader, so that a
-        # dead leader is replaced at once (a dead waiter is found by the leader's ring, by
-        # the members of the round it gets into, or by its lease).
-        targets = {t.node_id: t for t in self._ring}
-        if not self.follows_all and leader and leader.node_id != self.node_id and leader.probe:
-            targets[leader.node_id] = ProbeTarget(leader.node_id, leader.probe, leader.lease)
-        self._probe.watch(list(targets.values()))
-
     def _on_peer_dead(self, target: ProbeTarget) -> None:
         try:
             self._client.revoke_lease(target.lease)

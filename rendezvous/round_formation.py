@@ -84,6 +84,27 @@ class LeaderRecord:
                    probe=str(data.get("probe", "")))
 
 
+@dataclass(frozen=True)
+class MasterRecord:
+    """Where round ``round``'s workers bootstrap (MASTER_ADDR/PORT): rank 0's host and a port
+    free there; the value of ``rdzv/rank0`` (``bootstrap.py``)."""
+
+    round: int
+    node_id: str  # rank 0, who picked the port on its host
+    addr: str
+    port: int
+
+    def to_json(self) -> str:
+        return json.dumps({"round": self.round, "node": self.node_id, "addr": self.addr,
+                           "port": self.port})
+
+    @classmethod
+    def from_json(cls, text: bytes | str) -> MasterRecord:
+        data = json.loads(text)
+        return cls(round=int(data["round"]), node_id=str(data["node"]),
+                   addr=str(data["addr"]), port=int(data["port"]))
+
+
 def is_admitted(node: NodeRecord, current: RoundRecord) -> bool:
     return current.number > node.after_round and node.node_id in current.participants
 

@@ -430,8 +430,9 @@ def test_waiting_nodes_follow_only_their_own_record_until_they_lead_or_join(make
     c = make_handler(3, 3)
     infos = [j.result() for j in [*joiners, Joiner(c)]]
     assert sorted(i.rank for i in infos) == [0, 1, 2]
-    # Members follow everyone again (num_nodes_waiting), and nobody holds the leader key.
-    assert all(h._membership.follows_all for h in (a, b, c))
+    # Members follow everyone again (num_nodes_waiting; read on the cache's thread once
+    # next_rendezvous returned), and nobody holds the leader key.
+    assert eventually(lambda: all(h._membership.follows_all for h in (a, b, c)))
     assert all(len(h._membership.view()[0]) == 3 for h in (a, b, c))
     assert eventually(lambda: all(_leader_of(h) is None for h in (a, b, c)))
     assert all(h.num_nodes_waiting() == 0 for h in (a, b, c))
@@ -464,3 +465,41 @@ def test_a_spare_takes_the_leader_key_and_forms_the_next_round(make_handler) -> 
     assert eventually(lambda: a.num_nodes_waiting() > 0)
     infos = [Joiner(a).result(), waiting.result()]
     assert sorted(i.rank for i in infos) == [0, 1]
+
+
+def test_rank0_that_does_not_lead_publishes_the_bootstrap_address(make_handler) -> None:
+    # Round 1: a leads and is rank 0 (MASTER_ADDR/PORT written with the round). Round 2: the
+    # newcomer c leads (it waited first), a is rank 0 and publishes them itself.
+    a, b = (make_handler(1, 3, last_call_timeout=0.3) for _ in range(2))
+    first = join_all([a, b], stagger=0.1)
+    assert len({i.bootstrap_store_info.master_port for i in first}) == 1
+    c = make_handler(1, 3, last_call_timeout=0.3)
+    newcomer = Joiner(c)
+    assert eventually(lambda: _leader_of(c) == c.node_id)
+    infos = [j.result() for j in [Joiner(a), Joiner(b), newcomer]]
+    assert [i.rank for i in infos] == [0, 1, 2]
+    assert len({(i.bootstrap_store_info.master_addr, i.bootstrap_store_info.master_port)
+                for i in infos}) == 1
+    master = a._membership.master(2)
+    assert master is not None and master.node_id == a.node_id
+    assert infos[0].store.get("MASTER_PORT") == str(master.port).encode()  # torch's keys too
+
+
+def test_rank0_dying_before_it_publishes_the_bootstrap_address(make_handler) -> None:
+    # The others wait for rank 0's MASTER_ADDR/PORT; its death breaks the round and they
+    # form the next one instead of waiting for the 300 s store timeout.
+    a, b = (make_handler(1, 3, last_call_timeout=0.3, lease_ttl=60) for _ in range(2))
+    join_all([a, b], stagger=0.1)
+    c = make_handler(1, 3, last_call_timeout=0.3, lease_ttl=60)
+    newcomer = Joiner(c)
+    assert eventually(lambda: _leader_of(c) == c.node_id)  # so a, rank 0, does not lead
+
+    def die(current: object) -> None:
+        crash(a)
+        raise RuntimeError("killed before publishing MASTER_ADDR")
+
+    a._membership.publish_master = die  # type: ignore[method-assign]
+    dying = Joiner(a)
+    infos = [j.result(timeout=30) for j in [Joiner(b), newcomer]]
+    assert [(i.rank, i.world_size) for i in infos] == [(0, 2), (1, 2)]
+    assert isinstance(dying.error, RuntimeError)
