@@ -18,10 +18,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# After all returned: time for work a handler does in the background (members' full view).
+SETTLE_S = 1.0
 
 
 def _child(spec_path: str, child_index: int) -> int:
@@ -67,8 +70,13 @@ def _child(spec_path: str, child_index: int) -> int:
 
 def form_round_processes(backend: str, endpoint: str, run_id: str, size: int,
                          conf: dict[int, dict[str, object]], processes: int, timeout: float,
-                         disable_shared_store: bool) -> tuple[float | None, str | None]:
-    """(seconds until all N returned, error)."""
+                         disable_shared_store: bool,
+                         checkpoints: Callable[[str], None] | None = None,
+                         ) -> tuple[float | None, str | None]:
+    """(seconds until all N returned, error). ``checkpoints`` is called with ``"go"`` just
+    before the handlers start, ``"returned"`` once all have returned and ``"settled"``
+    ``SETTLE_S`` later, before they shut down (for the etcd traffic of each phase)."""
+    mark = checkpoints or (lambda _phase: None)
     processes = max(1, min(processes, size))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as spec_file:
         json.dump({"backend": backend, "endpoint": endpoint, "run_id": run_id, "size": size,
@@ -84,6 +92,7 @@ def form_round_processes(backend: str, endpoint: str, run_id: str, size: int,
         for child in children:
             if child.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
                 return None, "a child failed to create its handlers"
+        mark("go")
         go = time.time()
         for child in children:
             child.stdin.write("go\n")  # type: ignore[union-attr]
@@ -92,6 +101,9 @@ def form_round_processes(backend: str, endpoint: str, run_id: str, size: int,
         for child in children:
             line = child.stdout.readline()  # type: ignore[union-attr]
             results.update(json.loads(line) if line.strip() else {})
+        mark("returned")
+        time.sleep(SETTLE_S)
+        mark("settled")
         for child in children:
             with contextlib.suppress(OSError):
                 child.stdin.write("exit\n")  # type: ignore[union-attr]

@@ -160,6 +160,23 @@ def print_join_floor(results: dict[str, Any], floor: dict[str, Any]) -> None:
     print()
 
 
+def print_form_traffic(result: dict[str, Any], sizes: list[int]) -> None:
+    """etcd's work per node while a round forms: flat in N means flat time on N hosts."""
+    rows = [(n, (result.get(f"form{n}") or {}).get("etcd_per_node_median")) for n in sizes]
+    rows = [(n, traffic) for n, traffic in rows if traffic]
+    if not rows:
+        return
+    print("elastic-etcd, etcd's work per node while the round forms (from etcd's /metrics):")
+    print(f"{'N':>5} {'phase':<15}{'requests':>10}{'stream in':>11}{'watch out':>11}"
+          f"{'bytes out':>11}")
+    for size, traffic in rows:
+        for phase, counts in traffic.items():
+            print(f"{size:>5} {phase:<15}{counts['requests']:>10.1f}"
+                  f"{counts['stream_messages_in']:>11.1f}{counts['watch_messages_out']:>11.1f}"
+                  f"{counts['bytes_out']:>11.0f}")
+    print()
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -221,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios = print_table(results, args.sizes)
     if floor is not None:
         print_join_floor(results, floor)
+    print_form_traffic(results.get("elastic-etcd", {}), args.sizes)
     report = {
         "benchmark": "rendezvous_recovery",
         "started": began,

@@ -57,6 +57,8 @@ class Run:
     error: str | None = None
     elapsed_s: float | None = None  # form: from the start until all returned, failed or not
     logs: str | None = None  # agent log tails, only for runs that failed
+    # form, elastic-etcd: etcd requests / stream messages / watch messages / bytes per node
+    etcd_per_node: dict[str, dict[str, float]] | None = None
 
 
 _LOG_TIME = re.compile(r"^[IWE](\d{4} \d\d:\d\d:\d\d\.\d+) ")
@@ -84,7 +86,11 @@ def median(values: list[float]) -> float | None:
 
 def summarize(runs: list[Run], cap: float) -> dict[str, Any]:
     seconds = [r.seconds for r in runs if r.recovered and r.seconds is not None]
+    traffic = [r.etcd_per_node for r in runs if r.recovered and r.etcd_per_node]
+    medians = {phase: {key: median([t[phase][key] for t in traffic])
+                       for key in traffic[0][phase]} for phase in traffic[0]} if traffic else None
     return {
+        "etcd_per_node_median": medians,
         "median_s": median(seconds),
         "min_s": min(seconds) if seconds else None,
         "max_s": max(seconds) if seconds else None,

@@ -81,15 +81,28 @@ def form_round(backend: Backend, size: int, timeout: float) -> Run:
 
 def form_round_in_processes(backend: Backend, size: int, timeout: float,
                             processes: int) -> Run:
+    from benchmarks import etcd_traffic
     from benchmarks.form_processes import form_round_processes
 
     run_id = new_run_id(f"form{size}-{backend.spec.name}")
     run = Run(scenario=f"form{size}", run_id=run_id)
+    scrapes: dict[str, dict[str, float]] = {}
+
+    def checkpoint(phase: str) -> None:
+        if backend.spec.name == "elastic-etcd":  # the others' etcd traffic is not comparable
+            with contextlib.suppress(OSError):
+                scrapes[phase] = etcd_traffic.scrape(backend.endpoint())
+
     seconds, error = form_round_processes(
         backend.spec.name, backend.endpoint(), run_id, size,
         {i: backend.handler_conf(i, timeout) for i in range(size)}, processes, timeout,
-        backend.spec.disable_shared_store)
+        backend.spec.disable_shared_store, checkpoint)
     run.recovered, run.seconds, run.error = seconds is not None, seconds, error
+    if {"go", "returned", "settled"} <= scrapes.keys():
+        run.etcd_per_node = {
+            "until_returned": etcd_traffic.per_node(scrapes["go"], scrapes["returned"], size),
+            "until_settled": etcd_traffic.per_node(scrapes["go"], scrapes["settled"], size),
+        }
     return run
 
 
