@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -84,6 +85,9 @@ def bench_backend(
             run = run_agents_scenario(backend, scenario, args, work_dir)
             runs.append(run)
             shown = f"{run.seconds:.2f} s" if run.recovered else f"FAILED ({run.error})"
+            if run.recovered and run.registered_s is not None:
+                shown += (f" ({run.seconds - run.registered_s:.2f} s after the new node"
+                          f" registered at {run.registered_s:.2f} s)")
             print(
                 f"[{spec.name}] {scenario} {repeat + 1}/{args.repeats}: {shown}"
                 f" (worker failed {run.worker_failed_s}, rendezvous {run.rendezvous_done_s},"
@@ -157,6 +161,11 @@ def print_join_floor(results: dict[str, Any], floor: dict[str, Any]) -> None:
         join = (data.get("join") or {}).get("median_s")
         if join and floor["median_s"]:
             print(f"  {name}: join {join:.2f} s = {join / floor['median_s']:.2f} x the floor")
+        after = [d["seconds"] - d["registered_s"] for d in (data.get("join") or {}).get(
+            "details", []) if d.get("recovered") and d.get("registered_s") is not None]
+        if after:
+            print(f"  {name}: from the new node's registration to the first step: "
+                  f"{statistics.median(after):.2f} s median ({min(after):.2f}-{max(after):.2f})")
     print()
 
 

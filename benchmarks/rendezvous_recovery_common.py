@@ -54,6 +54,8 @@ class Run:
     # From the agents' logs (LOGLEVEL=INFO), seconds after the event, best effort:
     worker_failed_s: float | None = None  # first surviving worker reported failed
     rendezvous_done_s: float | None = None  # first "Rendezvous complete" of the new round
+    # join, elastic-etcd: the new node registered in etcd (its agent has imported torch)
+    registered_s: float | None = None
     error: str | None = None
     elapsed_s: float | None = None  # form: from the start until all returned, failed or not
     logs: str | None = None  # agent log tails, only for runs that failed
@@ -71,6 +73,21 @@ def log_times(text: str, needle: str, year: int) -> list[float]:
         match = _LOG_TIME.match(line)
         if match and needle in line:
             stamp = datetime.strptime(f"{year}{match.group(1)}", "%Y%m%d %H:%M:%S.%f")
+            found.append(stamp.timestamp())
+    return found
+
+
+_PLUGIN_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\] elastic-etcd ")
+
+
+def plugin_log_times(text: str, needle: str) -> list[float]:
+    """time.time() values of this project's log lines ("[2026-11-21 21:13:41,092] elastic-etcd
+    INFO ...") containing needle."""
+    found = []
+    for line in text.splitlines():
+        match = _PLUGIN_TIME.match(line)
+        if match and needle in line:
+            stamp = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
             found.append(stamp.timestamp())
     return found
 

@@ -9,7 +9,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.rendezvous_recovery_common import Backend, Run, first_after, log_times
+from benchmarks.rendezvous_recovery_common import (
+    Backend,
+    Run,
+    first_after,
+    log_times,
+    plugin_log_times,
+)
 from rendezvous.local_agents import (
     AgentGroup,
     first_step_with_world,
@@ -87,6 +93,9 @@ def run_agents_scenario(
             run.rendezvous_done_s = first_after(
                 log_times(logs, "Rendezvous complete", year), event_t
             )
+            if scenario == "join":
+                run.registered_s = first_after(
+                    plugin_log_times(group.agents[2].log_text(), "registered node="), event_t)
             after = [e for e in read_events(events) if e["t"] > event_t]
             starts = [e["t"] for e in after if e["event"] == "start"]
             run.worker_start_s = round(min(starts) - event_t, 3) if starts else None
