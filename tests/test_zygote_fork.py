@@ -45,7 +45,7 @@ AGENT = textwrap.dedent("""
 """)
 
 PROBE = textwrap.dedent("""
-    import json, logging, os, signal, sys
+    import gc, json, logging, os, signal, sys
     fds = {}
     for name in os.listdir("/proc/self/fd"):
         try:
@@ -59,6 +59,7 @@ PROBE = textwrap.dedent("""
         "rendezvous_handlers": len(logging.getLogger("rendezvous").handlers),
         "root_level": logging.root.level, "root_handlers": len(logging.root.handlers),
         "session_leader": os.getsid(0) == os.getpid(),
+        "gc_enabled": gc.isenabled(),
     }), flush=True)
 """)
 
@@ -105,6 +106,7 @@ def test_the_zygote_is_forked_and_its_workers_keep_nothing_of_the_agent(agent,
     assert first["sigterm"] == str(signal.SIG_DFL) and "default_int_handler" in first["sigint"]
     assert first["rendezvous_handlers"] == 0 and first["root_handlers"] == 0
     assert first["root_level"] == 30 and first["session_leader"]
+    assert first["gc_enabled"], "the zygote imports with GC paused; its workers must have it on"
     # The agent's ZygoteProcess.stop() (an exit handler from before the fork) did not run in
     # the first worker: the zygote's socket directory is still there.
     second = start_probe(info["socket"], tmp_path)
