@@ -9,8 +9,8 @@ examples/tiny_ddp.py):
 kill   3 agents with --nnodes=2:3 train in a 3-node world; SIGKILL the whole process tree of one
        non-first node; seconds from the kill to the first training step of the 2-node world.
 join   2 agents with --nnodes=2:3 train; launch a 3rd; seconds from its launch to the first step
-       of the 3-node world. Also measured: the floor of a join, a fresh python importing
-       torch + torch._dynamo (what the new node needs before its first step, in one process).
+       of the 3-node world. Also measured, as a reference: a fresh python importing torch +
+       torch._dynamo (what a cold worker process of the new node would need before a step).
 form   N handlers (registry.get_rendezvous_handler, min=max=N) spread over --form-processes
        processes (default 8; benchmarks/form_processes.py), each calling next_rendezvous() in
        its own thread at the same moment; seconds until all N returned.
@@ -47,7 +47,7 @@ from benchmarks.rendezvous_recovery_common import (  # noqa: E402
     Backend,
     BackendSpec,
     check_available,
-    cold_import_floor,
+    cold_import_reference,
     summarize,
 )
 from benchmarks.rendezvous_recovery_form import (  # noqa: E402
@@ -152,15 +152,16 @@ def print_table(results: dict[str, Any], sizes: list[int]) -> dict[str, float | 
     return ratios
 
 
-def print_join_floor(results: dict[str, Any], floor: dict[str, Any]) -> None:
-    """The join against the new node's own import floor, measured in this run."""
-    print(f"join floor: a fresh python importing torch + torch._dynamo (what a new node needs "
-          f"before its first step) takes {floor['median_s']:.2f} s here (median of "
-          f"{len(floor['runs_s'])})")
+def print_join_reference(results: dict[str, Any], reference: dict[str, Any]) -> None:
+    """The join against a cold worker's imports, measured in this run."""
+    print(f"join reference: a fresh python importing torch + torch._dynamo (what a cold worker "
+          f"of the new node needs before its first step) takes {reference['median_s']:.2f} s here "
+          f"(median of {len(reference['runs_s'])})")
     for name, data in results.items():
         join = (data.get("join") or {}).get("median_s")
-        if join and floor["median_s"]:
-            print(f"  {name}: join {join:.2f} s = {join / floor['median_s']:.2f} x the floor")
+        if join and reference["median_s"]:
+            ratio = join / reference["median_s"]
+            print(f"  {name}: join {join:.2f} s = {ratio:.2f} x the reference")
         after = [d["seconds"] - d["registered_s"] for d in (data.get("join") or {}).get(
             "details", []) if d.get("recovered") and d.get("registered_s") is not None]
         if after:
@@ -243,10 +244,10 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = bench_backend(spec, args, work_dir, stack)
 
     code = run_with_cleanup(work_dir, args.keep_logs, body)
-    floor = cold_import_floor(args.repeats) if "join" in args.scenarios else None
+    reference = cold_import_reference(args.repeats) if "join" in args.scenarios else None
     ratios = print_table(results, args.sizes)
-    if floor is not None:
-        print_join_floor(results, floor)
+    if reference is not None:
+        print_join_reference(results, reference)
     print_form_traffic(results.get("elastic-etcd", {}), args.sizes)
     report = {
         "benchmark": "rendezvous_recovery",
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "results": results,
         "ratios_elastic_etcd_over_c10d": ratios,
-        "join_cold_import_floor": floor,
+        "join_cold_import_reference": reference,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

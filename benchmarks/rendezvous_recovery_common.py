@@ -172,13 +172,12 @@ def check_available(name: str) -> str | None:
     return None
 
 
-# What a new node must import in one process, one after the other, before its worker can take a
-# step: torchrun imports torch, DDP's constructor imports torch._dynamo. A node joining cannot
-# train sooner than this after its launch, whatever the rendezvous does.
-COLD_IMPORT_FLOOR_CODE = "import torch.distributed.run, torch.nn.parallel, torch._dynamo"
+# What a new node's worker would import, one after the other, if started cold: torch (torchrun's
+# agent imports it too), then torch._dynamo for DDP's constructor. The join is compared to it.
+COLD_IMPORT_REFERENCE_CODE = "import torch.distributed.run, torch.nn.parallel, torch._dynamo"
 
 
-def cold_import_floor(repeats: int) -> dict[str, Any]:
+def cold_import_reference(repeats: int) -> dict[str, Any]:
     """Seconds from ``python`` starting to its import of torch + torch._dynamo done (median)."""
     import subprocess
     import sys
@@ -188,8 +187,8 @@ def cold_import_floor(repeats: int) -> dict[str, Any]:
     for _ in range(max(1, repeats)):
         started = time.monotonic()
         # os._exit: the interpreter's teardown of torch (≈ 0.5 s) is not part of a start.
-        subprocess.run([sys.executable, "-c", COLD_IMPORT_FLOOR_CODE + "; import os; os._exit(0)"],
-                       check=True,
+        code = COLD_IMPORT_REFERENCE_CODE + "; import os; os._exit(0)"
+        subprocess.run([sys.executable, "-c", code], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         times.append(round(time.monotonic() - started, 3))
-    return {"code": COLD_IMPORT_FLOOR_CODE, "runs_s": times, "median_s": median(times)}
+    return {"code": COLD_IMPORT_REFERENCE_CODE, "runs_s": times, "median_s": median(times)}
