@@ -21,8 +21,10 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 
@@ -68,13 +70,9 @@ class ForkedZygote:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        import time
-
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() >= deadline:
-                import subprocess
-
                 raise subprocess.TimeoutExpired(f"zygote pid {self.pid}", timeout or 0.0)
             time.sleep(0.01)
         assert self.returncode is not None
