@@ -169,6 +169,17 @@ _STR_KEYS = {"key_prefix", "cacert", "cert", "key", "user", "password", "warm_st
 _MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
+def config_from_torch_params(params: Any) -> RendezvousConfig:
+    """The settings in torch's ``RendezvousParameters``; ``ValueError`` says what is wrong."""
+    try:
+        return RendezvousConfig.from_params(
+            endpoint=params.endpoint, run_id=params.run_id, min_nodes=params.min_nodes,
+            max_nodes=params.max_nodes, local_addr=params.local_addr, conf=dict(params.config),
+        )
+    except ConfigError as error:
+        raise ValueError(f"elastic-etcd: {error}") from None
+
+
 def _typed_conf(conf: dict[str, Any]) -> dict[str, Any]:
     known = _FLOAT_KEYS | _INT_KEYS | _BOOL_KEYS | _STR_KEYS
     values: dict[str, Any] = {}

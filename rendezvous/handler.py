@@ -30,7 +30,7 @@ from torch.distributed.elastic.rendezvous import (
 
 from . import leave as leave_hook
 from . import peer_failures, warm_start
-from .config import ConfigError, RendezvousConfig
+from .config import RendezvousConfig, config_from_torch_params
 from .etcd_client import EtcdConnectionError, connect
 from .keys import RunKeys
 from .membership import Membership
@@ -317,12 +317,5 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
 
 
 def create_handler(params: RendezvousParameters) -> ElasticEtcdRendezvousHandler:
-    """The creator torch's registry calls with torchrun's parameters."""
-    try:
-        config = RendezvousConfig.from_params(
-            endpoint=params.endpoint, run_id=params.run_id, min_nodes=params.min_nodes,
-            max_nodes=params.max_nodes, local_addr=params.local_addr, conf=dict(params.config),
-        )
-    except ConfigError as error:
-        raise ValueError(f"elastic-etcd: {error}") from None
-    return ElasticEtcdRendezvousHandler(config)
+    """A handler for torch's ``RendezvousParameters`` (``ValueError`` for bad settings)."""
+    return ElasticEtcdRendezvousHandler(config_from_torch_params(params))

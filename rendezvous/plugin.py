@@ -26,32 +26,22 @@ def _show_logs_under_torchrun() -> None:
 
 
 def create_handler(params: Any) -> Any:
-    """``(RendezvousParameters) -> ElasticEtcdRendezvousHandler`` for torch's registry."""
-    _start_warm_start(params)
-    from .handler import create_handler as create
+    """``(RendezvousParameters) -> ElasticEtcdRendezvousHandler`` for torch's registry.
 
-    return create(params)
-
-
-def _start_warm_start(params: Any) -> None:
-    """Fork the zygote before the handler imports the etcd client (gRPC, protobuf: ≈ 0.25 s).
-
-    The zygote's own imports are what a new node's first worker waits for, so they start as
-    early as the settings are known; a bad setting is reported by the handler as usual.
+    The settings are read first (light imports) so that the zygote is forked before the
+    handler imports the etcd client (gRPC, protobuf: ≈ 0.25 s): the zygote's own imports are
+    what a new node's first worker waits for.
     """
-    from .config import ConfigError, RendezvousConfig
+    from .config import config_from_torch_params
 
-    try:
-        config = RendezvousConfig.from_params(
-            endpoint=params.endpoint, run_id=params.run_id, min_nodes=params.min_nodes,
-            max_nodes=params.max_nodes, local_addr=params.local_addr, conf=dict(params.config),
-        )
-    except ConfigError:
-        return
+    config = config_from_torch_params(params)
     if config.warm_start:
         from . import warm_start
 
         warm_start.install(warm_start.DEFAULT_PRELOAD + config.preload_modules)
+    from .handler import ElasticEtcdRendezvousHandler
+
+    return ElasticEtcdRendezvousHandler(config)
 
 
 def entry_point() -> Any:
