@@ -17,7 +17,7 @@ throughput  Four jobs of 2 nodes each, started together; each job's workers are 
             and the drift of a shared 2-core box hits every job alike. The jobs:
               static   benchmarks/static_ddp_baseline.py: plain DDP, c10d rendezvous,
                        DataLoader + DistributedSampler, no snapshots, no etcd
-              auto     python -m worker, elastic-etcd, its default --snapshot-every auto
+              auto     python -m kfp_elastic.worker, elastic-etcd, its default --snapshot-every auto
                        (snapshots cost <= 1 % of training time; goal >= 0.97 x static)
               K=10     the same with --snapshot-every 10
               K=inf    the same with --snapshot-every 10**9 (epoch ends still snapshot)
@@ -43,7 +43,8 @@ micro       In-process, on the ``--model`` state: the synchronous part of a snap
             background part runs (the GIL), and Progress.commit's cost against the number of
             epochs.
 
---model     the throughput jobs' model: ``digits`` (worker.examples.digits, an MLP whose 2-worker
+--model     the throughput jobs' model: ``digits`` (kfp_elastic.worker.examples.digits, an MLP
+            whose 2-worker
             step takes ~4 ms: a stress case where fixed per-step costs weigh most) or ``wide``
             (benchmarks/wide_digits.py, 1.1 M parameters, ~20 ms steps). Both sides train the
             same model-def (``$TIMED_MODEL_DEF``).
@@ -82,8 +83,8 @@ from benchmarks.elastic_runtime_throughput import (  # noqa: E402
     bench_throughput,
     job_snapshot_every,
 )
-from rendezvous.embedded_etcd import EmbeddedEtcd  # noqa: E402
-from rendezvous.local_agents import run_with_cleanup  # noqa: E402
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd  # noqa: E402
+from kfp_elastic.rendezvous.local_agents import run_with_cleanup  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "elastic_runtime.json"
 THROUGHPUT_GOAL = 0.97
@@ -101,53 +102,71 @@ def summarize(report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
     summary: dict[str, Any] = {}
     tp = report.get("throughput")
     if tp:
-        print(f"\n(a)+(c) steady-state throughput: {MODELS[args.model]}, 2 nodes x 1 gloo "
-              f"worker, global "
-              f"batch {2 * BATCH}, {args.epochs} epochs; time-sliced windows of {args.window} s "
-              f"(first {args.warm} s skipped), {tp['_rounds']} rounds")
-        print("method: all jobs start together; once a job has trained a step its workers are "
-              "SIGSTOPped; then each job runs alone for a window (SIGCONT..SIGSTOP), order "
-              "rotating per round; steps/s = steps finished inside the windows (after the "
-              "warm-up) / window time. Start-up is outside every window; drift hits all jobs.")
+        print(
+            f"\n(a)+(c) steady-state throughput: {MODELS[args.model]}, 2 nodes x 1 gloo "
+            f"worker, global "
+            f"batch {2 * BATCH}, {args.epochs} epochs; time-sliced windows of {args.window} s "
+            f"(first {args.warm} s skipped), {tp['_rounds']} rounds"
+        )
+        print(
+            "method: all jobs start together; once a job has trained a step its workers are "
+            "SIGSTOPped; then each job runs alone for a window (SIGCONT..SIGSTOP), order "
+            "rotating per round; steps/s = steps finished inside the windows (after the "
+            "warm-up) / window time. Start-up is outside every window; drift hits all jobs."
+        )
         static = (tp.get("static") or {}).get("steps_per_s")
         paired = tp["_paired"]
         width = max(len(row["label"]) for k, row in tp.items() if not k.startswith("_")) + 2
-        print(f"{'job':<{width}}{'steps/s':>9}{'ms/step':>9}{'/static':>9}{'pairs med':>10}"
-              f"{'windows':>8}{'window range':>14}{'snap/step':>10}{'agents CPU':>11}"
-              f"{'start s':>8}")
+        print(
+            f"{'job':<{width}}{'steps/s':>9}{'ms/step':>9}{'/static':>9}{'pairs med':>10}"
+            f"{'windows':>8}{'window range':>14}{'snap/step':>10}{'agents CPU':>11}"
+            f"{'start s':>8}"
+        )
         for name, row in tp.items():
             if name.startswith("_"):
                 continue
             rate = row["steps_per_s"]
-            span = (fmt(row["min_window_steps_per_s"], ".0f") + ".."
-                    + fmt(row["max_window_steps_per_s"], ".0f"))
+            span = (
+                fmt(row["min_window_steps_per_s"], ".0f")
+                + ".."
+                + fmt(row["max_window_steps_per_s"], ".0f")
+            )
             agents = row["agents_cpu_share"]
-            print(f"{row['label']:<{width}}{fmt(rate, '.1f'):>9}"
-                  f"{fmt(1e3 / rate if rate else None, '.2f'):>9}"
-                  f"{fmt(rate / static if rate and static else None, '.3f'):>9}"
-                  f"{fmt((paired.get(name) or {}).get('median'), '.3f'):>10}"
-                  f"{row['windows']:>8}{span:>14}{row['snapshots_per_step']:>10.3f}"
-                  f"{fmt(100 * agents if agents is not None else None, '.1f') + ' %':>11}"
-                  f"{fmt(row['first_step_after_launch_s'], '.0f'):>8}")
-        print("(/static: pooled steps/s over static's; pairs med: median of per-round ratios, "
-              "windows seconds apart; agents CPU: the two agents' own CPU use, workers stopped)")
-        elastic = {name: row for name, row in tp.items()
-                   if not name.startswith("_") and name != "static" and row["steps_per_s"]}
+            print(
+                f"{row['label']:<{width}}{fmt(rate, '.1f'):>9}"
+                f"{fmt(1e3 / rate if rate else None, '.2f'):>9}"
+                f"{fmt(rate / static if rate and static else None, '.3f'):>9}"
+                f"{fmt((paired.get(name) or {}).get('median'), '.3f'):>10}"
+                f"{row['windows']:>8}{span:>14}{row['snapshots_per_step']:>10.3f}"
+                f"{fmt(100 * agents if agents is not None else None, '.1f') + ' %':>11}"
+                f"{fmt(row['first_step_after_launch_s'], '.0f'):>8}"
+            )
+        print(
+            "(/static: pooled steps/s over static's; pairs med: median of per-round ratios, "
+            "windows seconds apart; agents CPU: the two agents' own CPU use, workers stopped)"
+        )
+        elastic = {
+            name: row
+            for name, row in tp.items()
+            if not name.startswith("_") and name != "static" and row["steps_per_s"]
+        }
         if static:
             for name, row in elastic.items():
                 ratio = row["steps_per_s"] / static
                 summary[f"elastic_{name}_over_static"] = round(ratio, 4)
                 pairs = paired.get(name) or {}
-                print(f"{row['label']} / static = {ratio:.3f}   goal >= {THROUGHPUT_GOAL}: "
-                      f"{'met' if ratio >= THROUGHPUT_GOAL else 'MISSED'}   (per-round pairs: "
-                      f"median {fmt(pairs.get('median'), '.3f')}, {fmt(pairs.get('min'), '.3f')}"
-                      f"..{fmt(pairs.get('max'), '.3f')}, n={pairs.get('pairs')})")
+                print(
+                    f"{row['label']} / static = {ratio:.3f}   goal >= {THROUGHPUT_GOAL}: "
+                    f"{'met' if ratio >= THROUGHPUT_GOAL else 'MISSED'}   (per-round pairs: "
+                    f"median {fmt(pairs.get('median'), '.3f')}, {fmt(pairs.get('min'), '.3f')}"
+                    f"..{fmt(pairs.get('max'), '.3f')}, n={pairs.get('pairs')})"
+                )
             default = "auto" if "auto" in elastic else "k10"  # the runner's default
             if default in elastic:
                 summary["throughput_goal_met"] = (
-                    elastic[default]["steps_per_s"] / static >= THROUGHPUT_GOAL)
-        snapshotting = [row for row in elastic.values()
-                        if AUTO < row["snapshot_every"] < HUGE]
+                    elastic[default]["steps_per_s"] / static >= THROUGHPUT_GOAL
+                )
+        snapshotting = [row for row in elastic.values() if AUTO < row["snapshot_every"] < HUGE]
         kinf_row = elastic.get("kinf")
         if snapshotting and kinf_row:
             most = max(snapshotting, key=lambda row: row["snapshots_per_step"])
@@ -157,10 +176,12 @@ def summarize(report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
             base_step = 1 / rinf - per_snapshot * sinf
             summary["snapshot_cost_ms"] = round(per_snapshot * 1e3, 3)
             summary["snapshot_cost_share_of_step"] = round(per_snapshot / base_step, 4)
-            print(f"\n(c) one snapshot costs the training loop {per_snapshot * 1e3:.2f} ms = "
-                  f"{100 * per_snapshot / base_step:.1f} % of a snapshot-free step "
-                  f"({base_step * 1e3:.2f} ms)   [from {most['label']} vs K=inf: (1/r1 - "
-                  f"1/rinf) / ({s1:.3f} - {sinf:.3f}) snapshots/step]")
+            print(
+                f"\n(c) one snapshot costs the training loop {per_snapshot * 1e3:.2f} ms = "
+                f"{100 * per_snapshot / base_step:.1f} % of a snapshot-free step "
+                f"({base_step * 1e3:.2f} ms)   [from {most['label']} vs K=inf: (1/r1 - "
+                f"1/rinf) / ({s1:.3f} - {sinf:.3f}) snapshots/step]"
+            )
     micro = report.get("micro")
     if micro:
         step_ms = None
@@ -170,36 +191,51 @@ def summarize(report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
         summary["sync_snapshot_share_of_step"] = round(share, 4) if share else None
         if not tp:
             print()
-        commits = ", ".join(f"{micro[k]:.1f} ms at {k.rsplit('epochs', 1)[1]} epochs"
-                            for k in micro if k.startswith("progress_commit_ms"))
+        commits = ", ".join(
+            f"{micro[k]:.1f} ms at {k.rsplit('epochs', 1)[1]} epochs"
+            for k in micro
+            if k.startswith("progress_commit_ms")
+        )
         stall = micro["ten_steps_after_save_noop_commit_ms"] - micro["ten_steps_ms"]
         stall_etcd = micro.get("ten_steps_after_save_etcd_commit_ms")
         summary["background_stall_ms"] = round(stall, 3)
-        print(f"(c) micro, in-process, medians of {args.micro_n}:\n"
-              f"    synchronous part of a snapshot (Trainer._commit state + Snapshotter.save): "
-              f"{micro['sync_save_call_ms']:.3f} ms = {fmt(100 * share if share else None, '.1f')}"
-              f" % of a {fmt(step_ms, '.2f')} ms K=inf step; of it state_dict+optimizer+rng "
-              f"{micro['state_build_ms']:.3f} ms, copy into the snapshot buffer "
-              f"{micro['pack_copy_ms']:.3f} ms"
-              f"\n    background part: write + CRC32C {micro['packed_write_ms']:.2f} ms "
-              f"({micro['state_bytes']} B; torch.save of the same state: "
-              f"{micro['torch_save_ms']:.2f} ms); Progress.commit {commits} "
-              f"({micro['shards']} shards)"
-              f"\n    10 train steps: {micro['ten_steps_ms']:.2f} ms alone, "
-              f"{micro['ten_steps_after_save_noop_commit_ms']:.2f} ms right after save() "
-              f"(writer thread running torch.save: +{stall:.2f} ms)"
-              + (f", {stall_etcd:.2f} ms with the etcd commit at {args.epochs} epochs "
-                 f"(+{stall_etcd - micro['ten_steps_ms']:.2f} ms)" if stall_etcd else ""))
+        print(
+            f"(c) micro, in-process, medians of {args.micro_n}:\n"
+            f"    synchronous part of a snapshot (Trainer._commit state + Snapshotter.save): "
+            f"{micro['sync_save_call_ms']:.3f} ms = {fmt(100 * share if share else None, '.1f')}"
+            f" % of a {fmt(step_ms, '.2f')} ms K=inf step; of it state_dict+optimizer+rng "
+            f"{micro['state_build_ms']:.3f} ms, copy into the snapshot buffer "
+            f"{micro['pack_copy_ms']:.3f} ms"
+            f"\n    background part: write + CRC32C {micro['packed_write_ms']:.2f} ms "
+            f"({micro['state_bytes']} B; torch.save of the same state: "
+            f"{micro['torch_save_ms']:.2f} ms); Progress.commit {commits} "
+            f"({micro['shards']} shards)"
+            f"\n    10 train steps: {micro['ten_steps_ms']:.2f} ms alone, "
+            f"{micro['ten_steps_after_save_noop_commit_ms']:.2f} ms right after save() "
+            f"(writer thread running torch.save: +{stall:.2f} ms)"
+            + (
+                f", {stall_etcd:.2f} ms with the etcd commit at {args.epochs} epochs "
+                f"(+{stall_etcd - micro['ten_steps_ms']:.2f} ms)"
+                if stall_etcd
+                else ""
+            )
+        )
     dis = report.get("disrupt")
     if dis:
         k = args.snapshot_every
-        print(f"\n(b) steps lost per disruption: 3 nodes -> 2, --snapshot-every {k}, "
-              f"--step-time {args.step_time}")
-        print("method: lost = highest step an old-world worker finished (optimizer step "
-              "post-hook reading the runtime's step counter) - step in the new world's "
-              "'restored rank=0 world=2 step=S' log line; event at a random point of epoch 2")
-        print(f"{'signal':<9}{'runs':>6}{'median':>8}{'max':>6}{'goal':>8}{'':>8}  "
-              "per run: lost (highest reached -> restored) victim rank, recovery s")
+        print(
+            f"\n(b) steps lost per disruption: 3 nodes -> 2, --snapshot-every {k}, "
+            f"--step-time {args.step_time}"
+        )
+        print(
+            "method: lost = highest step an old-world worker finished (optimizer step "
+            "post-hook reading the runtime's step counter) - step in the new world's "
+            "'restored rank=0 world=2 step=S' log line; event at a random point of epoch 2"
+        )
+        print(
+            f"{'signal':<9}{'runs':>6}{'median':>8}{'max':>6}{'goal':>8}{'':>8}  "
+            "per run: lost (highest reached -> restored) victim rank, recovery s"
+        )
         for kind, goal in (("sigkill", SIGKILL_GOAL), ("sigterm", 0)):
             data = dis[kind]
             worst = data["max_lost"]
@@ -209,11 +245,16 @@ def summarize(report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
             summary[f"{kind}_median_lost"] = data["median_lost"]
             runs = "; ".join(
                 f"{d['lost_steps']} ({d['highest_step']}->{d['restored_step']}) "
-                f"r{d['victim_rank']}, {d['recovery_s']}" if d["error"] is None else "FAILED"
-                for d in data["details"])
-            print(f"{kind.upper():<9}{data['runs']:>6}{fmt(data['median_lost'], 'g'):>8}"
-                  f"{fmt(worst, 'g'):>6}{('<= ' if goal else '= ') + str(goal):>8}"
-                  f"{'met' if met else 'MISSED':>8}  {runs}")
+                f"r{d['victim_rank']}, {d['recovery_s']}"
+                if d["error"] is None
+                else "FAILED"
+                for d in data["details"]
+            )
+            print(
+                f"{kind.upper():<9}{data['runs']:>6}{fmt(data['median_lost'], 'g'):>8}"
+                f"{fmt(worst, 'g'):>6}{('<= ' if goal else '= ') + str(goal):>8}"
+                f"{'met' if met else 'MISSED':>8}  {runs}"
+            )
     print()
     return summary
 
@@ -224,14 +265,22 @@ def summarize(report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="throughput,disrupt,micro")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke: fewer epochs, shorter windows, 1 repeat")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke: fewer epochs, shorter windows, 1 repeat"
+    )
     parser.add_argument("--epochs", type=int, default=60, help="throughput jobs' epochs")
-    parser.add_argument("--window", type=float, default=None,
-                        help="seconds per time slice (default: 3 / (jobs - 1), at most 1)")
-    parser.add_argument("--warm", type=float, default=None,
-                        help="seconds skipped at each window start (default: window / 5, at "
-                             "most 0.15)")
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=None,
+        help="seconds per time slice (default: 3 / (jobs - 1), at most 1)",
+    )
+    parser.add_argument(
+        "--warm",
+        type=float,
+        default=None,
+        help="seconds skipped at each window start (default: window / 5, at most 0.15)",
+    )
     parser.add_argument("--cap", type=float, default=200.0, help="time-slicing cap, seconds")
     parser.add_argument("--repeats", type=int, default=3, help="disruptions of each kind")
     parser.add_argument("--snapshot-every", type=int, default=5, help="K for the disruptions")
@@ -242,10 +291,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir")
-    parser.add_argument("--jobs", default=JOBS,
-                        help="throughput jobs: static, kinf, k<N> (default %(default)s)")
-    parser.add_argument("--model", choices=sorted(MODELS), default="wide",
-                        help="throughput jobs' model (default %(default)s)")
+    parser.add_argument(
+        "--jobs", default=JOBS, help="throughput jobs: static, kinf, k<N> (default %(default)s)"
+    )
+    parser.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        default="wide",
+        help="throughput jobs' model (default %(default)s)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.epochs, args.cap = 20, 40.0
@@ -295,20 +349,24 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.fromtimestamp(began).isoformat(timespec="seconds"),
         "duration_s": round(time.time() - began, 1),
         "complete": code == 0,
-        "environment": {"torch": torch.__version__, "python": platform.python_version(),
-                        "cpus": os.cpu_count(), "machine": platform.machine(),
-                        "load_average_at_end": os.getloadavg()},
+        "environment": {
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "machine": platform.machine(),
+            "load_average_at_end": os.getloadavg(),
+        },
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "method": {
             "throughput": "4 jobs started together, workers SIGSTOPped after their first step, "
-                          "then each job alone for --window s in rotating order; steps/s = "
-                          "steps finished in the windows after --warm s / that time; "
-                          "per-step times from an optimizer step post-hook (runtime) and the "
-                          "same writer in the baseline",
+            "then each job alone for --window s in rotating order; steps/s = "
+            "steps finished in the windows after --warm s / that time; "
+            "per-step times from an optimizer step post-hook (runtime) and the "
+            "same writer in the baseline",
             "snapshot_cost": "(1/r(K=1) - 1/r(K=inf)) / (snapshots per step K=1 - K=inf); "
-                             "epoch ends snapshot in every elastic job",
+            "epoch ends snapshot in every elastic job",
             "lost_steps": "highest step finished by an old-world worker (post-hook, runtime "
-                          "step number) - step of the new world's 'restored rank=0' line",
+            "step number) - step of the new world's 'restored rank=0' line",
         },
         "summary": summary,
         **report,

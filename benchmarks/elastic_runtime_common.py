@@ -8,10 +8,10 @@ import statistics
 from datetime import datetime
 from pathlib import Path
 
-from rendezvous.local_agents import AgentGroup
+from kfp_elastic.rendezvous.local_agents import AgentGroup
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-MODELS = {"digits": "worker.examples.digits", "wide": "benchmarks.wide_digits"}
+MODELS = {"digits": "kfp_elastic.worker.examples.digits", "wide": "benchmarks.wide_digits"}
 TIMED = "benchmarks.timed_model_def"
 BATCH = 32  # per worker
 TRAIN_SAMPLES = 1437  # digits train split (80 % of 1,797)

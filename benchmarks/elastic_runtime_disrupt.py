@@ -22,8 +22,8 @@ from benchmarks.elastic_runtime_common import (
     steps_per_epoch,
     worker_lines,
 )
-from rendezvous.embedded_etcd import EmbeddedEtcd
-from rendezvous.local_agents import AgentGroup, new_run_id, read_events
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.rendezvous.local_agents import AgentGroup, new_run_id, read_events
 
 
 @dataclass
@@ -45,9 +45,16 @@ class Disruption:
     logs: str | None = None
 
 
-def disrupt_run(kind: str, victim_rank: int, phase: float, args: argparse.Namespace,
-                etcd: EmbeddedEtcd, work_dir: Path, rng: random.Random,
-                stack: contextlib.ExitStack) -> Disruption:
+def disrupt_run(
+    kind: str,
+    victim_rank: int,
+    phase: float,
+    args: argparse.Namespace,
+    etcd: EmbeddedEtcd,
+    work_dir: Path,
+    rng: random.Random,
+    stack: contextlib.ExitStack,
+) -> Disruption:
     """One 3-node run; the node whose worker has ``victim_rank`` gets the signal after step
     ``steps_per_epoch(3) + 1 + int(phase * K)`` (phase in [0, 1)) + a random part of a step."""
     run_id = new_run_id(kind)
@@ -61,20 +68,41 @@ def disrupt_run(kind: str, victim_rank: int, phase: float, args: argparse.Namesp
     with group:
         try:
             for index in range(3):
-                group.start(name=f"node{index}", backend="elastic-etcd", endpoint=etcd.endpoint,
-                            run_id=run_id, nnodes="2:3", max_restarts=10,
-                            rdzv_conf={"last_call_timeout": 1}, script="-m",
-                            env={"TIMED_STEPS_FILE": str(steps_file)},
-                            script_args=["worker", "--model-def", TIMED, "--epochs",
-                                         args.disrupt_epochs, "--batch-size", BATCH,
-                                         "--snapshot-every", k, "--step-time", args.step_time,
-                                         "--snapshot-dir", run_dir / "snapshots",
-                                         "--etcd", etcd.endpoint])
-            wait_until(lambda: len({e["rank"] for e in read_events(steps_file)
-                                    if e["world"] == 3}) == 3,
-                       SETUP_TIMEOUT_S, "a step of every rank of the 3-node world", group)
-            pid_of_rank = {e["rank"]: e["pid"] for e in read_events(steps_file)
-                           if e["world"] == 3}
+                group.start(
+                    name=f"node{index}",
+                    backend="elastic-etcd",
+                    endpoint=etcd.endpoint,
+                    run_id=run_id,
+                    nnodes="2:3",
+                    max_restarts=10,
+                    rdzv_conf={"last_call_timeout": 1},
+                    script="-m",
+                    env={"TIMED_STEPS_FILE": str(steps_file)},
+                    script_args=[
+                        "worker",
+                        "--model-def",
+                        TIMED,
+                        "--epochs",
+                        args.disrupt_epochs,
+                        "--batch-size",
+                        BATCH,
+                        "--snapshot-every",
+                        k,
+                        "--step-time",
+                        args.step_time,
+                        "--snapshot-dir",
+                        run_dir / "snapshots",
+                        "--etcd",
+                        etcd.endpoint,
+                    ],
+                )
+            wait_until(
+                lambda: len({e["rank"] for e in read_events(steps_file) if e["world"] == 3}) == 3,
+                SETUP_TIMEOUT_S,
+                "a step of every rank of the 3-node world",
+                group,
+            )
+            pid_of_rank = {e["rank"]: e["pid"] for e in read_events(steps_file) if e["world"] == 3}
             victim = next(a for a in group.agents if pid_of_rank[victim_rank] in a.tree_pids())
             result.victim = victim.name
             victim_pids = victim.tree_pids()
@@ -82,17 +110,29 @@ def disrupt_run(kind: str, victim_rank: int, phase: float, args: argparse.Namesp
             # then a random fraction of a step: the event lands anywhere in a snapshot interval.
             trigger = steps_per_epoch(3) + 1 + int(phase * k)
             result.trigger_step = trigger
-            wait_until(lambda: any(e["world"] == 3 and (e["step"] or 0) >= trigger
-                                   for e in read_events(steps_file)),
-                       SETUP_TIMEOUT_S, f"step {trigger} of the 3-node world", group)
+            wait_until(
+                lambda: any(
+                    e["world"] == 3 and (e["step"] or 0) >= trigger for e in read_events(steps_file)
+                ),
+                SETUP_TIMEOUT_S,
+                f"step {trigger} of the 3-node world",
+                group,
+            )
             result.delay_s = round(rng.uniform(0, max(args.step_time, 0.01)), 3)
             time.sleep(result.delay_s)
             event_t = victim.sigkill_tree() if kind == "sigkill" else victim.sigterm()
-            wait_until(lambda: any(e["world"] == 2 and e["t"] > event_t
-                                   for e in read_events(steps_file)),
-                       args.recovery_cap, "a step of the 2-node world", group)
-            wait_until(lambda: restored_after(group_log(group), event_t) is not None, 10.0,
-                       "the new world's 'restored' log line", group)
+            wait_until(
+                lambda: any(e["world"] == 2 and e["t"] > event_t for e in read_events(steps_file)),
+                args.recovery_cap,
+                "a step of the 2-node world",
+                group,
+            )
+            wait_until(
+                lambda: restored_after(group_log(group), event_t) is not None,
+                10.0,
+                "the new world's 'restored' log line",
+                group,
+            )
             with contextlib.suppress(Exception):
                 result.victim_exit = victim.wait(30 if kind == "sigterm" else 1)
             events = read_events(steps_file)
@@ -101,14 +141,18 @@ def disrupt_run(kind: str, victim_rank: int, phase: float, args: argparse.Namesp
             result.highest_step = max(e["step"] for e in old)
             ranks = {e["rank"] for e in old if e["pid"] in victim_pids}
             result.victim_rank = min(ranks) if ranks else None
-            new = sorted((e for e in events if e["world"] == 2 and e["t"] > event_t),
-                         key=lambda e: e["t"])
+            new = sorted(
+                (e for e in events if e["world"] == 2 and e["t"] > event_t), key=lambda e: e["t"]
+            )
             result.first_new_step = new[0]["step"]
             result.recovery_s = round(new[0]["t"] - event_t, 3)
             text = group_log(group)
             result.restored_step = restored_after(text, event_t)
-            committed = [int(m.group(1)) for t, line in worker_lines(text, "committed step=")
-                         if t <= event_t and (m := re.search(r"step=(\d+)", line))]
+            committed = [
+                int(m.group(1))
+                for t, line in worker_lines(text, "committed step=")
+                if t <= event_t and (m := re.search(r"step=(\d+)", line))
+            ]
             result.committed_before = max(committed) if committed else 0
             if result.restored_step is not None:
                 result.lost_steps = result.highest_step - result.restored_step
@@ -135,8 +179,9 @@ def wait_until(predicate: Any, timeout: float, what: str, group: AgentGroup) -> 
         time.sleep(0.05)
 
 
-def bench_disrupt(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path,
-                  stack: contextlib.ExitStack) -> dict[str, Any]:
+def bench_disrupt(
+    args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path, stack: contextlib.ExitStack
+) -> dict[str, Any]:
     rng = random.Random(args.seed)
     runs: dict[str, list[Disruption]] = {"sigkill": [], "sigterm": []}
     for repeat in range(args.repeats):
@@ -146,18 +191,24 @@ def bench_disrupt(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path,
         for kind in ("sigkill", "sigterm"):  # alternated: same drift for both
             run = disrupt_run(kind, repeat % 3, phase, args, etcd, work_dir, rng, stack)
             runs[kind].append(run)
-            shown = (f"lost {run.lost_steps} (highest {run.highest_step}, committed before "
-                     f"{run.committed_before}, restored {run.restored_step}, first new step "
-                     f"{run.first_new_step}); victim {run.victim} rank {run.victim_rank}; "
-                     f"recovery {run.recovery_s} s" if run.error is None else
-                     f"FAILED ({run.error})\n{run.logs}")
+            shown = (
+                f"lost {run.lost_steps} (highest {run.highest_step}, committed before "
+                f"{run.committed_before}, restored {run.restored_step}, first new step "
+                f"{run.first_new_step}); victim {run.victim} rank {run.victim_rank}; "
+                f"recovery {run.recovery_s} s"
+                if run.error is None
+                else f"FAILED ({run.error})\n{run.logs}"
+            )
             print(f"[disrupt] {kind} {repeat + 1}/{args.repeats}: {shown}", flush=True)
     out: dict[str, Any] = {}
     for kind, items in runs.items():
         lost = [r.lost_steps for r in items if r.lost_steps is not None]
-        out[kind] = {"median_lost": median(lost), "max_lost": max(lost) if lost else None,
-                     "runs": len(items), "measured": len(lost),
-                     "median_recovery_s": median([r.recovery_s for r in items
-                                                  if r.recovery_s is not None]),
-                     "details": [asdict(r) for r in items]}
+        out[kind] = {
+            "median_lost": median(lost),
+            "max_lost": max(lost) if lost else None,
+            "runs": len(items),
+            "measured": len(lost),
+            "median_recovery_s": median([r.recovery_s for r in items if r.recovery_s is not None]),
+            "details": [asdict(r) for r in items],
+        }
     return out

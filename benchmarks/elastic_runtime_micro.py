@@ -18,18 +18,18 @@ from benchmarks.elastic_runtime_common import (
     TRAIN_SAMPLES,
     steps_per_epoch,
 )
-from rendezvous.embedded_etcd import EmbeddedEtcd
-from rendezvous.local_agents import new_run_id
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.rendezvous.local_agents import new_run_id
 
 
 def bench_micro(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path) -> dict[str, Any]:
     import torch
 
-    from rendezvous.etcd_client import connect_to
-    from worker import snapshot_format
-    from worker.data_plan import shards_for_length
-    from worker.progress import Committed, Progress, manifest_from_shards
-    from worker.snapshot import Snapshotter
+    from kfp_elastic.rendezvous.etcd_client import connect_to
+    from kfp_elastic.worker import snapshot_format
+    from kfp_elastic.worker.data_plan import shards_for_length
+    from kfp_elastic.worker.progress import Committed, Progress, manifest_from_shards
+    from kfp_elastic.worker.snapshot import Snapshotter
 
     torch.set_num_threads(1)
     model_def = importlib.import_module(MODELS[args.model])
@@ -47,8 +47,14 @@ def bench_micro(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path) ->
         train_step()  # momentum buffers exist, caches warm
 
     def state() -> dict[str, Any]:  # what Trainer._commit builds on the training thread
-        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 1,
-                "epoch": 0, "position": 0, "rng": torch.get_rng_state()}
+        return {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "step": 1,
+            "epoch": 0,
+            "position": 0,
+            "rng": torch.get_rng_state(),
+        }
 
     def timed(fn: Any, n: int) -> list[float]:
         out = []
@@ -99,13 +105,19 @@ def bench_micro(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path) ->
         "sync_save_call_ms": statistics.median(save_times) * 1e3,  # incl. state build
         "packed_write_ms": statistics.median(timed(write_packed, n)) * 1e3,
         "state_bytes": (work_dir / "micro.snap").stat().st_size,
-        "torch_save_ms": statistics.median(timed(
-            lambda: torch.save(cpu, work_dir / "micro.pt"), max(5, n // 5))) * 1e3,
+        "torch_save_ms": statistics.median(
+            timed(lambda: torch.save(cpu, work_dir / "micro.pt"), max(5, n // 5))
+        )
+        * 1e3,
         "thread_start_join_ms": statistics.median(timed(thread_start, n)) * 1e3,
-        "ten_steps_ms": statistics.median(timed(lambda: [train_step() for _ in range(10)],
-                                                max(5, n // 5))) * 1e3,
+        "ten_steps_ms": statistics.median(
+            timed(lambda: [train_step() for _ in range(10)], max(5, n // 5))
+        )
+        * 1e3,
         "ten_steps_after_save_noop_commit_ms": statistics.median(
-            [steps_after(noop_commit) for _ in range(max(5, n // 5))]) * 1e3,
+            [steps_after(noop_commit) for _ in range(max(5, n // 5))]
+        )
+        * 1e3,
     }
     client = connect_to(etcd.endpoint)
     try:
@@ -119,32 +131,47 @@ def bench_micro(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path) ->
             times = []
             for i in range(1, max(5, n // 10) + 1):
                 step = i * 10
-                new = Committed(step, (step // per_epoch) % epochs,
-                                (step % per_epoch) * 2 * BATCH, "snapshot", 2)
+                new = Committed(
+                    step,
+                    (step // per_epoch) % epochs,
+                    (step % per_epoch) * 2 * BATCH,
+                    "snapshot",
+                    2,
+                )
                 began = time.perf_counter()
                 revision = progress.commit(manifest, previous, revision, new)
                 times.append(time.perf_counter() - began)
                 assert revision
                 previous = new
             one_epoch = range(previous.epoch, previous.epoch + 1)
-            placement = timed(lambda p=progress, m=manifest, c=previous, e=one_epoch:
-                              p._placement(m, c, e), max(5, n // 10))
+            placement = timed(
+                lambda p=progress, m=manifest, c=previous, e=one_epoch: p._placement(m, c, e),
+                max(5, n // 10),
+            )
             results[f"progress_commit_ms_epochs{epochs}"] = statistics.median(times) * 1e3
             results[f"placement_ms_epochs{epochs}"] = statistics.median(placement) * 1e3
             if epochs == args.epochs:  # the background part as the throughput jobs run it
 
-                def real_commit(name: str, p: Progress = progress, m: Any = manifest,
-                                per_epoch: int = per_epoch) -> None:
+                def real_commit(
+                    name: str, p: Progress = progress, m: Any = manifest, per_epoch: int = per_epoch
+                ) -> None:
                     nonlocal previous, revision
                     step = (previous.step if previous else 0) + 10
-                    new = Committed(step, (step // per_epoch) % m.epochs,
-                                    (step % per_epoch) * 2 * BATCH, name, 2)
+                    new = Committed(
+                        step,
+                        (step // per_epoch) % m.epochs,
+                        (step % per_epoch) * 2 * BATCH,
+                        name,
+                        2,
+                    )
                     revision = p.commit(m, previous, revision, new)
                     assert revision
                     previous = new
 
-                results["ten_steps_after_save_etcd_commit_ms"] = statistics.median(
-                    [steps_after(real_commit) for _ in range(max(5, n // 5))]) * 1e3
+                results["ten_steps_after_save_etcd_commit_ms"] = (
+                    statistics.median([steps_after(real_commit) for _ in range(max(5, n // 5))])
+                    * 1e3
+                )
         results["shards"] = len(shards)
     finally:
         client.close()

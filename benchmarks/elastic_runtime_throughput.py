@@ -28,8 +28,8 @@ from benchmarks.elastic_runtime_common import (
     worker_lines,
     worker_pids,
 )
-from rendezvous.embedded_etcd import EmbeddedEtcd, free_port
-from rendezvous.local_agents import AgentGroup, new_run_id, read_events
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, free_port
+from kfp_elastic.rendezvous.local_agents import AgentGroup, new_run_id, read_events
 
 BASELINE = REPO_ROOT / "benchmarks" / "static_ddp_baseline.py"
 ETCD_REQUEST_TIMEOUT_S = 120  # throughput jobs' workers: outlasts any SIGSTOP pause here
@@ -62,40 +62,90 @@ class Job:
         return [e for e in read_events(self.steps_file) if e.get("rank") == 0]
 
 
-def start_throughput_job(name: str, snapshot_every: int | None, args: argparse.Namespace,
-                         etcd: EmbeddedEtcd, work_dir: Path) -> Job:
+def start_throughput_job(
+    name: str,
+    snapshot_every: int | None,
+    args: argparse.Namespace,
+    etcd: EmbeddedEtcd,
+    work_dir: Path,
+) -> Job:
     run_id = new_run_id(name)
     run_dir = work_dir / run_id
     run_dir.mkdir(parents=True)
     steps_file = run_dir / "steps.jsonl"
     group = AgentGroup(run_dir / "logs")
-    label = ("static DDP" if snapshot_every is None else "elastic auto" if snapshot_every == AUTO
-             else f"elastic K={'inf' if snapshot_every >= HUGE else snapshot_every}")
-    job = Job(name, label, snapshot_every, steps_file, group,
-              args.epochs * steps_per_epoch(2), launched_at=time.time())
-    env = {"TIMED_STEPS_FILE": str(steps_file), "TIMED_STEP_NUMBERS": "0",
-           "TIMED_ETCD_REQUEST_TIMEOUT": str(ETCD_REQUEST_TIMEOUT_S),
-           "TIMED_MODEL_DEF": MODELS[args.model]}
+    label = (
+        "static DDP"
+        if snapshot_every is None
+        else "elastic auto"
+        if snapshot_every == AUTO
+        else f"elastic K={'inf' if snapshot_every >= HUGE else snapshot_every}"
+    )
+    job = Job(
+        name,
+        label,
+        snapshot_every,
+        steps_file,
+        group,
+        args.epochs * steps_per_epoch(2),
+        launched_at=time.time(),
+    )
+    env = {
+        "TIMED_STEPS_FILE": str(steps_file),
+        "TIMED_STEP_NUMBERS": "0",
+        "TIMED_ETCD_REQUEST_TIMEOUT": str(ETCD_REQUEST_TIMEOUT_S),
+        "TIMED_MODEL_DEF": MODELS[args.model],
+    }
     if snapshot_every is None:
         endpoint = f"127.0.0.1:{free_port()}"
         for index in range(2):
-            group.start(name=f"node{index}", backend="c10d", endpoint=endpoint, run_id=run_id,
-                        nnodes="2", max_restarts=0, rdzv_conf={"is_host": int(index == 0)},
-                        script=BASELINE, env=env,
-                        script_args=["--epochs", args.epochs, "--batch-size", BATCH,
-                                     "--steps-file", steps_file])
+            group.start(
+                name=f"node{index}",
+                backend="c10d",
+                endpoint=endpoint,
+                run_id=run_id,
+                nnodes="2",
+                max_restarts=0,
+                rdzv_conf={"is_host": int(index == 0)},
+                script=BASELINE,
+                env=env,
+                script_args=[
+                    "--epochs",
+                    args.epochs,
+                    "--batch-size",
+                    BATCH,
+                    "--steps-file",
+                    steps_file,
+                ],
+            )
     else:
         for index in range(2):
-            group.start(name=f"node{index}", backend="elastic-etcd", endpoint=etcd.endpoint,
-                        run_id=run_id, nnodes="2:3", max_restarts=3,
-                        rdzv_conf={"last_call_timeout": 1}, env=env,
-                        script="-m",
-                        script_args=["worker",
-                                     "--model-def", TIMED, "--epochs", args.epochs,
-                                     "--batch-size", BATCH, "--snapshot-every",
-                                     "auto" if snapshot_every == AUTO else snapshot_every,
-                                     "--snapshot-dir", run_dir / "snapshots",
-                                     "--etcd", etcd.endpoint])
+            group.start(
+                name=f"node{index}",
+                backend="elastic-etcd",
+                endpoint=etcd.endpoint,
+                run_id=run_id,
+                nnodes="2:3",
+                max_restarts=3,
+                rdzv_conf={"last_call_timeout": 1},
+                env=env,
+                script="-m",
+                script_args=[
+                    "worker",
+                    "--model-def",
+                    TIMED,
+                    "--epochs",
+                    args.epochs,
+                    "--batch-size",
+                    BATCH,
+                    "--snapshot-every",
+                    "auto" if snapshot_every == AUTO else snapshot_every,
+                    "--snapshot-dir",
+                    run_dir / "snapshots",
+                    "--etcd",
+                    etcd.endpoint,
+                ],
+            )
     return job
 
 
@@ -111,8 +161,11 @@ def pause_when_training(jobs: list[Job], timeout: float) -> None:
                 _signal(worker_pids(job.group), signal.SIGSTOP)
                 job.paused = True
                 job.first_step_at = events[0]["t"]
-                print(f"  {job.label}: first step {job.first_step_at - job.launched_at:.1f} s "
-                      "after launch; paused", flush=True)
+                print(
+                    f"  {job.label}: first step {job.first_step_at - job.launched_at:.1f} s "
+                    "after launch; paused",
+                    flush=True,
+                )
             elif agents_done(job.group):
                 job.error = "agents exited before the first step"
                 print(f"  {job.label}: FAILED to start\n{job.group.logs(20)}", flush=True)
@@ -177,8 +230,11 @@ def time_slice(jobs: list[Job], window: float, cap: float) -> int:
             disturbed = not finished and not all(_running(p) for p in mine)
             job.windows.append((t_cont, t_stop, disturbed))
             if disturbed:
-                print(f"  {job.label}: a worker exited during window {len(job.windows) - 1}; "
-                      "window left out", flush=True)
+                print(
+                    f"  {job.label}: a worker exited during window {len(job.windows) - 1}; "
+                    "window left out",
+                    flush=True,
+                )
             if finished or agents_done(job.group):
                 job.done = True
         rounds += 1
@@ -203,13 +259,21 @@ def window_rates(job: Job, warm: float, min_span: float) -> list[dict[str, Any]]
         if span < min_span:
             continue
         steps = sum(1 for t in times if start < t <= end)
-        rows.append({"window": index, "start": start, "seconds": round(span, 4), "steps": steps,
-                     "steps_per_s": round(steps / span, 3)})
+        rows.append(
+            {
+                "window": index,
+                "start": start,
+                "seconds": round(span, 4),
+                "steps": steps,
+                "steps_per_s": round(steps / span, 3),
+            }
+        )
     return rows
 
 
-def snapshots_per_step(snapshot_every: int | None, total: int, per_epoch: int,
-                       committed: int = 0) -> float:
+def snapshots_per_step(
+    snapshot_every: int | None, total: int, per_epoch: int, committed: int = 0
+) -> float:
     """Snapshots per step of a job: from the schedule, or (auto) the commits it logged."""
     if snapshot_every is None:
         return 0.0
@@ -236,11 +300,15 @@ def job_snapshot_every(name: str) -> int | None:
     raise ValueError(f"unknown job {name!r}: use static, auto, kinf or k<N> (N >= 1)")
 
 
-def bench_throughput(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path,
-                     stack: contextlib.ExitStack) -> dict[str, Any]:
+def bench_throughput(
+    args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path, stack: contextlib.ExitStack
+) -> dict[str, Any]:
     specs = [(name, job_snapshot_every(name)) for name in args.jobs]
-    print(f"[throughput] starting {len(specs)} jobs of 2 nodes, {args.epochs} epochs "
-          f"({args.epochs * steps_per_epoch(2)} steps) each", flush=True)
+    print(
+        f"[throughput] starting {len(specs)} jobs of 2 nodes, {args.epochs} epochs "
+        f"({args.epochs * steps_per_epoch(2)} steps) each",
+        flush=True,
+    )
     jobs = []
     for name, every in specs:
         job = start_throughput_job(name, every, args, etcd, work_dir)
@@ -252,8 +320,12 @@ def bench_throughput(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Pat
     # measured here, with all workers stopped, and reported beside the rates.
     cpu_before = {j.name: cpu_seconds(agent_pids(j)) for j in jobs}
     time.sleep(AGENT_CPU_S)
-    agent_cpu = {j.name: (cpu_seconds(agent_pids(j)) - cpu_before[j.name]) / AGENT_CPU_S
-                 if not j.error else None for j in jobs}
+    agent_cpu = {
+        j.name: (cpu_seconds(agent_pids(j)) - cpu_before[j.name]) / AGENT_CPU_S
+        if not j.error
+        else None
+        for j in jobs
+    }
     rounds = time_slice(jobs, args.window, args.cap)
     for job in jobs:
         job.group.kill_all()
@@ -277,13 +349,21 @@ def bench_throughput(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Pat
             "measured_s": round(seconds, 3),
             "steps_done": len(job.events()),
             "total_steps": job.total_steps,
-            "snapshots_per_step": round(snapshots_per_step(
-                job.snapshot_every, job.total_steps, per_epoch,
-                len(worker_lines(group_log(job.group), "committed step="))), 4),
-            "first_step_after_launch_s": (round(job.first_step_at - job.launched_at, 2)
-                                          if job.first_step_at else None),
-            "agents_cpu_share": (round(agent_cpu[job.name], 4)
-                                 if agent_cpu[job.name] is not None else None),
+            "snapshots_per_step": round(
+                snapshots_per_step(
+                    job.snapshot_every,
+                    job.total_steps,
+                    per_epoch,
+                    len(worker_lines(group_log(job.group), "committed step=")),
+                ),
+                4,
+            ),
+            "first_step_after_launch_s": (
+                round(job.first_step_at - job.launched_at, 2) if job.first_step_at else None
+            ),
+            "agents_cpu_share": (
+                round(agent_cpu[job.name], 4) if agent_cpu[job.name] is not None else None
+            ),
             "model": args.model,
             "error": job.error,
             "window_rows": rows,
@@ -304,7 +384,10 @@ def paired_ratios(jobs: list[Job], args: argparse.Namespace) -> dict[str, Any]:
         for a, b in zip(ours, base, strict=False):  # k-th measured window of each
             if a["steps_per_s"] and b["steps_per_s"]:
                 ratios.append(a["steps_per_s"] / b["steps_per_s"])
-        out[name] = {"median": round(median(ratios), 4) if ratios else None,
-                     "min": round(min(ratios), 4) if ratios else None,
-                     "max": round(max(ratios), 4) if ratios else None, "pairs": len(ratios)}
+        out[name] = {
+            "median": round(median(ratios), 4) if ratios else None,
+            "min": round(min(ratios), 4) if ratios else None,
+            "max": round(max(ratios), 4) if ratios else None,
+            "pairs": len(ratios),
+        }
     return out

@@ -23,8 +23,12 @@ def scrape(endpoint: str, timeout: float = 5.0) -> dict[str, float]:
     """Totals of the counters above for the etcd serving ``endpoint`` (``HOST:PORT``)."""
     with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=timeout) as response:
         text = response.read().decode()
-    totals = {"requests": 0.0, "stream_messages_in": 0.0, "watch_messages_out": 0.0,
-              "bytes_out": 0.0}
+    totals = {
+        "requests": 0.0,
+        "stream_messages_in": 0.0,
+        "watch_messages_out": 0.0,
+        "bytes_out": 0.0,
+    }
     for line in text.splitlines():
         match = _SAMPLE.match(line)
         if match is None:

@@ -36,9 +36,16 @@ def _child(spec_path: str, child_index: int) -> int:
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     indices = [i for i in range(spec["size"]) if i % spec["processes"] == child_index]
     handlers = {
-        i: get_rendezvous_handler(RendezvousParameters(
-            backend=spec["backend"], endpoint=spec["endpoint"], run_id=spec["run_id"],
-            min_nodes=spec["size"], max_nodes=spec["size"], **spec["conf"][str(i)]))
+        i: get_rendezvous_handler(
+            RendezvousParameters(
+                backend=spec["backend"],
+                endpoint=spec["endpoint"],
+                run_id=spec["run_id"],
+                min_nodes=spec["size"],
+                max_nodes=spec["size"],
+                **spec["conf"][str(i)],
+            )
+        )
         for i in indices
     }
     print("ready", flush=True)
@@ -68,26 +75,53 @@ def _child(spec_path: str, child_index: int) -> int:
     os._exit(0)
 
 
-def form_round_processes(backend: str, endpoint: str, run_id: str, size: int,
-                         conf: dict[int, dict[str, object]], processes: int, timeout: float,
-                         disable_shared_store: bool,
-                         checkpoints: Callable[[str], None] | None = None,
-                         ) -> tuple[float | None, str | None]:
+def form_round_processes(
+    backend: str,
+    endpoint: str,
+    run_id: str,
+    size: int,
+    conf: dict[int, dict[str, object]],
+    processes: int,
+    timeout: float,
+    disable_shared_store: bool,
+    checkpoints: Callable[[str], None] | None = None,
+) -> tuple[float | None, str | None]:
     """(seconds until all N returned, error). ``checkpoints`` is called with ``"go"`` just
     before the handlers start, ``"returned"`` once all have returned and ``"settled"``
     ``SETTLE_S`` later, before they shut down (for the etcd traffic of each phase)."""
     mark = checkpoints or (lambda _phase: None)
     processes = max(1, min(processes, size))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as spec_file:
-        json.dump({"backend": backend, "endpoint": endpoint, "run_id": run_id, "size": size,
-                   "processes": processes, "timeout": timeout,
-                   "disable_shared_store": disable_shared_store,
-                   "conf": {str(k): v for k, v in conf.items()}}, spec_file)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    children = [subprocess.Popen([sys.executable, __file__, spec_file.name, str(i)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                 env=env, start_new_session=True) for i in range(processes)]
+        json.dump(
+            {
+                "backend": backend,
+                "endpoint": endpoint,
+                "run_id": run_id,
+                "size": size,
+                "processes": processes,
+                "timeout": timeout,
+                "disable_shared_store": disable_shared_store,
+                "conf": {str(k): v for k, v in conf.items()},
+            },
+            spec_file,
+        )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+        ),
+    }
+    children = [
+        subprocess.Popen(
+            [sys.executable, __file__, spec_file.name, str(i)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        for i in range(processes)
+    ]
     try:
         for child in children:
             if child.stdout.readline().strip() != "ready":  # type: ignore[union-attr]

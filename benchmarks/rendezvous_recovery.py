@@ -55,7 +55,7 @@ from benchmarks.rendezvous_recovery_form import (  # noqa: E402
     form_round_in_processes,
 )
 from benchmarks.rendezvous_recovery_kill_join import SETTLE_S, run_agents_scenario  # noqa: E402
-from rendezvous.local_agents import run_with_cleanup  # noqa: E402
+from kfp_elastic.rendezvous.local_agents import run_with_cleanup  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "rendezvous_recovery.json"
 
@@ -86,8 +86,10 @@ def bench_backend(
             runs.append(run)
             shown = f"{run.seconds:.2f} s" if run.recovered else f"FAILED ({run.error})"
             if run.recovered and run.registered_s is not None:
-                shown += (f" ({run.seconds - run.registered_s:.2f} s after the new node"
-                          f" registered at {run.registered_s:.2f} s)")
+                shown += (
+                    f" ({run.seconds - run.registered_s:.2f} s after the new node"
+                    f" registered at {run.registered_s:.2f} s)"
+                )
             print(
                 f"[{spec.name}] {scenario} {repeat + 1}/{args.repeats}: {shown}"
                 f" (worker failed {run.worker_failed_s}, rendezvous {run.rendezvous_done_s},"
@@ -154,19 +156,26 @@ def print_table(results: dict[str, Any], sizes: list[int]) -> dict[str, float | 
 
 def print_join_reference(results: dict[str, Any], reference: dict[str, Any]) -> None:
     """The join against a cold worker's imports, measured in this run."""
-    print(f"join reference: a fresh python importing torch + torch._dynamo (what a cold worker "
-          f"of the new node needs before its first step) takes {reference['median_s']:.2f} s here "
-          f"(median of {len(reference['runs_s'])})")
+    print(
+        f"join reference: a fresh python importing torch + torch._dynamo (what a cold worker "
+        f"of the new node needs before its first step) takes {reference['median_s']:.2f} s here "
+        f"(median of {len(reference['runs_s'])})"
+    )
     for name, data in results.items():
         join = (data.get("join") or {}).get("median_s")
         if join and reference["median_s"]:
             ratio = join / reference["median_s"]
             print(f"  {name}: join {join:.2f} s = {ratio:.2f} x the reference")
-        after = [d["seconds"] - d["registered_s"] for d in (data.get("join") or {}).get(
-            "details", []) if d.get("recovered") and d.get("registered_s") is not None]
+        after = [
+            d["seconds"] - d["registered_s"]
+            for d in (data.get("join") or {}).get("details", [])
+            if d.get("recovered") and d.get("registered_s") is not None
+        ]
         if after:
-            print(f"  {name}: from the new node's registration to the first step: "
-                  f"{statistics.median(after):.2f} s median ({min(after):.2f}-{max(after):.2f})")
+            print(
+                f"  {name}: from the new node's registration to the first step: "
+                f"{statistics.median(after):.2f} s median ({min(after):.2f}-{max(after):.2f})"
+            )
     print()
 
 
@@ -177,13 +186,16 @@ def print_form_traffic(result: dict[str, Any], sizes: list[int]) -> None:
     if not rows:
         return
     print("elastic-etcd, etcd's work per node while the round forms (from etcd's /metrics):")
-    print(f"{'N':>5} {'phase':<15}{'requests':>10}{'stream in':>11}{'watch out':>11}"
-          f"{'bytes out':>11}")
+    print(
+        f"{'N':>5} {'phase':<15}{'requests':>10}{'stream in':>11}{'watch out':>11}{'bytes out':>11}"
+    )
     for size, traffic in rows:
         for phase, counts in traffic.items():
-            print(f"{size:>5} {phase:<15}{counts['requests']:>10.1f}"
-                  f"{counts['stream_messages_in']:>11.1f}{counts['watch_messages_out']:>11.1f}"
-                  f"{counts['bytes_out']:>11.0f}")
+            print(
+                f"{size:>5} {phase:<15}{counts['requests']:>10.1f}"
+                f"{counts['stream_messages_in']:>11.1f}{counts['watch_messages_out']:>11.1f}"
+                f"{counts['bytes_out']:>11.0f}"
+            )
     print()
 
 
@@ -196,9 +208,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="--repeats 1 --sizes 8")
     parser.add_argument("--cap", type=float, default=60.0, help="recovery cap per run, seconds")
     parser.add_argument("--form-cap", type=float, default=120.0, help="cap per `form` run")
-    parser.add_argument("--form-processes", type=int, default=8,
-                        help="spread the N handlers of `form` over this many processes "
-                             "(1: all in this process, one thread each)")
+    parser.add_argument(
+        "--form-processes",
+        type=int,
+        default=8,
+        help="spread the N handlers of `form` over this many processes "
+        "(1: all in this process, one thread each)",
+    )
     parser.add_argument("--last-call-timeout", type=int, default=1)
     parser.add_argument("--step-time", type=float, default=0.05)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -274,8 +290,10 @@ def main(argv: list[str] | None = None) -> int:
             "shared_store": args.shared_store,
             "elastic_conf": args.elastic_conf,
             "settle_s": SETTLE_S,
-            "form": (f"handlers in {args.form_processes} processes, one thread each, "
-                     "min_nodes=max_nodes=N"),
+            "form": (
+                f"handlers in {args.form_processes} processes, one thread each, "
+                "min_nodes=max_nodes=N"
+            ),
         },
         "results": results,
         "ratios_elastic_etcd_over_c10d": ratios,

@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from rendezvous.embedded_etcd import EmbeddedEtcd, free_port
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, free_port
 
 
 @dataclass(frozen=True)
@@ -104,8 +104,14 @@ def median(values: list[float]) -> float | None:
 def summarize(runs: list[Run], cap: float) -> dict[str, Any]:
     seconds = [r.seconds for r in runs if r.recovered and r.seconds is not None]
     traffic = [r.etcd_per_node for r in runs if r.recovered and r.etcd_per_node]
-    medians = {phase: {key: median([t[phase][key] for t in traffic])
-                       for key in traffic[0][phase]} for phase in traffic[0]} if traffic else None
+    medians = (
+        {
+            phase: {key: median([t[phase][key] for t in traffic]) for key in traffic[0][phase]}
+            for phase in traffic[0]
+        }
+        if traffic
+        else None
+    )
     return {
         "etcd_per_node_median": medians,
         "median_s": median(seconds),
@@ -161,7 +167,7 @@ def check_available(name: str) -> str | None:
     """Why the backend cannot run here, or None."""
     if name == "elastic-etcd":
         try:
-            from rendezvous.plugin import entry_point  # noqa: F401
+            from kfp_elastic.rendezvous.plugin import entry_point  # noqa: F401
         except Exception as error:  # noqa: BLE001
             return f"rendezvous.plugin not importable: {type(error).__name__}: {error}"
     if name == "etcd-v2":
@@ -188,7 +194,11 @@ def cold_import_reference(repeats: int) -> dict[str, Any]:
         started = time.monotonic()
         # os._exit: the interpreter's teardown of torch (≈ 0.5 s) is not part of a start.
         code = COLD_IMPORT_REFERENCE_CODE + "; import os; os._exit(0)"
-        subprocess.run([sys.executable, "-c", code], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-c", code],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         times.append(round(time.monotonic() - started, 3))
     return {"code": COLD_IMPORT_REFERENCE_CODE, "runs_s": times, "median_s": median(times)}

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from benchmarks.rendezvous_recovery_common import Backend, Run
-from rendezvous.local_agents import new_run_id
+from kfp_elastic.rendezvous.local_agents import new_run_id
 
 
 def form_round(backend: Backend, size: int, timeout: float) -> Run:
@@ -79,8 +79,7 @@ def form_round(backend: Backend, size: int, timeout: float) -> Run:
     return run
 
 
-def form_round_in_processes(backend: Backend, size: int, timeout: float,
-                            processes: int) -> Run:
+def form_round_in_processes(backend: Backend, size: int, timeout: float, processes: int) -> Run:
     from benchmarks import etcd_traffic
     from benchmarks.form_processes import form_round_processes
 
@@ -94,9 +93,16 @@ def form_round_in_processes(backend: Backend, size: int, timeout: float,
                 scrapes[phase] = etcd_traffic.scrape(backend.endpoint())
 
     seconds, error = form_round_processes(
-        backend.spec.name, backend.endpoint(), run_id, size,
-        {i: backend.handler_conf(i, timeout) for i in range(size)}, processes, timeout,
-        backend.spec.disable_shared_store, checkpoint)
+        backend.spec.name,
+        backend.endpoint(),
+        run_id,
+        size,
+        {i: backend.handler_conf(i, timeout) for i in range(size)},
+        processes,
+        timeout,
+        backend.spec.disable_shared_store,
+        checkpoint,
+    )
     run.recovered, run.seconds, run.error = seconds is not None, seconds, error
     if {"go", "returned", "settled"} <= scrapes.keys():
         run.etcd_per_node = {

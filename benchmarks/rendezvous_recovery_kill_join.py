@@ -16,7 +16,7 @@ from benchmarks.rendezvous_recovery_common import (
     log_times,
     plugin_log_times,
 )
-from rendezvous.local_agents import (
+from kfp_elastic.rendezvous.local_agents import (
     AgentGroup,
     first_step_with_world,
     new_run_id,
@@ -95,7 +95,8 @@ def run_agents_scenario(
             )
             if scenario == "join":
                 run.registered_s = first_after(
-                    plugin_log_times(group.agents[2].log_text(), "registered node="), event_t)
+                    plugin_log_times(group.agents[2].log_text(), "registered node="), event_t
+                )
             after = [e for e in read_events(events) if e["t"] > event_t]
             starts = [e["t"] for e in after if e["event"] == "start"]
             run.worker_start_s = round(min(starts) - event_t, 3) if starts else None

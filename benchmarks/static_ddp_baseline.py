@@ -3,8 +3,9 @@
     torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT \\
         benchmarks/static_ddp_baseline.py --epochs 20 --batch-size 32 --steps-file steps.jsonl
 
-The same model, data, optimizer and global batch as ``python -m worker --model-def
-worker.examples.digits --batch-size 32`` at the same world size (``$TIMED_MODEL_DEF`` picks
+The same model, data, optimizer and global batch as ``python -m kfp_elastic.worker --model-def
+kfp_elastic.worker.examples.digits --batch-size 32`` at the same world size
+(``$TIMED_MODEL_DEF`` picks
 another model-def), written the way a plain DDP script is: a ``DataLoader`` with a
 ``DistributedSampler`` (``set_epoch`` per epoch), DDP, one optimizer step per batch, no
 snapshots, no etcd, no per-step loss read-back. With 1,437 training images and 32 per rank, a
@@ -30,13 +31,14 @@ from torch.utils.data import DataLoader, DistributedSampler
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script by torchrun
 
 from benchmarks.timed_model_def import StepLog  # noqa: E402
-from worker.model_def import load_model_def  # noqa: E402
+from kfp_elastic.worker.model_def import load_model_def  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--model-def", default=os.environ.get("TIMED_MODEL_DEF", "worker.examples.digits")
+        "--model-def",
+        default=os.environ.get("TIMED_MODEL_DEF", "kfp_elastic.worker.examples.digits"),
     )
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")

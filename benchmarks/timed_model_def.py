@@ -1,5 +1,6 @@
 """Benchmark instrumentation: ``--model-def benchmarks.timed_model_def`` is another model-def
-(``$TIMED_MODEL_DEF``, default ``worker.examples.digits``) plus one timestamp per optimizer step.
+(``$TIMED_MODEL_DEF``, default ``kfp_elastic.worker.examples.digits``) plus one timestamp per
+optimizer step.
 
 Nothing of the runtime changes: model, loss, data, collate and optimizer are the wrapped
 module's; the optimizer only gets a ``register_step_post_hook`` that appends one line
@@ -28,15 +29,15 @@ import time
 
 import torch
 
-from worker.model_def import load_model_def
+from kfp_elastic.worker.model_def import load_model_def
 
-_inner = load_model_def(os.environ.get("TIMED_MODEL_DEF", "worker.examples.digits"))
+_inner = load_model_def(os.environ.get("TIMED_MODEL_DEF", "kfp_elastic.worker.examples.digits"))
 _FILE = os.environ.get("TIMED_STEPS_FILE")
 _NUMBERS = os.environ.get("TIMED_STEP_NUMBERS", "1") != "0"
 
 if os.environ.get("TIMED_ETCD_REQUEST_TIMEOUT"):
-    from rendezvous.etcd_client import connect_to as _connect_to
-    from worker import runner as _runner
+    from kfp_elastic.rendezvous.etcd_client import connect_to as _connect_to
+    from kfp_elastic.worker import runner as _runner
 
     def _patient_connect_to(endpoint: str, **conf: object):  # noqa: ANN202
         conf.setdefault("request_timeout", float(os.environ["TIMED_ETCD_REQUEST_TIMEOUT"]))
@@ -76,8 +77,13 @@ class StepLog:
 
     def emit(self, step: int | None) -> None:
         if self.fd is not None:
-            record = {"t": time.time(), "step": step, "rank": self.rank, "world": self.world,
-                      "pid": self.pid}
+            record = {
+                "t": time.time(),
+                "step": step,
+                "rank": self.rank,
+                "world": self.world,
+                "pid": self.pid,
+            }
             os.write(self.fd, (json.dumps(record) + "\n").encode())
 
 

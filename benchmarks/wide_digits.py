@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from worker.examples import digits
+from kfp_elastic.worker.examples import digits
 
 dataset = digits.dataset
 loss = digits.loss
@@ -22,5 +22,10 @@ HIDDEN = 1024
 
 def model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(64, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
-                         nn.Linear(HIDDEN, 10))
+    return nn.Sequential(
+        nn.Linear(64, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, 10),
+    )

@@ -84,8 +84,7 @@ def load_kubernetes_config() -> None:
 
 def pod_namespace(namespace: str = "") -> str:
     """``namespace``, else this pod's own, else ``default``."""
-    return namespace or (SA_NAMESPACE.read_text().strip() if SA_NAMESPACE.exists()
-                         else "default")
+    return namespace or (SA_NAMESPACE.read_text().strip() if SA_NAMESPACE.exists() else "default")
 
 
 def delete_run_pods(run_id: str, namespace: str = "") -> list[str]:

@@ -1,7 +1,7 @@
-"""``python -m master``: see ``master/cli.py``."""
+"""``kfp-elastic master``: see ``master/cli.py``."""
 
 import sys
 
-from master.cli import main
+from kfp_elastic.master.cli import main
 
 sys.exit(main())

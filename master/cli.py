@@ -1,12 +1,13 @@
-"""``python -m master``: run one elastic job until it succeeds (exit 0) or fails (exit 1).
+"""``kfp-elastic master``: run one elastic job until it succeeds (exit 0) or fails (exit 1).
 
-    python -m master --run-id job-1 --etcd 127.0.0.1:2379 --min-workers 2 --max-workers 3 \\
+    kfp-elastic master --run-id job-1 --etcd 127.0.0.1:2379 --min-workers 2 --max-workers 3 \\
         --launcher local --dataset-length 10000 --shard-size 500 --epochs 2 \\
-        --workdir /tmp/job-1 -- -m worker --model-def my_model.py
+        --workdir /tmp/job-1 -- -m kfp_elastic.worker --model-def my_model.py
 
 Everything after ``--`` is what each torchrun agent runs: a script and its arguments, or
 ``-m MODULE ...``; arguments that start with ``-`` (other than ``-m``) go to the default entry
-``-m worker``. Exit codes: 0 succeeded, 1 failed (the message says why), 2 bad arguments,
+``-m kfp_elastic.worker``. Exit codes: 0 succeeded, 1 failed (the message says why), 2 bad
+arguments,
 3 stepped down (SIGTERM or leadership lost; the workers keep running for the next master).
 """
 
@@ -22,12 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from master.job import DEFAULT_KEY_PREFIX, ElasticJob, JobSpec, LauncherFactory
-from master.launcher import Launcher
-from master.state import MasterState
-from rendezvous.config import ConfigError
+from kfp_elastic.master.job import DEFAULT_KEY_PREFIX, ElasticJob, JobSpec, LauncherFactory
+from kfp_elastic.master.launcher import Launcher
+from kfp_elastic.master.state import MasterState
+from kfp_elastic.rendezvous.config import ConfigError
 
-log = logging.getLogger("master")
+log = logging.getLogger("kfp_elastic.master")
 
 _MODULE_FLAGS = ("-m", "--module", "--no-python", "--no_python")
 _TLS_KEYS = ("cacert", "cert", "key", "user", "password", "request_timeout")
@@ -36,16 +37,16 @@ _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 def split_entry(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """(master arguments, worker entry) split at the first ``--``; the entry as torchrun gets
-    it (``-m worker`` when empty or when it starts with options)."""
+    it (``-m kfp_elastic.worker`` when empty or when it starts with options)."""
     argv = list(argv)
     if "--" not in argv:
-        return argv, ["-m", "worker"]
+        return argv, ["-m", "kfp_elastic.worker"]
     cut = argv.index("--")
-    rest = argv[cut + 1:]
+    rest = argv[cut + 1 :]
     if not rest:
-        rest = ["-m", "worker"]
+        rest = ["-m", "kfp_elastic.worker"]
     elif rest[0].startswith("-") and rest[0] not in _MODULE_FLAGS:
-        rest = ["-m", "worker", *rest]
+        rest = ["-m", "kfp_elastic.worker", *rest]
     return argv[:cut], rest
 
 
@@ -60,13 +61,22 @@ def parse_conf(text: str | None, what: str) -> dict[str, str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m master", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="kfp-elastic master",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--run-id", required=True, help="torchrun --rdzv-id; names every etcd key")
-    p.add_argument("--etcd", required=True,
-                   help="HOST:PORT[,HOST:PORT...], or 'embedded' for a throw-away local etcd")
-    p.add_argument("--etcd-conf", help="TLS/auth for etcd: cacert=,cert=,key=,user=,password= "
-                   "(the workers get the same through --rdzv-conf)")
+    p.add_argument(
+        "--etcd",
+        required=True,
+        help="HOST:PORT[,HOST:PORT...], or 'embedded' for a throw-away local etcd",
+    )
+    p.add_argument(
+        "--etcd-conf",
+        help="TLS/auth for etcd: cacert=,cert=,key=,user=,password= "
+        "(the workers get the same through --rdzv-conf)",
+    )
     p.add_argument("--rdzv-conf", help="more --rdzv-conf keys for the workers, KEY=VALUE,...")
     p.add_argument("--key-prefix", default=DEFAULT_KEY_PREFIX)
     p.add_argument("--min-workers", type=int, required=True)
@@ -81,19 +91,38 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--seed", type=int, default=0)
     data.add_argument("--no-shuffle", action="store_true")
     policy = p.add_argument_group("policy")
-    policy.add_argument("--max-wait", type=float, default=600.0,
-                        help="seconds below --min-workers before the job fails")
-    policy.add_argument("--max-failures", type=int, default=3,
-                        help="worker errors tolerated (preemptions do not count)")
-    policy.add_argument("--finish-grace", type=float, default=30.0,
-                        help="seconds workers get to exit once the job is complete")
-    policy.add_argument("--leader-ttl", type=float, default=5.0,
-                        help="leader lease TTL; a dead master's successor waits this long")
+    policy.add_argument(
+        "--max-wait",
+        type=float,
+        default=600.0,
+        help="seconds below --min-workers before the job fails",
+    )
+    policy.add_argument(
+        "--max-failures",
+        type=int,
+        default=3,
+        help="worker errors tolerated (preemptions do not count)",
+    )
+    policy.add_argument(
+        "--finish-grace",
+        type=float,
+        default=30.0,
+        help="seconds workers get to exit once the job is complete",
+    )
+    policy.add_argument(
+        "--leader-ttl",
+        type=float,
+        default=5.0,
+        help="leader lease TTL; a dead master's successor waits this long",
+    )
     p.add_argument("--metrics-port", type=int, help="serve /metrics here (0: a free port)")
     p.add_argument("--metrics-host", default="0.0.0.0")
     p.add_argument("--workdir", help="local launcher: worker logs and exit records")
-    p.add_argument("--local-capacity", type=int,
-                   help="local launcher: run at most this many workers (others stay Pending)")
+    p.add_argument(
+        "--local-capacity",
+        type=int,
+        help="local launcher: run at most this many workers (others stay Pending)",
+    )
     k8s = p.add_argument_group("kubernetes launcher")
     k8s.add_argument("--image")
     k8s.add_argument("--namespace", help="default: the master pod's own namespace")
@@ -108,16 +137,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_spec(args: argparse.Namespace, entry: Sequence[str]) -> JobSpec:
-    extra = {k: v for k, v in vars(args).items()
-             if k in ("image", "namespace", "priority_class", "local_capacity", "workdir")}
+    extra = {
+        k: v
+        for k, v in vars(args).items()
+        if k in ("image", "namespace", "priority_class", "local_capacity", "workdir")
+    }
     return JobSpec(
-        run_id=args.run_id, min_workers=args.min_workers, max_workers=args.max_workers,
-        nproc_per_worker=args.nproc_per_worker, epochs=args.epochs, max_wait_s=args.max_wait,
-        max_failures=args.max_failures, dataset_length=args.dataset_length,
-        shard_size=args.shard_size, shard_manifest=args.shard_manifest, seed=args.seed,
-        shuffle=not args.no_shuffle, entry=tuple(entry), key_prefix=args.key_prefix,
-        launcher=args.launcher, finish_grace_s=args.finish_grace,
-        leader_ttl_s=args.leader_ttl, extra=extra)  # fmt: skip
+        run_id=args.run_id,
+        min_workers=args.min_workers,
+        max_workers=args.max_workers,
+        nproc_per_worker=args.nproc_per_worker,
+        epochs=args.epochs,
+        max_wait_s=args.max_wait,
+        max_failures=args.max_failures,
+        dataset_length=args.dataset_length,
+        shard_size=args.shard_size,
+        shard_manifest=args.shard_manifest,
+        seed=args.seed,
+        shuffle=not args.no_shuffle,
+        entry=tuple(entry),
+        key_prefix=args.key_prefix,
+        launcher=args.launcher,
+        finish_grace_s=args.finish_grace,
+        leader_ttl_s=args.leader_ttl,
+        extra=extra,
+    )
 
 
 def worker_rdzv_conf(args: argparse.Namespace) -> dict[str, str]:
@@ -128,37 +172,56 @@ def worker_rdzv_conf(args: argparse.Namespace) -> dict[str, str]:
     return conf
 
 
-def make_launcher_factory(args: argparse.Namespace, spec: JobSpec,
-                          endpoint: str) -> LauncherFactory:  # fmt: skip
+def make_launcher_factory(
+    args: argparse.Namespace, spec: JobSpec, endpoint: str
+) -> LauncherFactory:
     conf = worker_rdzv_conf(args)
-    env = {"KFP_ELASTIC_ETCD_ENDPOINT": endpoint, "KFP_ELASTIC_RUN_ID": spec.run_id,
-           "KFP_ELASTIC_KEY_PREFIX": spec.key_prefix}  # fmt: skip
+    env = {
+        "KFP_ELASTIC_ETCD_ENDPOINT": endpoint,
+        "KFP_ELASTIC_RUN_ID": spec.run_id,
+        "KFP_ELASTIC_KEY_PREFIX": spec.key_prefix,
+    }
     if args.launcher == "local":
-        from master.local_launcher import LocalLauncher
+        from kfp_elastic.master.local_launcher import LocalLauncher
 
         workdir = args.workdir or tempfile.mkdtemp(prefix=f"kfp-elastic-{spec.run_id}-")
         # The worker runtime's --snapshot-dir default; local workers share the filesystem.
-        env.setdefault("KFP_ELASTIC_SNAPSHOT_DIR",
-                       os.environ.get("KFP_ELASTIC_SNAPSHOT_DIR")
-                       or str(Path(workdir).resolve() / "snapshots"))
+        env.setdefault(
+            "KFP_ELASTIC_SNAPSHOT_DIR",
+            os.environ.get("KFP_ELASTIC_SNAPSHOT_DIR")
+            or str(Path(workdir).resolve() / "snapshots"),
+        )
 
         def local(state: MasterState) -> Launcher:
             return LocalLauncher(
-                run_id=spec.run_id, endpoint=endpoint, min_workers=spec.min_workers,
-                max_workers=spec.max_workers, entry=spec.entry, workdir=workdir,
-                nproc_per_worker=spec.nproc_per_worker, rdzv_conf=conf, env=env,
-                registry=state, capacity=args.local_capacity)  # fmt: skip
+                run_id=spec.run_id,
+                endpoint=endpoint,
+                min_workers=spec.min_workers,
+                max_workers=spec.max_workers,
+                entry=spec.entry,
+                workdir=workdir,
+                nproc_per_worker=spec.nproc_per_worker,
+                rdzv_conf=conf,
+                env=env,
+                registry=state,
+                capacity=args.local_capacity,
+            )
 
         return local
     return _kubernetes_factory(args, spec, endpoint, conf, env)
 
 
-def _kubernetes_factory(args: argparse.Namespace, spec: JobSpec, endpoint: str,
-                        conf: dict[str, str], env: dict[str, str]) -> LauncherFactory:  # fmt: skip
+def _kubernetes_factory(
+    args: argparse.Namespace,
+    spec: JobSpec,
+    endpoint: str,
+    conf: dict[str, str],
+    env: dict[str, str],
+) -> LauncherFactory:
     from kubernetes import client, config
 
-    from master.k8s_launcher import KubernetesLauncher
-    from master.pod_spec import RESERVED_ENV, WorkerPodSpec
+    from kfp_elastic.master.k8s_launcher import KubernetesLauncher
+    from kfp_elastic.master.pod_spec import RESERVED_ENV, WorkerPodSpec
 
     if not args.image:
         raise ValueError("--launcher kubernetes needs --image")
@@ -167,16 +230,30 @@ def _kubernetes_factory(args: argparse.Namespace, spec: JobSpec, endpoint: str,
         raise ValueError("--no-python entries are not supported by the kubernetes launcher")
     module = entry[0] in ("-m", "--module")
     script, script_args = (entry[1], entry[2:]) if module else (entry[0], entry[1:])
-    namespace = args.namespace or (_SA_NAMESPACE.read_text().strip()
-                                   if _SA_NAMESPACE.exists() else "default")  # fmt: skip
+    namespace = args.namespace or (
+        _SA_NAMESPACE.read_text().strip() if _SA_NAMESPACE.exists() else "default"
+    )
     template = WorkerPodSpec(
-        job_name=args.job_name or spec.run_id, run_id=spec.run_id, image=args.image,
-        entrypoint=script, module=module, entrypoint_args=tuple(script_args),
-        rdzv_endpoint=endpoint, min_nodes=spec.min_workers, max_nodes=spec.max_workers,
-        nproc_per_node=spec.nproc_per_worker, rdzv_conf=conf, max_restarts=100,
-        priority_class=args.priority_class, service_account=args.service_account,
-        cpu=args.cpu, memory=args.memory, gpu=args.gpu, namespace=namespace,
-        env={k: v for k, v in env.items() if k not in RESERVED_ENV})  # fmt: skip
+        job_name=args.job_name or spec.run_id,
+        run_id=spec.run_id,
+        image=args.image,
+        entrypoint=script,
+        module=module,
+        entrypoint_args=tuple(script_args),
+        rdzv_endpoint=endpoint,
+        min_nodes=spec.min_workers,
+        max_nodes=spec.max_workers,
+        nproc_per_node=spec.nproc_per_worker,
+        rdzv_conf=conf,
+        max_restarts=100,
+        priority_class=args.priority_class,
+        service_account=args.service_account,
+        cpu=args.cpu,
+        memory=args.memory,
+        gpu=args.gpu,
+        namespace=namespace,
+        env={k: v for k, v in env.items() if k not in RESERVED_ENV},
+    )
 
     class OwnClientLauncher(KubernetesLauncher):
         def close(self) -> None:
@@ -202,33 +279,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     own, entry = split_entry(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(own)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         spec = make_spec(args, entry)
         spec.validate()
         etcd_conf = parse_conf(args.etcd_conf, "--etcd-conf")
     except ValueError as error:
-        parser.exit(2, f"python -m master: error: {error}\n")
+        parser.exit(2, f"kfp-elastic master: error: {error}\n")
     embedded = None
     try:
         endpoint = args.etcd
         if endpoint == "embedded":
-            from rendezvous.embedded_etcd import EmbeddedEtcd
+            from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 
             embedded = EmbeddedEtcd().start()
             endpoint = embedded.endpoint
-            log.warning("embedded etcd endpoint=%s: it stops with this master, so a restarted "
-                        "master cannot recover this run", endpoint)  # fmt: skip
-        from rendezvous.etcd_client import connect_to
+            log.warning(
+                "embedded etcd endpoint=%s: it stops with this master, so a restarted "
+                "master cannot recover this run",
+                endpoint,
+            )
+        from kfp_elastic.rendezvous.etcd_client import connect_to
 
         try:
             client = connect_to(endpoint, **_conf_values(etcd_conf))
             factory = make_launcher_factory(args, spec, endpoint)
         except (ConfigError, ValueError) as error:
-            parser.exit(2, f"python -m master: error: {error}\n")
-        job = ElasticJob(spec, client, factory, metrics_port=args.metrics_port,
-                         metrics_host=args.metrics_host)  # fmt: skip
+            parser.exit(2, f"kfp-elastic master: error: {error}\n")
+        job = ElasticJob(
+            spec, client, factory, metrics_port=args.metrics_port, metrics_host=args.metrics_host
+        )
         signal.signal(signal.SIGINT, lambda *_: job.request_stop(cancel=True))
         signal.signal(signal.SIGTERM, lambda *_: job.request_stop(cancel=False))
         result = job.run()

@@ -21,15 +21,15 @@ from typing import Any
 
 from pyetcd.client import MultiEndpointEtcd3Client
 
-from master.launcher import Launcher, Reason, WorkerPhase, WorkerStatus
-from master.metrics import Metrics, TimelineStats
-from master.observer import Observer
-from master.scaling import Decision, ScalingPolicy, decide, is_active
-from master.state import MasterState, NotLeaderError, read_timeline
-from rendezvous.etcd_client import TRANSIENT_ERRORS
-from rendezvous.keys import RunKeys
-from worker.data_plan import Shard, shards_for_length
-from worker.progress import Manifest, manifest_from_shards
+from kfp_elastic.master.launcher import Launcher, Reason, WorkerPhase, WorkerStatus
+from kfp_elastic.master.metrics import Metrics, TimelineStats
+from kfp_elastic.master.observer import Observer
+from kfp_elastic.master.scaling import Decision, ScalingPolicy, decide, is_active
+from kfp_elastic.master.state import MasterState, NotLeaderError, read_timeline
+from kfp_elastic.rendezvous.etcd_client import TRANSIENT_ERRORS
+from kfp_elastic.rendezvous.keys import RunKeys
+from kfp_elastic.worker.data_plan import Shard, shards_for_length
+from kfp_elastic.worker.progress import Manifest, manifest_from_shards
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class JobSpec:
     shard_manifest: str | None = None  # JSON file: {"shards": [[id, start, end], ...]}
     seed: int = 0
     shuffle: bool = True
-    entry: tuple[str, ...] = ("-m", "worker")
+    entry: tuple[str, ...] = ("-m", "kfp_elastic.worker")
     key_prefix: str = DEFAULT_KEY_PREFIX
     launcher: str = "local"
     finish_grace_s: float = 30.0  # after the job is complete, workers get this long to exit
@@ -65,8 +65,7 @@ class JobSpec:
 
     @property
     def policy(self) -> ScalingPolicy:
-        return ScalingPolicy(self.min_workers, self.max_workers, self.max_failures,
-                             self.max_wait_s)  # fmt: skip
+        return ScalingPolicy(self.min_workers, self.max_workers, self.max_failures, self.max_wait_s)
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the option at fault, before anything starts."""
@@ -116,9 +115,15 @@ LauncherFactory = Callable[[MasterState], Launcher]
 class ElasticJob:
     """``run()`` blocks until the job succeeded, failed, or this master stepped down."""
 
-    def __init__(self, spec: JobSpec, client: MultiEndpointEtcd3Client,
-                 make_launcher: LauncherFactory, *, metrics_port: int | None = None,
-                 metrics_host: str = "0.0.0.0") -> None:  # fmt: skip
+    def __init__(
+        self,
+        spec: JobSpec,
+        client: MultiEndpointEtcd3Client,
+        make_launcher: LauncherFactory,
+        *,
+        metrics_port: int | None = None,
+        metrics_host: str = "0.0.0.0",
+    ) -> None:
         spec.validate()
         self.spec = spec
         self.client = client
@@ -170,15 +175,21 @@ class ElasticJob:
         previous = state.spec()
         if recovered and previous is not None and previous != spec.to_record():
             changed = sorted(k for k in spec.to_record() if previous.get(k) != spec.to_record()[k])
-            log.warning("job spec differs from the stored one, using the new one fields=%s",
-                        ",".join(changed))  # fmt: skip
+            log.warning(
+                "job spec differs from the stored one, using the new one fields=%s",
+                ",".join(changed),
+            )
         state.save_spec(spec.to_record())
         if not recovered:
             state.set_status("running")
         manifest = spec.manifest()
-        observer = Observer(self.client, state, spec.nproc_per_worker,
-                            TimelineStats().add_all(read_timeline(self.client, spec.run_prefix)),
-                            self._wake.set)  # fmt: skip
+        observer = Observer(
+            self.client,
+            state,
+            spec.nproc_per_worker,
+            TimelineStats().add_all(read_timeline(self.client, spec.run_prefix)),
+            self._wake.set,
+        )
         if manifest is not None:
             stored = observer.progress.publish_manifest(manifest)
             if stored != manifest:
@@ -191,24 +202,38 @@ class ElasticJob:
         for name, record in self._table.items():
             if not record.get("ended") and name not in listed:  # vanished while unwatched
                 self._cache[name] = WorkerStatus(
-                    name, WorkerPhase.DELETED, Reason.DELETED_EXTERNALLY,
-                    "gone while no master watched", worker_index=record.get("index"),
-                    attempt=record.get("attempt"))  # fmt: skip
+                    name,
+                    WorkerPhase.DELETED,
+                    Reason.DELETED_EXTERNALLY,
+                    "gone while no master watched",
+                    worker_index=record.get("index"),
+                    attempt=record.get("attempt"),
+                )
         if self.metrics_port is not None:
             port = self.metrics.serve(self.metrics_port, self.metrics_host)
             log.info("metrics served url=http://%s:%d/metrics", self.metrics_host, port)
         live = sorted(n for n, r in self._table.items() if not r.get("ended"))
         if recovered:
-            state.append_event("master_recovered", master=state.identity, workers=live,
-                               failures=state.failures())  # fmt: skip
+            state.append_event(
+                "master_recovered", master=state.identity, workers=live, failures=state.failures()
+            )
             log.info("master recovered run=%s adopted=%s", spec.run_id, ",".join(live) or "-")
         else:
-            state.append_event("master_started", master=state.identity, run_id=spec.run_id,
-                               min_workers=spec.min_workers, max_workers=spec.max_workers,
-                               nproc_per_worker=spec.nproc_per_worker,
-                               launcher=spec.launcher)  # fmt: skip
-            log.info("master started run=%s min=%d max=%d", spec.run_id, spec.min_workers,
-                     spec.max_workers)  # fmt: skip
+            state.append_event(
+                "master_started",
+                master=state.identity,
+                run_id=spec.run_id,
+                min_workers=spec.min_workers,
+                max_workers=spec.max_workers,
+                nproc_per_worker=spec.nproc_per_worker,
+                launcher=spec.launcher,
+            )
+            log.info(
+                "master started run=%s min=%d max=%d",
+                spec.run_id,
+                spec.min_workers,
+                spec.max_workers,
+            )
         observer.start()
         threading.Thread(target=self._consume_events, daemon=True, name="launcher-events").start()
         try:
@@ -231,11 +256,19 @@ class ElasticJob:
             try:
                 observer.observe()
                 now = time.monotonic()
-                done = observer.complete or any(r.get("ended") == "completed"
-                                                for r in self._table.values())  # fmt: skip
+                done = observer.complete or any(
+                    r.get("ended") == "completed" for r in self._table.values()
+                )
                 workers = self._workers()
-                decision = decide(spec.policy, workers, self._recorded(), failures,
-                                  below_min_since, now, finishing=done)  # fmt: skip
+                decision = decide(
+                    spec.policy,
+                    workers,
+                    self._recorded(),
+                    failures,
+                    below_min_since,
+                    now,
+                    finishing=done,
+                )
                 self._record_ended(decision, decision.failures)
                 failures, below_min_since = decision.failures, decision.below_min_since
                 self._update_metrics(observer, workers, failures)
@@ -243,11 +276,17 @@ class ElasticJob:
                     return self._finish("failed", decision.give_up, observer)
                 if done or decision.completed:
                     finishing_since = finishing_since or now
-                    live = [w for w in workers if is_active(w) and w.name not in
-                            {o.name for o in decision.ended}]  # fmt: skip
+                    live = [
+                        w
+                        for w in workers
+                        if is_active(w) and w.name not in {o.name for o in decision.ended}
+                    ]
                     if not live or now - finishing_since >= spec.finish_grace_s:
-                        why = ("committed progress is complete" if observer.complete
-                               else "a worker completed (exit code 0)")  # fmt: skip
+                        why = (
+                            "committed progress is complete"
+                            if observer.complete
+                            else "a worker completed (exit code 0)"
+                        )
                         return self._finish("succeeded", why, observer)
                 failures = self._launch(decision, failures)
                 self._delete(decision.delete, now)
@@ -282,35 +321,63 @@ class ElasticJob:
         for name, status in cache.items():
             if name not in self._table and status.worker_index is not None:
                 self._table[name] = self.state.update_worker(
-                    name, index=status.worker_index, attempt=status.attempt or 0,
-                    launched_at=time.time())  # fmt: skip
-                log.info("worker found name=%s index=%s (not launched by this master)", name,
-                         status.worker_index)  # fmt: skip
+                    name,
+                    index=status.worker_index,
+                    attempt=status.attempt or 0,
+                    launched_at=time.time(),
+                )
+                log.info(
+                    "worker found name=%s index=%s (not launched by this master)",
+                    name,
+                    status.worker_index,
+                )
             if not (name in recorded and status.phase == WorkerPhase.DELETED):
                 workers.append(status)
         for name, record in self._table.items():
             if name not in cache and name not in recorded:  # launched, not reported yet
-                workers.append(WorkerStatus(name, WorkerPhase.PENDING,
-                                            worker_index=record.get("index"),
-                                            attempt=record.get("attempt")))  # fmt: skip
+                workers.append(
+                    WorkerStatus(
+                        name,
+                        WorkerPhase.PENDING,
+                        worker_index=record.get("index"),
+                        attempt=record.get("attempt"),
+                    )
+                )
         return workers
 
     def _record_ended(self, decision: Decision, failures: int) -> None:
         for outcome in decision.ended:
             self._table[outcome.name] = self.state.update_worker(
-                outcome.name, ended=outcome.cause, ended_at=time.time(),
-                exit_code=outcome.exit_code, message=outcome.message)  # fmt: skip
-            fields = {"name": outcome.name, "index": outcome.worker_index,
-                      "exit_code": outcome.exit_code}  # fmt: skip
+                outcome.name,
+                ended=outcome.cause,
+                ended_at=time.time(),
+                exit_code=outcome.exit_code,
+                message=outcome.message,
+            )
+            fields = {
+                "name": outcome.name,
+                "index": outcome.worker_index,
+                "exit_code": outcome.exit_code,
+            }
             if outcome.completed:
                 self.state.append_event("worker_completed", **fields)
             else:
-                self.state.append_event("worker_lost", cause=outcome.cause,
-                                        failure=outcome.failure, message=outcome.message,
-                                        **fields)  # fmt: skip
-            log.info("worker %s name=%s index=%s cause=%s failure=%s message=%s",
-                     "completed" if outcome.completed else "lost", outcome.name,
-                     outcome.worker_index, outcome.cause, outcome.failure, outcome.message)
+                self.state.append_event(
+                    "worker_lost",
+                    cause=outcome.cause,
+                    failure=outcome.failure,
+                    message=outcome.message,
+                    **fields,
+                )
+            log.info(
+                "worker %s name=%s index=%s cause=%s failure=%s message=%s",
+                "completed" if outcome.completed else "lost",
+                outcome.name,
+                outcome.worker_index,
+                outcome.cause,
+                outcome.failure,
+                outcome.message,
+            )
         if any(o.failure for o in decision.ended):
             self.state.set_failures(failures)
 
@@ -327,15 +394,19 @@ class ElasticJob:
                 failures += 1
                 self.state.set_failures(failures)
                 self.state.append_event("launch_failed", index=index, message=str(error))
-                log.error("worker launch failed index=%d failures=%d error=%s", index,
-                          failures, error)  # fmt: skip
+                log.error(
+                    "worker launch failed index=%d failures=%d error=%s", index, failures, error
+                )
                 break
             self._table[handle.name] = self.state.update_worker(
-                handle.name, index=index, attempt=handle.attempt, launched_at=time.time())
-            self.state.append_event("worker_launched", name=handle.name, index=index,
-                                    attempt=handle.attempt)  # fmt: skip
-            log.info("worker launched name=%s index=%d attempt=%d", handle.name, index,
-                     handle.attempt)  # fmt: skip
+                handle.name, index=index, attempt=handle.attempt, launched_at=time.time()
+            )
+            self.state.append_event(
+                "worker_launched", name=handle.name, index=index, attempt=handle.attempt
+            )
+            log.info(
+                "worker launched name=%s index=%d attempt=%d", handle.name, index, handle.attempt
+            )
         return failures
 
     def _delete(self, names: tuple[str, ...], now: float) -> None:
@@ -355,13 +426,21 @@ class ElasticJob:
     # -- end ----------------------------------------------------------------------------------
     def _finish(self, result: str, message: str, observer: Observer) -> JobResult:
         spec, state = self.spec, self.state
-        log.log(logging.INFO if result == "succeeded" else logging.ERROR,
-                "job %s run=%s message=%s", result, spec.run_id, message)
+        log.log(
+            logging.INFO if result == "succeeded" else logging.ERROR,
+            "job %s run=%s message=%s",
+            result,
+            spec.run_id,
+            message,
+        )
         state.set_status(result, message)
         self._stop_workers()
         observer.observe()
-        state.append_event("job_done" if result == "succeeded" else "job_failed",
-                           message=message, failures=state.failures())  # fmt: skip
+        state.append_event(
+            "job_done" if result == "succeeded" else "job_failed",
+            message=message,
+            failures=state.failures(),
+        )
         return JobResult(result, message)
 
     def _stop_workers(self, timeout_s: float = 30.0) -> None:
@@ -376,18 +455,25 @@ class ElasticJob:
             listed = self.launcher.list_workers()
         for name, record in list(self._table.items()):
             if not record.get("ended"):
-                self._table[name] = self.state.update_worker(name, ended="deleted",
-                                                             ended_at=time.time())  # fmt: skip
+                self._table[name] = self.state.update_worker(
+                    name, ended="deleted", ended_at=time.time()
+                )
 
-    def _update_metrics(self, observer: Observer, workers: list[WorkerStatus],
-                        failures: int) -> None:  # fmt: skip
+    def _update_metrics(
+        self, observer: Observer, workers: list[WorkerStatus], failures: int
+    ) -> None:
         phases: dict[str, int] = {}
         for status in workers:
             if status.phase != WorkerPhase.DELETED:
                 phases[status.phase.value] = phases.get(status.phase.value, 0) + 1
         stats = observer.stats
         self.metrics.update(
-            world_size=observer.world_size(), workers=phases, restarts=stats.restarts,
-            shard_queue=observer.shard_queues(), steps_total=stats.steps_total,
+            world_size=observer.world_size(),
+            workers=phases,
+            restarts=stats.restarts,
+            shard_queue=observer.shard_queues(),
+            steps_total=stats.steps_total,
             steps_per_second=round(stats.rate(at=time.time()), 3),
-            lost_steps=stats.lost_steps, failures=failures)  # fmt: skip
+            lost_steps=stats.lost_steps,
+            failures=failures,
+        )

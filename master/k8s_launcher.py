@@ -21,11 +21,18 @@ import urllib3
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from master.launcher import DISRUPTIONS, Launcher, Reason, WorkerEvent, WorkerHandle, WorkerPhase
-from master.launcher import WorkerStatus as Status
-from master.pod_spec import WorkerPodSpec, build_pod
-from master.pod_spec import selector as job_selector
-from master.pod_status import classify
+from kfp_elastic.master.launcher import (
+    DISRUPTIONS,
+    Launcher,
+    Reason,
+    WorkerEvent,
+    WorkerHandle,
+    WorkerPhase,
+)
+from kfp_elastic.master.launcher import WorkerStatus as Status
+from kfp_elastic.master.pod_spec import WorkerPodSpec, build_pod
+from kfp_elastic.master.pod_spec import selector as job_selector
+from kfp_elastic.master.pod_status import classify
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +57,17 @@ class KubernetesLauncher(Launcher):
     reconnects, which also bounds how long a silently dead connection goes unnoticed.
     """
 
-    def __init__(self, template: WorkerPodSpec, namespace: str, api_client: client.ApiClient,
-                 *, watch_timeout_s: int = 300, request_timeout_s: float = 30.0,
-                 max_backoff_s: float = 5.0, max_name_attempts: int = 20) -> None:  # fmt: skip
+    def __init__(
+        self,
+        template: WorkerPodSpec,
+        namespace: str,
+        api_client: client.ApiClient,
+        *,
+        watch_timeout_s: int = 300,
+        request_timeout_s: float = 30.0,
+        max_backoff_s: float = 5.0,
+        max_name_attempts: int = 20,
+    ) -> None:
         if template.namespace not in (None, namespace):
             raise ValueError(f"template namespace {template.namespace!r} != {namespace!r}")
         build_pod(template)  # fail at construction, not at the first launch
@@ -80,12 +95,16 @@ class KubernetesLauncher(Launcher):
             attempt = self._next_attempt.get(worker_index, 0)
             self._next_attempt[worker_index] = attempt + 1
         for _ in range(self._max_name_attempts):
-            spec = replace(self.template, worker_index=worker_index, attempt=attempt,
-                           namespace=self.namespace)  # fmt: skip
+            spec = replace(
+                self.template, worker_index=worker_index, attempt=attempt, namespace=self.namespace
+            )
             try:
                 self._core.create_namespaced_pod(
-                    self.namespace, build_pod(spec), _preload_content=False,
-                    _request_timeout=self._request_timeout_s)  # fmt: skip
+                    self.namespace,
+                    build_pod(spec),
+                    _preload_content=False,
+                    _request_timeout=self._request_timeout_s,
+                )
             except ApiException as exc:
                 if exc.status == 409 and _status_reason(exc) == "AlreadyExists":
                     # A previous master (or a racing launch) used this attempt: take the next.
@@ -93,11 +112,14 @@ class KubernetesLauncher(Launcher):
                         attempt = max(attempt + 1, self._next_attempt[worker_index])
                         self._next_attempt[worker_index] = attempt + 1
                     continue
-                raise LaunchError(f"creating {spec.pod_name}: {exc.status} "
-                                  f"{_status_message(exc)}") from exc  # fmt: skip
+                raise LaunchError(
+                    f"creating {spec.pod_name}: {exc.status} {_status_message(exc)}"
+                ) from exc
             except (urllib3.exceptions.HTTPError, OSError) as exc:
-                raise LaunchError(f"creating {spec.pod_name}: no answer from the API server "
-                                  f"({exc}); the pod may or may not exist") from exc
+                raise LaunchError(
+                    f"creating {spec.pod_name}: no answer from the API server "
+                    f"({exc}); the pod may or may not exist"
+                ) from exc
             return WorkerHandle(spec.pod_name, worker_index, attempt)
         raise LaunchError(f"worker {worker_index}: {self._max_name_attempts} names taken")
 
@@ -108,9 +130,13 @@ class KubernetesLauncher(Launcher):
                 self._deleted.popitem(last=False)
         try:
             self._core.delete_namespaced_pod(
-                name, self.namespace, grace_period_seconds=grace_period_s,
-                propagation_policy="Background", _preload_content=False,
-                _request_timeout=self._request_timeout_s)  # fmt: skip
+                name,
+                self.namespace,
+                grace_period_seconds=grace_period_s,
+                propagation_policy="Background",
+                _preload_content=False,
+                _request_timeout=self._request_timeout_s,
+            )
         except ApiException as exc:
             if exc.status != 404:  # already gone is what we wanted
                 raise
@@ -121,14 +147,18 @@ class KubernetesLauncher(Launcher):
 
     def _list(self) -> tuple[list[dict[str, Any]], str]:
         resp = self._core.list_namespaced_pod(
-            self.namespace, label_selector=self.selector, _preload_content=False,
-            _request_timeout=self._request_timeout_s)  # fmt: skip
+            self.namespace,
+            label_selector=self.selector,
+            _preload_content=False,
+            _request_timeout=self._request_timeout_s,
+        )
         body = json.loads(resp.data)
         self.list_count += 1
         return body.get("items") or [], body["metadata"]["resourceVersion"]
 
-    def _classify(self, pod: Mapping[str, Any], deleted: bool = False,
-                  previous: Status | None = None) -> Status:  # fmt: skip
+    def _classify(
+        self, pod: Mapping[str, Any], deleted: bool = False, previous: Status | None = None
+    ) -> Status:
         with self._lock:
             ours = pod.get("metadata", {}).get("name", "") in self._deleted
         return classify(pod, deleted=deleted, deleted_by_us=ours, previous=previous)
@@ -181,17 +211,22 @@ class KubernetesLauncher(Launcher):
         # handling 410 happen here, with the bookkeeping above.
         self.watch_count += 1
         stream = watch.Watch(return_type="object").stream(
-            call, namespace=self.namespace, label_selector=self.selector,
-            resource_version=resource_version, allow_watch_bookmarks=True,
+            call,
+            namespace=self.namespace,
+            label_selector=self.selector,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
             timeout_seconds=self._watch_timeout_s,
-            _request_timeout=(self._request_timeout_s, self._watch_timeout_s + 30))  # fmt: skip
+            _request_timeout=(self._request_timeout_s, self._watch_timeout_s + 30),
+        )
         try:
             yield from stream
         finally:
             stream.close()
 
-    def _resync(self, known: dict[str, Status],
-                items: list[dict[str, Any]]) -> Iterator[WorkerEvent]:  # fmt: skip
+    def _resync(
+        self, known: dict[str, Status], items: list[dict[str, Any]]
+    ) -> Iterator[WorkerEvent]:
         listed = {item["metadata"]["name"] for item in items}
         for item in items:
             yield from self._emit(known, item, deleted=False)
@@ -203,11 +238,13 @@ class KubernetesLauncher(Launcher):
                 with self._lock:
                     reason = Reason.DELETED if name in self._deleted else Reason.DELETED_EXTERNALLY
             del known[name]
-            yield WorkerEvent(**{**_fields(previous), "phase": WorkerPhase.DELETED,
-                                 "reason": reason})  # fmt: skip
+            yield WorkerEvent(
+                **{**_fields(previous), "phase": WorkerPhase.DELETED, "reason": reason}
+            )
 
-    def _emit(self, known: dict[str, Status], pod: Mapping[str, Any],
-              deleted: bool) -> Iterator[WorkerEvent]:  # fmt: skip
+    def _emit(
+        self, known: dict[str, Status], pod: Mapping[str, Any], deleted: bool
+    ) -> Iterator[WorkerEvent]:
         name = pod["metadata"]["name"]
         previous = known.get(name)
         status = self._classify(pod, deleted=deleted, previous=previous)

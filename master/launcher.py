@@ -46,9 +46,8 @@ class Reason(str, Enum):
 
 #: Reasons outside the worker's control: replace the worker, do not count a failure.
 DISRUPTIONS = frozenset(
-    {Reason.PREEMPTED, Reason.EVICTED, Reason.NODE_LOST, Reason.REJECTED,
-     Reason.DELETED_EXTERNALLY}
-)  # fmt: skip
+    {Reason.PREEMPTED, Reason.EVICTED, Reason.NODE_LOST, Reason.REJECTED, Reason.DELETED_EXTERNALLY}
+)
 
 _ENDED = frozenset({WorkerPhase.SUCCEEDED, WorkerPhase.FAILED, WorkerPhase.DELETED})
 

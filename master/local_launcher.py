@@ -1,6 +1,7 @@
 """Workers as local process trees: one torchrun agent each, like one pod each.
 
-A worker is ``python -m master.supervise EXIT_FILE -- python -m torch.distributed.run ...
+A worker is ``python -m kfp_elastic.master.supervise EXIT_FILE -- python -m
+torch.distributed.run ...
 ENTRY`` started in its own session (``rendezvous.local_agents.Agent``), so it survives a master
 SIGKILL. The supervisor records how the agent ended (see ``master/supervise.py``); the agent's
 tag (an environment variable every process of the tree inherits) finds the whole tree in
@@ -36,9 +37,16 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
-from master.launcher import Launcher, Reason, WorkerEvent, WorkerHandle, WorkerPhase, WorkerStatus
-from master.supervise import read_exit_file
-from rendezvous.local_agents import TAG_VAR, Agent
+from kfp_elastic.master.launcher import (
+    Launcher,
+    Reason,
+    WorkerEvent,
+    WorkerHandle,
+    WorkerPhase,
+    WorkerStatus,
+)
+from kfp_elastic.master.supervise import read_exit_file
+from kfp_elastic.rendezvous.local_agents import TAG_VAR, Agent
 
 log = logging.getLogger(__name__)
 
@@ -124,10 +132,19 @@ class LocalLauncher(Launcher):
             worker.pid = record.get("pid") or self._find_root(worker)
             worker.adopted = worker.pid is not None
             self._workers[name] = worker
-            state = "waiting for capacity" if worker.pid is None else (
-                "running" if self._alive(worker) else "ended while no master watched")
-            log.info("worker adopted name=%s index=%d attempt=%d pid=%s state=%s",
-                     name, index, attempt, worker.pid, state)  # fmt: skip
+            state = (
+                "waiting for capacity"
+                if worker.pid is None
+                else ("running" if self._alive(worker) else "ended while no master watched")
+            )
+            log.info(
+                "worker adopted name=%s index=%d attempt=%d pid=%s state=%s",
+                name,
+                index,
+                attempt,
+                worker.pid,
+                state,
+            )
 
     @staticmethod
     def _find_root(worker: _Worker) -> int | None:
@@ -147,8 +164,11 @@ class LocalLauncher(Launcher):
             if self.capacity is None or self._running_count() < self.capacity:
                 self._start(worker)
             else:
-                log.info("worker pending name=%s reason=no free local slot capacity=%d",
-                         worker.name, self.capacity)  # fmt: skip
+                log.info(
+                    "worker pending name=%s reason=no free local slot capacity=%d",
+                    worker.name,
+                    self.capacity,
+                )
         return WorkerHandle(worker.name, worker_index, attempt)
 
     def delete(self, name: str) -> None:
@@ -158,8 +178,9 @@ class LocalLauncher(Launcher):
                 return
             if worker.pid is None:  # never started
                 worker.deleting = True
-                worker.final = self._final(worker, WorkerPhase.DELETED, Reason.DELETED,
-                                           "deleted before it started")  # fmt: skip
+                worker.final = self._final(
+                    worker, WorkerPhase.DELETED, Reason.DELETED, "deleted before it started"
+                )
                 return
             ended = self._status(worker).ended  # classified before `deleting` colours it
             worker.deleting = True
@@ -224,28 +245,48 @@ class LocalLauncher(Launcher):
         return self._workers[name].agent.log_path
 
     # -- internals ----------------------------------------------------------------------------
-    def _new_worker(self, name: str, index: int, attempt: int,
-                    launched_at: float | None = None) -> _Worker:  # fmt: skip
-        env = {**self.env, "KFP_ELASTIC_WORKER_NAME": name,
-               "KFP_ELASTIC_WORKER_INDEX": str(index)}  # fmt: skip
+    def _new_worker(
+        self, name: str, index: int, attempt: int, launched_at: float | None = None
+    ) -> _Worker:
+        env = {**self.env, "KFP_ELASTIC_WORKER_NAME": name, "KFP_ELASTIC_WORKER_INDEX": str(index)}
         agent = Agent(
-            backend="elastic-etcd", endpoint=self.endpoint, run_id=self.run_id,
-            log_path=self.workdir / "workers" / f"{name}.log", nnodes=self.nnodes,
-            script=self.entry[0], script_args=self.entry[1:], max_restarts=self.max_restarts,
-            monitor_interval=self.monitor_interval_s, rdzv_conf=self.rdzv_conf or None, env=env,
-            extra_args=[f"--nproc-per-node={self.nproc_per_worker}"], name=name,
-        )  # fmt: skip
+            backend="elastic-etcd",
+            endpoint=self.endpoint,
+            run_id=self.run_id,
+            log_path=self.workdir / "workers" / f"{name}.log",
+            nnodes=self.nnodes,
+            script=self.entry[0],
+            script_args=self.entry[1:],
+            max_restarts=self.max_restarts,
+            monitor_interval=self.monitor_interval_s,
+            rdzv_conf=self.rdzv_conf or None,
+            env=env,
+            extra_args=[f"--nproc-per-node={self.nproc_per_worker}"],
+            name=name,
+        )
         exit_file = self.workdir / "workers" / f"{name}.exit"
-        agent.command = [sys.executable, "-m", "master.supervise", str(exit_file), "--",
-                         *agent.command]  # fmt: skip
+        agent.command = [
+            sys.executable,
+            "-m",
+            "kfp_elastic.master.supervise",
+            str(exit_file),
+            "--",
+            *agent.command,
+        ]
         return _Worker(name, index, attempt, agent, exit_file, launched_at or time.time())
 
     def _record(self, worker: _Worker) -> None:
         if self.registry is not None:
             self.registry.update_worker(
-                worker.name, index=worker.index, attempt=worker.attempt,
-                launched_at=worker.launched_at, pid=worker.pid, tag=worker.agent.tag,
-                exit_file=str(worker.exit_file), log=str(worker.agent.log_path))  # fmt: skip
+                worker.name,
+                index=worker.index,
+                attempt=worker.attempt,
+                launched_at=worker.launched_at,
+                pid=worker.pid,
+                tag=worker.agent.tag,
+                exit_file=str(worker.exit_file),
+                log=str(worker.agent.log_path),
+            )
 
     def _start(self, worker: _Worker) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -253,9 +294,15 @@ class LocalLauncher(Launcher):
         worker.agent.start()
         worker.pid = worker.agent.pid
         self._record(worker)
-        log.info("worker started name=%s index=%d attempt=%d pid=%d tag=%s log=%s",
-                 worker.name, worker.index, worker.attempt, worker.pid, worker.agent.tag,
-                 worker.agent.log_path)  # fmt: skip
+        log.info(
+            "worker started name=%s index=%d attempt=%d pid=%d tag=%s log=%s",
+            worker.name,
+            worker.index,
+            worker.attempt,
+            worker.pid,
+            worker.agent.tag,
+            worker.agent.log_path,
+        )
 
     def _running_count(self) -> int:
         return sum(1 for w in self._workers.values() if w.pid is not None and self._alive(w))
@@ -288,25 +335,60 @@ class LocalLauncher(Launcher):
                 return _with(worker.final, phase=WorkerPhase.DELETED)
             return worker.final
         if worker.pid is None:
-            return WorkerStatus(worker.name, WorkerPhase.PENDING, Reason.UNSCHEDULABLE,
-                                f"no free local slot (capacity {self.capacity})",
-                                worker_index=worker.index, attempt=worker.attempt)  # fmt: skip
+            return WorkerStatus(
+                worker.name,
+                WorkerPhase.PENDING,
+                Reason.UNSCHEDULABLE,
+                f"no free local slot (capacity {self.capacity})",
+                worker_index=worker.index,
+                attempt=worker.attempt,
+            )
         if self._alive(worker):
-            reason = (Reason.DELETED if worker.deleting else
-                      Reason.PREEMPTED if worker.preempting else None)  # fmt: skip
-            return WorkerStatus(worker.name, WorkerPhase.RUNNING, reason,
-                                worker_index=worker.index, attempt=worker.attempt)  # fmt: skip
+            reason = (
+                Reason.DELETED
+                if worker.deleting
+                else Reason.PREEMPTED
+                if worker.preempting
+                else None
+            )
+            return WorkerStatus(
+                worker.name,
+                WorkerPhase.RUNNING,
+                reason,
+                worker_index=worker.index,
+                attempt=worker.attempt,
+            )
         phase, reason, message, code = self._classify_end(worker)
         worker.final = self._final(worker, phase, reason, message, code)
         worker.agent.sigkill_tree()  # orphaned torchrun workers of a killed agent, if any
-        log.info("worker ended name=%s phase=%s reason=%s exit_code=%s message=%s",
-                 worker.name, phase.value, reason.value, code, message)  # fmt: skip
+        log.info(
+            "worker ended name=%s phase=%s reason=%s exit_code=%s message=%s",
+            worker.name,
+            phase.value,
+            reason.value,
+            code,
+            message,
+        )
         return worker.final
 
-    def _final(self, worker: _Worker, phase: WorkerPhase, reason: Reason, message: str,
-               code: int | None = None) -> WorkerStatus:  # fmt: skip
-        return WorkerStatus(worker.name, phase, reason, message, code, worker.index,
-                            worker.attempt, node="localhost")  # fmt: skip
+    def _final(
+        self,
+        worker: _Worker,
+        phase: WorkerPhase,
+        reason: Reason,
+        message: str,
+        code: int | None = None,
+    ) -> WorkerStatus:
+        return WorkerStatus(
+            worker.name,
+            phase,
+            reason,
+            message,
+            code,
+            worker.index,
+            worker.attempt,
+            node="localhost",
+        )
 
     def _classify_end(self, worker: _Worker) -> tuple[WorkerPhase, Reason, str, int | None]:
         info = read_exit_file(worker.exit_file)
@@ -317,22 +399,38 @@ class LocalLauncher(Launcher):
         if code == 0:
             return WorkerPhase.SUCCEEDED, Reason.COMPLETED, "exit code 0", 0
         if info and info.get("signal"):
-            return (WorkerPhase.FAILED, Reason.PREEMPTED,
-                    f"terminated by {_signame(info['signal'])}, agent exit code {code}", code)
+            return (
+                WorkerPhase.FAILED,
+                Reason.PREEMPTED,
+                f"terminated by {_signame(info['signal'])}, agent exit code {code}",
+                code,
+            )
         if worker.preempting:
             return WorkerPhase.FAILED, Reason.PREEMPTED, "preempted", code
         if code is not None and code < 0:
             return WorkerPhase.FAILED, Reason.PREEMPTED, f"agent killed by {_signame(-code)}", code
         if code is None and root_code is not None and root_code < 0:
-            return (WorkerPhase.FAILED, Reason.PREEMPTED,
-                    f"process tree killed by {_signame(-root_code)}", root_code)
+            return (
+                WorkerPhase.FAILED,
+                Reason.PREEMPTED,
+                f"process tree killed by {_signame(-root_code)}",
+                root_code,
+            )
         if code is None and root_code is None:
-            return (WorkerPhase.FAILED, Reason.PREEMPTED,
-                    "ended while no master watched (no exit record)", None)
+            return (
+                WorkerPhase.FAILED,
+                Reason.PREEMPTED,
+                "ended while no master watched (no exit record)",
+                None,
+            )
         code = code if code is not None else root_code
         tail = _log_tail(worker.agent.log_path)
-        return (WorkerPhase.FAILED, Reason.ERROR,
-                f"exit code {code}" + (f"; log: {tail}" if tail else ""), code)
+        return (
+            WorkerPhase.FAILED,
+            Reason.ERROR,
+            f"exit code {code}" + (f"; log: {tail}" if tail else ""),
+            code,
+        )
 
     def _signal_root(self, worker: _Worker, sig: signal.Signals) -> None:
         if worker.pid is not None and self._alive(worker):

@@ -131,8 +131,7 @@ def render(snapshot: Snapshot) -> str:
     samples: dict[str, list[tuple[dict[str, str], float]]] = {name: [] for name in _HELP}
     samples["kfp_elastic_world_size"].append(({}, snapshot.world_size))
     for phase in sorted(set(PHASES) | set(snapshot.workers)):
-        samples["kfp_elastic_workers"].append(({"phase": phase},
-                                               snapshot.workers.get(phase, 0)))  # fmt: skip
+        samples["kfp_elastic_workers"].append(({"phase": phase}, snapshot.workers.get(phase, 0)))
     samples["kfp_elastic_restarts_total"].append(({}, snapshot.restarts))
     for (epoch, state), count in sorted(snapshot.shard_queue.items()):
         samples["kfp_elastic_shard_queue"].append(({"epoch": str(epoch), "state": state}, count))
@@ -145,8 +144,9 @@ def render(snapshot: Snapshot) -> str:
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
         for labels, value in samples[name]:
             shown = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-            lines.append(f"{name}{{{shown}}} {_number(value)}" if shown
-                         else f"{name} {_number(value)}")  # fmt: skip
+            lines.append(
+                f"{name}{{{shown}}} {_number(value)}" if shown else f"{name} {_number(value)}"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -185,8 +185,9 @@ class Metrics:
                 if self.path.split("?")[0] not in ("/metrics", "/healthz"):
                     self.send_error(404, "only /metrics and /healthz")
                     return
-                body = (render(metrics.snapshot) if self.path.startswith("/metrics")
-                        else "ok\n").encode()  # fmt: skip
+                body = (
+                    render(metrics.snapshot) if self.path.startswith("/metrics") else "ok\n"
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
                 self.send_header("Content-Length", str(len(body)))
@@ -198,8 +199,9 @@ class Metrics:
 
         self._server = ThreadingHTTPServer((host, port), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
-                                        name="metrics-http")  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, daemon=True, name="metrics-http"
+        )
         self._thread.start()
         return self.port
 

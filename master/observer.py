@@ -19,11 +19,11 @@ from typing import Any
 
 from pyetcd.client import MultiEndpointEtcd3Client
 
-from master.metrics import TimelineStats
-from master.state import MasterState
-from rendezvous.cache import WatchedPrefix
-from rendezvous.keys import RunKeys
-from worker.progress import Committed, Manifest, Progress
+from kfp_elastic.master.metrics import TimelineStats
+from kfp_elastic.master.state import MasterState
+from kfp_elastic.rendezvous.cache import WatchedPrefix
+from kfp_elastic.rendezvous.keys import RunKeys
+from kfp_elastic.worker.progress import Committed, Manifest, Progress
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +32,14 @@ DIRECT_READ_S = 5.0
 
 
 class Observer:
-    def __init__(self, client: MultiEndpointEtcd3Client, state: MasterState,
-                 nproc_per_worker: int, stats: TimelineStats,
-                 on_change: Callable[[], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: MultiEndpointEtcd3Client,
+        state: MasterState,
+        nproc_per_worker: int,
+        stats: TimelineStats,
+        on_change: Callable[[], None],
+    ) -> None:
         self._client = client
         self._direct_at: dict[str, float] = {}
         self._state = state
@@ -82,8 +87,12 @@ class Observer:
             direct, meta = self._client.get(key)
             if direct is not None and meta.mod_revision > revision:
                 if entry is not None:
-                    log.info("watch behind etcd key=%s watched=%d etcd=%d", key, revision,
-                                meta.mod_revision)  # fmt: skip
+                    log.info(
+                        "watch behind etcd key=%s watched=%d etcd=%d",
+                        key,
+                        revision,
+                        meta.mod_revision,
+                    )
                 value, revision = direct, meta.mod_revision
         return value, revision
 
@@ -104,11 +113,19 @@ class Observer:
         record = json.loads(value)
         participants = list(record.get("participants", ()))
         number = int(record.get("round", 0))
-        self._append("round_formed", round=number, nodes=len(participants),
-                     world_size=len(participants) * self._nproc,
-                     participants=participants)  # fmt: skip
-        log.info("round formed round=%d nodes=%d world_size=%d", number, len(participants),
-                 len(participants) * self._nproc)  # fmt: skip
+        self._append(
+            "round_formed",
+            round=number,
+            nodes=len(participants),
+            world_size=len(participants) * self._nproc,
+            participants=participants,
+        )
+        log.info(
+            "round formed round=%d nodes=%d world_size=%d",
+            number,
+            len(participants),
+            len(participants) * self._nproc,
+        )
         self._observed["round_revision"] = revision
         return True
 
@@ -123,12 +140,19 @@ class Observer:
             self._observed["commit_revision"] = revision
             return True
         self.committed = committed
-        self._append("committed", step=committed.step, epoch=committed.epoch,
-                     position=committed.position, world_size=committed.world_size,
-                     losses=list(committed.losses), complete=committed.complete,
-                     snapshot=committed.snapshot, rescued=committed.rescued,
-                     global_batch=getattr(committed, "global_batch", None),
-                     lr=getattr(committed, "lr", None))  # fmt: skip
+        self._append(
+            "committed",
+            step=committed.step,
+            epoch=committed.epoch,
+            position=committed.position,
+            world_size=committed.world_size,
+            losses=list(committed.losses),
+            complete=committed.complete,
+            snapshot=committed.snapshot,
+            rescued=committed.rescued,
+            global_batch=getattr(committed, "global_batch", None),
+            lr=getattr(committed, "lr", None),
+        )
         manifest = self.load_manifest()
         ended = int(self._observed.get("epochs_ended", 0))
         upto = committed.epoch

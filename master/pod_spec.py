@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from master.pod_spec_checks import (  # noqa: F401 - names callers import from here
+from kfp_elastic.master.pod_spec_checks import (  # noqa: F401 - names callers import from here
     _FIXED_LABELS,
     ATTEMPT_LABEL,
     COMPONENT_LABEL,
@@ -103,13 +103,16 @@ def selector(job_name: str) -> str:
     return f"{JOB_LABEL}={job_name},{COMPONENT_LABEL}=worker"
 
 
-
 def build_pod(spec: WorkerPodSpec) -> dict[str, Any]:
     """The Pod manifest for ``spec``; raises ``ValueError`` naming the first bad field."""
     validate(spec)
     name = spec.pod_name
-    identity = {JOB_LABEL: spec.job_name, RUN_ID_LABEL: spec.effective_run_id,
-                INDEX_LABEL: str(spec.worker_index), ATTEMPT_LABEL: str(spec.attempt)}  # fmt: skip
+    identity = {
+        JOB_LABEL: spec.job_name,
+        RUN_ID_LABEL: spec.effective_run_id,
+        INDEX_LABEL: str(spec.worker_index),
+        ATTEMPT_LABEL: str(spec.attempt),
+    }
     metadata: dict[str, Any] = {
         "name": name,
         "labels": {**spec.labels, **_FIXED_LABELS, **identity},
@@ -124,12 +127,17 @@ def build_pod(spec: WorkerPodSpec) -> dict[str, Any]:
     volumes = [dict(v) for v in spec.volumes]
     mounts = [dict(m) for m in spec.volume_mounts]
     if spec.etcd_tls_secret:
-        volumes.append({"name": "etcd-tls", "secret": {"secretName": spec.etcd_tls_secret,
-                                                       "defaultMode": 0o440}})  # fmt: skip
+        volumes.append(
+            {
+                "name": "etcd-tls",
+                "secret": {"secretName": spec.etcd_tls_secret, "defaultMode": 0o440},
+            }
+        )
         mounts.append({"name": "etcd-tls", "mountPath": ETCD_TLS_MOUNT, "readOnly": True})
     if spec.shm_size:
-        volumes.append({"name": "dshm",
-                        "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}})
+        volumes.append(
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}
+        )
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
 
     container: dict[str, Any] = {
@@ -139,8 +147,7 @@ def build_pod(spec: WorkerPodSpec) -> dict[str, Any]:
         "args": torchrun_args(spec),
         "env": _env(spec),
         "resources": _resources(spec),
-        "securityContext": {"allowPrivilegeEscalation": False,
-                            "capabilities": {"drop": ["ALL"]}},  # fmt: skip
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     if spec.image_pull_policy:
         container["imagePullPolicy"] = spec.image_pull_policy
@@ -152,8 +159,12 @@ def build_pod(spec: WorkerPodSpec) -> dict[str, Any]:
     pod_security: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
     if spec.run_as_user is not None:
         # fsGroup: a snapshot PVC must be writable by the non-root training user.
-        pod_security.update(runAsNonRoot=True, runAsUser=spec.run_as_user,
-                            runAsGroup=spec.run_as_user, fsGroup=spec.run_as_user)
+        pod_security.update(
+            runAsNonRoot=True,
+            runAsUser=spec.run_as_user,
+            runAsGroup=spec.run_as_user,
+            fsGroup=spec.run_as_user,
+        )
     pod_spec: dict[str, Any] = {
         # Never: a failed torchrun agent is replaced by the master as a new attempt, which
         # keeps the failure visible and the replacement free to land on another node.
@@ -186,8 +197,11 @@ def torchrun_args(spec: WorkerPodSpec) -> list[str]:
     """The container args: torchrun flags, then the entrypoint and its arguments."""
     conf = dict(spec.rdzv_conf)
     if spec.etcd_tls_secret:
-        conf.update(cacert=f"{ETCD_TLS_MOUNT}/ca.crt", cert=f"{ETCD_TLS_MOUNT}/tls.crt",
-                    key=f"{ETCD_TLS_MOUNT}/tls.key")  # fmt: skip
+        conf.update(
+            cacert=f"{ETCD_TLS_MOUNT}/ca.crt",
+            cert=f"{ETCD_TLS_MOUNT}/tls.crt",
+            key=f"{ETCD_TLS_MOUNT}/tls.key",
+        )
     args = [
         f"--nnodes={spec.min_nodes}:{spec.max_nodes}",
         f"--nproc-per-node={spec.nproc_per_node}",

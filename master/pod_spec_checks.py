@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
-from rendezvous.config import ConfigError, RendezvousConfig, parse_endpoints
+from kfp_elastic.rendezvous.config import ConfigError, RendezvousConfig, parse_endpoints
 
 if TYPE_CHECKING:
-    from master.pod_spec import WorkerPodSpec
+    from kfp_elastic.master.pod_spec import WorkerPodSpec
 
 # Names the manifests in manifests/base create; the ConfigMap kfp-elastic-config repeats them.
 DEFAULT_PRIORITY_CLASS = "kfp-elastic-worker-low"
@@ -28,25 +28,51 @@ RUN_ID_LABEL = LABEL_PREFIX + "run-id"
 INDEX_LABEL = LABEL_PREFIX + "worker-index"
 ATTEMPT_LABEL = LABEL_PREFIX + "attempt"
 COMPONENT_LABEL = "app.kubernetes.io/component"
-_FIXED_LABELS = {"app.kubernetes.io/part-of": "kfp-elastic", COMPONENT_LABEL: "worker",
-                 "app.kubernetes.io/managed-by": "kfp-elastic-master"}  # fmt: skip
+_FIXED_LABELS = {
+    "app.kubernetes.io/part-of": "kfp-elastic",
+    COMPONENT_LABEL: "worker",
+    "app.kubernetes.io/managed-by": "kfp-elastic-master",
+}
 
 # Where the etcd client certificate Secret is mounted (manifests/README.md uses the same path).
 ETCD_TLS_MOUNT = "/etc/kfp-elastic/etcd-tls"
 _BUILTIN_VOLUMES = {"etcd-tls", "dshm"}
 # Set on every worker by build_pod; a caller's env may not override them.
-RESERVED_ENV = frozenset({"POD_NAME", "POD_NAMESPACE", "POD_IP", "NODE_NAME", "KFP_ELASTIC_JOB",
-                          "KFP_ELASTIC_RUN_ID", "KFP_ELASTIC_WORKER_INDEX",
-                          "KFP_ELASTIC_ATTEMPT"})  # fmt: skip
+RESERVED_ENV = frozenset(
+    {
+        "POD_NAME",
+        "POD_NAMESPACE",
+        "POD_IP",
+        "NODE_NAME",
+        "KFP_ELASTIC_JOB",
+        "KFP_ELASTIC_RUN_ID",
+        "KFP_ELASTIC_WORKER_INDEX",
+        "KFP_ELASTIC_ATTEMPT",
+    }
+)
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 _QUANTITY = re.compile(r"([+-]?)(\d+\.?\d*|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?")
-_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-           "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": 10**3,
-           "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}  # fmt: skip
+_SUFFIX = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+}
 _NPROC_WORDS = {"auto", "cpu", "gpu", "xpu"}
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _TOLERATION_EFFECTS = {"", "NoSchedule", "PreferNoSchedule", "NoExecute"}
@@ -70,7 +96,6 @@ def parse_quantity(text: str | int | float) -> Decimal:
     return -value if sign == "-" else value
 
 
-
 def validate(spec: WorkerPodSpec) -> None:
     """Raise ``ValueError`` naming the first field of ``spec`` a cluster would reject."""
     _dns_label("job_name", spec.job_name)
@@ -79,12 +104,16 @@ def validate(spec: WorkerPodSpec) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{key}={value!r} must be an integer >= 0")
     if len(spec.pod_name) > 63:
-        raise ValueError(f"pod name {spec.pod_name!r} is longer than 63 characters (the pod's "
-                         "hostname); shorten job_name")  # fmt: skip
+        raise ValueError(
+            f"pod name {spec.pod_name!r} is longer than 63 characters (the pod's "
+            "hostname); shorten job_name"
+        )
     run_id = spec.effective_run_id
     if len(run_id) > 63 or not re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", run_id):
-        raise ValueError(f"run_id={run_id!r}: use at most 63 letters, digits, '.', '_' or '-', "
-                         "starting and ending with a letter or digit (it is a label value)")
+        raise ValueError(
+            f"run_id={run_id!r}: use at most 63 letters, digits, '.', '_' or '-', "
+            "starting and ending with a letter or digit (it is a label value)"
+        )
     if spec.namespace is not None:
         _dns_label("namespace", spec.namespace)
     if not spec.image or any(c.isspace() for c in spec.image):
@@ -103,8 +132,9 @@ def validate(spec: WorkerPodSpec) -> None:
     if isinstance(nproc, bool) or not (
         (isinstance(nproc, int) and nproc >= 1) or nproc in _NPROC_WORDS
     ):
-        raise ValueError(f"nproc_per_node={nproc!r} must be an integer >= 1 or one of "
-                         f"{sorted(_NPROC_WORDS)}")  # fmt: skip
+        raise ValueError(
+            f"nproc_per_node={nproc!r} must be an integer >= 1 or one of {sorted(_NPROC_WORDS)}"
+        )
     _validate_rdzv(spec)
     _validate_resources(spec)
     for key in ("priority_class", "service_account", "etcd_tls_secret"):
@@ -113,13 +143,15 @@ def validate(spec: WorkerPodSpec) -> None:
     for name in (*spec.env_from_config_maps, *spec.image_pull_secrets):
         _dns_subdomain("env_from_config_maps/image_pull_secrets", name)
     if spec.image_pull_policy is not None and spec.image_pull_policy not in _PULL_POLICIES:
-        raise ValueError(f"image_pull_policy={spec.image_pull_policy!r} must be one of "
-                         f"{sorted(_PULL_POLICIES)}")  # fmt: skip
+        raise ValueError(
+            f"image_pull_policy={spec.image_pull_policy!r} must be one of {sorted(_PULL_POLICIES)}"
+        )
     for what, mapping in (("labels", spec.labels), ("node_selector", spec.node_selector)):
         for key, value in mapping.items():
             _label(what, key, value)
-    reserved = set(spec.labels) & (set(_FIXED_LABELS) | {JOB_LABEL, RUN_ID_LABEL, INDEX_LABEL,
-                                                         ATTEMPT_LABEL})  # fmt: skip
+    reserved = set(spec.labels) & (
+        set(_FIXED_LABELS) | {JOB_LABEL, RUN_ID_LABEL, INDEX_LABEL, ATTEMPT_LABEL}
+    )
     if reserved:
         raise ValueError(f"labels {sorted(reserved)} are set by the launcher; do not pass them")
     for key in spec.annotations:
@@ -146,14 +178,17 @@ def _validate_rdzv(spec: WorkerPodSpec) -> None:
             raise ValueError(f"rdzv_endpoint: {exc}") from None
     for key, value in spec.rdzv_conf.items():
         if not key or any(c in f"{key}{value}" for c in ",= ") or not str(value):
-            raise ValueError(f"rdzv_conf {key}={value!r}: keys and values must be non-empty "
-                             "and contain no ',', '=' or spaces")  # fmt: skip
+            raise ValueError(
+                f"rdzv_conf {key}={value!r}: keys and values must be non-empty "
+                "and contain no ',', '=' or spaces"
+            )
     if spec.rdzv_backend == "elastic-etcd":
         known = set(RendezvousConfig.setting_names()) | {"timeout"}
         unknown = sorted(set(spec.rdzv_conf) - known)
         if unknown:
-            raise ValueError(f"rdzv_conf keys {unknown} are unknown to elastic-etcd; known: "
-                             f"{sorted(known)}")  # fmt: skip
+            raise ValueError(
+                f"rdzv_conf keys {unknown} are unknown to elastic-etcd; known: {sorted(known)}"
+            )
     if spec.etcd_tls_secret and {"cacert", "cert", "key"} & set(spec.rdzv_conf):
         raise ValueError("etcd_tls_secret sets rdzv_conf cacert/cert/key; do not pass them too")
 
@@ -172,8 +207,9 @@ def _validate_resources(spec: WorkerPodSpec) -> None:
             raise ValueError(f"{key}={raw!r} must not be negative")
     for request, limit in (("cpu", "cpu_limit"), ("memory", "memory_limit")):
         if request in values and limit in values and values[limit] < values[request]:
-            raise ValueError(f"{limit}={getattr(spec, limit)!r} is below "
-                             f"{request}={getattr(spec, request)!r}")  # fmt: skip
+            raise ValueError(
+                f"{limit}={getattr(spec, limit)!r} is below {request}={getattr(spec, request)!r}"
+            )
     if spec.gpu:
         _label_key("gpu_resource", spec.gpu_resource)
 
@@ -190,8 +226,10 @@ def _validate_toleration(toleration: Mapping[str, Any]) -> None:
     if operator == "Equal" and not toleration.get("key"):
         raise ValueError(f"toleration {dict(toleration)}: operator Equal needs a key")
     if toleration.get("effect", "") not in _TOLERATION_EFFECTS:
-        raise ValueError(f"toleration effect {toleration.get('effect')!r} must be one of "
-                         f"{sorted(_TOLERATION_EFFECTS - {''})}")  # fmt: skip
+        raise ValueError(
+            f"toleration effect {toleration.get('effect')!r} must be one of "
+            f"{sorted(_TOLERATION_EFFECTS - {''})}"
+        )
     if "tolerationSeconds" in toleration and toleration.get("effect") != "NoExecute":
         raise ValueError("tolerationSeconds only applies to effect NoExecute")
 
@@ -216,8 +254,10 @@ def _validate_volumes(spec: WorkerPodSpec) -> None:
 
 def _dns_label(what: str, value: str) -> None:
     if not isinstance(value, str) or len(value) > 63 or not _DNS_LABEL.fullmatch(value):
-        raise ValueError(f"{what}={value!r} is not a DNS-1123 label (lower-case letters, "
-                         "digits and '-', at most 63, starting and ending alphanumeric)")
+        raise ValueError(
+            f"{what}={value!r} is not a DNS-1123 label (lower-case letters, "
+            "digits and '-', at most 63, starting and ending alphanumeric)"
+        )
 
 
 def _dns_subdomain(what: str, value: str) -> None:
@@ -237,5 +277,7 @@ def _label(what: str, key: str, value: str) -> None:
     _label_key(what, key)
     valid = isinstance(value, str) and (not value or _LABEL_NAME.fullmatch(value))
     if not valid or len(value) > 63:
-        raise ValueError(f"{what}: label value {value!r} for {key!r} is not a valid label value "
-                         "(at most 63 letters, digits, '-', '_' or '.')")
+        raise ValueError(
+            f"{what}: label value {value!r} for {key!r} is not a valid label value "
+            "(at most 63 letters, digits, '-', '_' or '.')"
+        )

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from master.launcher import Reason, WorkerPhase
-from master.launcher import WorkerStatus as Status
-from master.pod_spec import ATTEMPT_LABEL, CONTAINER_NAME, INDEX_LABEL
+from kfp_elastic.master.launcher import Reason, WorkerPhase
+from kfp_elastic.master.launcher import WorkerStatus as Status
+from kfp_elastic.master.pod_spec import ATTEMPT_LABEL, CONTAINER_NAME, INDEX_LABEL
 
 # DisruptionTarget condition reasons (Kubernetes >= 1.26; the scheduler's was renamed in 1.31).
 _DISRUPTION_REASONS = {
@@ -32,13 +32,24 @@ _POD_REASONS = {
     "Shutdown": Reason.NODE_LOST,
     "NodeShutdown": Reason.NODE_LOST,
 }
-_START_ERRORS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
-                 "CreateContainerConfigError", "CreateContainerError"}  # fmt: skip
+_START_ERRORS = {
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+}
 _PHASES = {p.value: p for p in WorkerPhase}
 
 
-def classify(pod: Mapping[str, Any], *, deleted: bool = False, deleted_by_us: bool = False,
-             previous: Status | None = None) -> Status:  # fmt: skip
+def classify(
+    pod: Mapping[str, Any],
+    *,
+    deleted: bool = False,
+    deleted_by_us: bool = False,
+    previous: Status | None = None,
+) -> Status:
     """A worker's status from its pod, as a JSON dict (a watch event's raw object).
 
     ``deleted``: the pod is gone (a DELETED event). ``previous``: what was reported before, so
@@ -48,9 +59,14 @@ def classify(pod: Mapping[str, Any], *, deleted: bool = False, deleted_by_us: bo
     labels = meta.get("labels") or {}
     phase = _PHASES.get(status.get("phase", "Pending"), WorkerPhase.RUNNING)  # "Unknown"
     exit_code, term_reason, waiting = _container_state(status)
-    disruption = next((c for c in status.get("conditions") or []
-                       if c.get("type") == "DisruptionTarget" and c.get("status") == "True"),
-                      None)  # fmt: skip
+    disruption = next(
+        (
+            c
+            for c in status.get("conditions") or []
+            if c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        ),
+        None,
+    )
     terminating = deleted or bool(meta.get("deletionTimestamp"))
     reason: Reason | None = None
     message = ""
@@ -77,9 +93,14 @@ def classify(pod: Mapping[str, Any], *, deleted: bool = False, deleted_by_us: bo
     elif phase == WorkerPhase.PENDING and waiting in _START_ERRORS:
         reason, message = Reason.START_ERROR, waiting or ""
     elif phase == WorkerPhase.PENDING:
-        unscheduled = next((c for c in status.get("conditions") or []
-                            if c.get("type") == "PodScheduled" and c.get("status") == "False"),
-                           None)  # fmt: skip
+        unscheduled = next(
+            (
+                c
+                for c in status.get("conditions") or []
+                if c.get("type") == "PodScheduled" and c.get("status") == "False"
+            ),
+            None,
+        )
         if unscheduled is not None and unscheduled.get("reason") == "Unschedulable":
             reason, message = Reason.UNSCHEDULABLE, unscheduled.get("message", "")
     return Status(

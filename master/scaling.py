@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
-from master.launcher import Reason, WorkerPhase, WorkerStatus
+from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
 
 #: ``cause`` of an ended worker, as the timeline records it.
 CAUSES = {
@@ -53,8 +53,9 @@ class ScalingPolicy:
         if self.min_workers < 1:
             raise ValueError(f"--min-workers must be >= 1, got {self.min_workers}")
         if self.max_workers < self.min_workers:
-            raise ValueError(f"--min-workers={self.min_workers} is more than "
-                             f"--max-workers={self.max_workers}")  # fmt: skip
+            raise ValueError(
+                f"--min-workers={self.min_workers} is more than --max-workers={self.max_workers}"
+            )
         if self.max_failures < 0:
             raise ValueError(f"--max-failures must be >= 0, got {self.max_failures}")
         if not self.max_wait_s > 0:
@@ -104,10 +105,12 @@ def outcome_of(status: WorkerStatus) -> Outcome:
         cause = "failed"  # ended with an error and no disruption was reported
     else:
         cause = "deleted_externally"  # vanished without a reason: not the worker's fault
-    message = status.message or (f"exit code {status.exit_code}"
-                                 if status.exit_code is not None else cause)  # fmt: skip
-    return Outcome(status.name, status.worker_index, cause, cause == "failed", status.exit_code,
-                   message)  # fmt: skip
+    message = status.message or (
+        f"exit code {status.exit_code}" if status.exit_code is not None else cause
+    )
+    return Outcome(
+        status.name, status.worker_index, cause, cause == "failed", status.exit_code, message
+    )
 
 
 def is_active(status: WorkerStatus) -> bool:
@@ -139,8 +142,9 @@ def decide(
     give_up: str | None = None
     if failures > policy.max_failures and not finishing:
         last = next((o for o in reversed(ended) if o.failure), None)
-        give_up = (f"{failures} worker failures exceed --max-failures={policy.max_failures}"
-                   + (f"; last: {last.name}: {last.message}" if last else ""))  # fmt: skip
+        give_up = f"{failures} worker failures exceed --max-failures={policy.max_failures}" + (
+            f"; last: {last.name}: {last.message}" if last else ""
+        )
 
     if finishing or len(running) >= policy.min_workers:
         below_min_since = None
@@ -148,17 +152,20 @@ def decide(
         below_min_since = now if below_min_since is None else below_min_since
         waited = now - below_min_since
         if give_up is None and waited >= policy.max_wait_s:
-            give_up = (f"only {len(running)} of --min-workers={policy.min_workers} workers ran "
-                       f"for {waited:.1f}s, longer than --max-wait={policy.max_wait_s:g}s"
-                       + _describe_pending(pending))  # fmt: skip
+            give_up = (
+                f"only {len(running)} of --min-workers={policy.min_workers} workers ran "
+                f"for {waited:.1f}s, longer than --max-wait={policy.max_wait_s:g}s"
+                + _describe_pending(pending)
+            )
 
     launch: tuple[int, ...] = ()
     if give_up is None and not finishing:
         taken = {w.worker_index for w in active}
         free = [i for i in range(policy.max_workers) if i not in taken]
-        launch = tuple(free[:max(0, policy.max_workers - len(active))])
-    return Decision(launch, delete, ended, failures, below_min_since, give_up, len(running),
-                    len(pending))  # fmt: skip
+        launch = tuple(free[: max(0, policy.max_workers - len(active))])
+    return Decision(
+        launch, delete, ended, failures, below_min_since, give_up, len(running), len(pending)
+    )
 
 
 def _describe_pending(pending: Sequence[WorkerStatus]) -> str:

@@ -36,8 +36,8 @@ from typing import Any
 from pyetcd.client import MultiEndpointEtcd3Client
 from pyetcd.events import DeleteEvent
 
-from rendezvous.etcd_client import TRANSIENT_ERRORS
-from rendezvous.leases import LeaseKeeper, grant
+from kfp_elastic.rendezvous.etcd_client import TRANSIENT_ERRORS
+from kfp_elastic.rendezvous.leases import LeaseKeeper, grant
 
 log = logging.getLogger(__name__)
 # How long a master waits for an unreachable etcd while it asks for leadership.
@@ -87,16 +87,28 @@ def read_timeline(client: MultiEndpointEtcd3Client, run_prefix: str) -> list[dic
 class MasterState:
     """Reads work for anyone; writes need :meth:`acquire` first (they are fenced)."""
 
-    def __init__(self, client: MultiEndpointEtcd3Client, run_prefix: str, *,
-                 lease_ttl: float = 5.0, identity: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: MultiEndpointEtcd3Client,
+        run_prefix: str,
+        *,
+        lease_ttl: float = 5.0,
+        identity: str | None = None,
+    ) -> None:
         if lease_ttl < 2:
             raise ValueError(f"leader lease TTL must be >= 2 s (etcd's minimum), got {lease_ttl}")
         self.client = client
         self.keys = MasterKeys(run_prefix)
         self.lease_ttl = lease_ttl
         self.identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self._token = json.dumps({"id": self.identity, "host": socket.gethostname(),
-                                  "pid": os.getpid(), "since": time.time()})  # fmt: skip
+        self._token = json.dumps(
+            {
+                "id": self.identity,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "since": time.time(),
+            }
+        )
         self._lease = 0
         self._keeper: LeaseKeeper | None = None
         self._leader = False
@@ -113,8 +125,12 @@ class MasterState:
         value, _ = self.client.get(self.keys.leader)
         return json.loads(value) if value is not None else None
 
-    def acquire(self, stop: threading.Event | None = None, timeout: float | None = None,
-                on_lost: Callable[[], None] | None = None) -> bool:  # fmt: skip
+    def acquire(
+        self,
+        stop: threading.Event | None = None,
+        timeout: float | None = None,
+        on_lost: Callable[[], None] | None = None,
+    ) -> bool:
         """Become the leader; wait (watching the leader key) while another master is.
 
         Returns False if ``stop`` was set or ``timeout`` passed first. ``on_lost`` is called
@@ -141,30 +157,41 @@ class MasterState:
                 unreachable_since = unreachable_since or time.monotonic()
                 if time.monotonic() - unreachable_since > ACQUIRE_RETRY_S:
                     raise
-                log.warning("leadership request failed, retrying run=%s error=%r",
-                            self.keys.run_prefix, error)
+                log.warning(
+                    "leadership request failed, retrying run=%s error=%r",
+                    self.keys.run_prefix,
+                    error,
+                )
                 stop.wait(0.5)
                 continue
             unreachable_since = None
             if ok:
                 self._leader = True
-                log.info("leadership acquired run=%s master=%s lease=%x", self.keys.run_prefix,
-                         self.identity, self._lease)  # fmt: skip
+                log.info(
+                    "leadership acquired run=%s master=%s lease=%x",
+                    self.keys.run_prefix,
+                    self.identity,
+                    self._lease,
+                )
                 return True
             rows = responses[0] if responses else []
             if not rows:
                 continue  # the key vanished between compare and read: try again
             holder, meta = rows[0]
             if not waiting_logged:
-                log.info("waiting for leadership run=%s holder=%s", self.keys.run_prefix,
-                         holder.decode(errors="replace"))  # fmt: skip
+                log.info(
+                    "waiting for leadership run=%s holder=%s",
+                    self.keys.run_prefix,
+                    holder.decode(errors="replace"),
+                )
                 waiting_logged = True
             if not self._wait_for_delete(meta.mod_revision, stop, deadline):
                 break
         return False
 
-    def _wait_for_delete(self, revision: int, stop: threading.Event,
-                         deadline: float | None) -> bool:  # fmt: skip
+    def _wait_for_delete(
+        self, revision: int, stop: threading.Event, deadline: float | None
+    ) -> bool:
         """Watch the leader key from after ``revision`` until it is deleted; False on stop or
         timeout. Every second the key is read again (a broken watch must not hang us)."""
         gone = threading.Event()
@@ -176,8 +203,9 @@ class MasterState:
             if any(isinstance(e, DeleteEvent) for e in response.events):
                 gone.set()
 
-        watch_id = self.client.add_watch_callback(self.keys.leader, on_event,
-                                                  start_revision=revision + 1)  # fmt: skip
+        watch_id = self.client.add_watch_callback(
+            self.keys.leader, on_event, start_revision=revision + 1
+        )
         try:
             while not gone.is_set():
                 if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
@@ -195,8 +223,11 @@ class MasterState:
 
     def _lease_lost(self, lease_id: int) -> None:
         if self._leader and not self.lost.is_set():
-            log.error("leadership lost (lease expired) run=%s master=%s", self.keys.run_prefix,
-                      self.identity)  # fmt: skip
+            log.error(
+                "leadership lost (lease expired) run=%s master=%s",
+                self.keys.run_prefix,
+                self.identity,
+            )
             self.lost.set()
             if self._on_lost is not None:
                 self._on_lost()
@@ -225,7 +256,8 @@ class MasterState:
         tx = self.client.transactions
         ok, responses = self.client.transaction(
             compare=[tx.value(self.keys.leader) == self._token, *(extra_compare or [])],
-            success=success, failure=[tx.get(self.keys.leader)],
+            success=success,
+            failure=[tx.get(self.keys.leader)],
         )
         if ok:
             return True
@@ -261,7 +293,7 @@ class MasterState:
     def workers(self) -> dict[str, dict[str, Any]]:
         table = {}
         for value, meta in self.client.get_prefix(self.keys.workers):
-            name = meta.key.decode()[len(self.keys.workers):]
+            name = meta.key.decode()[len(self.keys.workers) :]
             table[name] = json.loads(value)
         return table
 
@@ -294,8 +326,16 @@ class MasterState:
             while True:
                 value, meta = self.client.get(self.keys.event_seq)
                 seq = int(value) + 1 if value is not None else 1
-                guard = (tx.mod(self.keys.event_seq) == meta.mod_revision if value is not None
-                         else tx.version(self.keys.event_seq) == 0)  # fmt: skip
-                if self._fenced([tx.put(self.keys.event_seq, str(seq)),
-                                 tx.put(self.keys.event(seq), json.dumps(event))], [guard]):
+                guard = (
+                    tx.mod(self.keys.event_seq) == meta.mod_revision
+                    if value is not None
+                    else tx.version(self.keys.event_seq) == 0
+                )
+                if self._fenced(
+                    [
+                        tx.put(self.keys.event_seq, str(seq)),
+                        tx.put(self.keys.event(seq), json.dumps(event)),
+                    ],
+                    [guard],
+                ):
                     return {**event, "seq": seq}

@@ -1,6 +1,6 @@
 """Root of a local worker's process tree: runs the torchrun agent and writes how it ended.
 
-    python -m master.supervise EXIT_FILE -- python -m torch.distributed.run ...
+    python -m kfp_elastic.master.supervise EXIT_FILE -- python -m torch.distributed.run ...
 
 A local worker may outlive the master that started it (a master SIGKILL, then a new master
 adopts the worker). Only a process's parent learns its exit status, and the agent's parent
@@ -40,7 +40,9 @@ def read_exit_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m master.supervise EXIT_FILE -- COMMAND...", file=sys.stderr)
+        print(
+            "usage: python -m kfp_elastic.master.supervise EXIT_FILE -- COMMAND...", file=sys.stderr
+        )
         return 2
     exit_file, command = argv[0], argv[2:]
     received: list[int] = []

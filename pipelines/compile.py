@@ -1,7 +1,7 @@
 """Compile every component and the pipeline into the YAML files committed next to them.
 
-    python -m pipelines.compile           # rewrite the YAML files
-    python -m pipelines.compile --check   # exit 1 if a committed file differs from a compile
+kfp-elastic compile           # rewrite the YAML files
+kfp-elastic compile --check   # exit 1 if a committed file differs from a compile
 """
 
 from __future__ import annotations
@@ -19,17 +19,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def targets() -> dict[Path, Callable]:
     """Committed YAML file → the component or pipeline compiled into it."""
-    from components.elastic_train.component import elastic_train
-    from components.evaluate.component import evaluate
-    from components.shard_dataset.component import shard_dataset
-    from components.stop_workers.component import stop_workers
-    from pipelines.elastic_training import elastic_training
+    from kfp_elastic.components.elastic_train.component import elastic_train
+    from kfp_elastic.components.evaluate.component import evaluate
+    from kfp_elastic.components.shard_dataset.component import shard_dataset
+    from kfp_elastic.components.stop_workers.component import stop_workers
+    from kfp_elastic.pipelines.elastic_training import elastic_training
 
-    return {ROOT / "components/shard_dataset/component.yaml": shard_dataset,
-            ROOT / "components/elastic_train/component.yaml": elastic_train,
-            ROOT / "components/evaluate/component.yaml": evaluate,
-            ROOT / "components/stop_workers/component.yaml": stop_workers,
-            ROOT / "pipelines/elastic_training.yaml": elastic_training}
+    return {
+        ROOT / "components/shard_dataset/component.yaml": shard_dataset,
+        ROOT / "components/elastic_train/component.yaml": elastic_train,
+        ROOT / "components/evaluate/component.yaml": evaluate,
+        ROOT / "components/stop_workers/component.yaml": stop_workers,
+        ROOT / "pipelines/elastic_training.yaml": elastic_training,
+    }
 
 
 def compile_to(func: Callable, path: Path) -> str:
@@ -49,13 +51,15 @@ def stale() -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="kfp-elastic compile", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--check", action="store_true", help="compare, do not write")
     args = parser.parse_args(argv)
     if args.check:
         differ = stale()
         for path in differ:
-            print(f"stale: {path.relative_to(ROOT)} (run python -m pipelines.compile)")
+            print(f"stale: {path.relative_to(ROOT)} (run kfp-elastic compile)")
         return 1 if differ else 0
     for path, func in targets().items():
         compile_to(func, path)

@@ -1,32 +1,36 @@
 """The pipeline: shard the dataset → elastic training → evaluation, with an exit handler.
 
-Compiled into ``pipelines/elastic_training.yaml`` (``python -m pipelines.compile``) for upload
-to the KFP UI; ``python -m pipelines.run_local`` runs it on this machine through kfp.local.
+Compiled into ``pipelines/elastic_training.yaml`` (``kfp-elastic compile``) for upload
+to the KFP UI; ``kfp-elastic run-local`` runs it on this machine through kfp.local.
 """
 
 from kfp import dsl, kubernetes
 
-from components.elastic_train.component import elastic_train
-from components.evaluate.component import evaluate
-from components.shard_dataset.component import shard_dataset
-from components.stop_workers.component import stop_workers
+from kfp_elastic.components.elastic_train.component import elastic_train
+from kfp_elastic.components.evaluate.component import evaluate
+from kfp_elastic.components.shard_dataset.component import shard_dataset
+from kfp_elastic.components.stop_workers.component import stop_workers
 
 # Where the snapshot PVC is mounted in the elastic_train pod (and, forwarded through
 # dsl.TaskConfig, in every worker pod): snapshots and the final model live there.
 SNAPSHOT_MOUNT = "/mnt/kfp-elastic"
 # Made by manifests/base (kustomize): etcd endpoint, worker image, priority class, ...
 CONFIG_MAP = "kfp-elastic-config"
-CONFIG_ENV = ("KFP_ELASTIC_RDZV_ENDPOINT", "KFP_ELASTIC_WORKER_IMAGE",
-              "KFP_ELASTIC_WORKER_PRIORITY_CLASS", "KFP_ELASTIC_WORKER_SERVICE_ACCOUNT")
+CONFIG_ENV = (
+    "KFP_ELASTIC_RDZV_ENDPOINT",
+    "KFP_ELASTIC_WORKER_IMAGE",
+    "KFP_ELASTIC_WORKER_PRIORITY_CLASS",
+    "KFP_ELASTIC_WORKER_SERVICE_ACCOUNT",
+)
 
 
 @dsl.pipeline(
     name="elastic-training",
     description="Elastic, preemption-proof PyTorch DDP training: shard the dataset, train with "
-                "min..max workers that are replaced when preempted, evaluate the model.",
+    "min..max workers that are replaced when preempted, evaluate the model.",
 )
 def elastic_training(
-    model_def: str = "worker.examples.digits",
+    model_def: str = "kfp_elastic.worker.examples.digits",
     dataset: str = "",
     num_shards: int = 16,
     min_workers: int = 2,
@@ -59,26 +63,43 @@ def elastic_training(
         shards.set_display_name("shard dataset")
 
         train = elastic_train(
-            shard_manifest=shards.outputs["manifest"], model_def=model_def,
-            min_workers=min_workers, max_workers=max_workers, nproc_per_worker=nproc_per_worker,
-            epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
-            batch_policy=batch_policy, snapshot_every=snapshot_every, step_time=step_time,
-            launcher=launcher, etcd_endpoint=etcd_endpoint, image=image,
-            priority_class=priority_class, worker_cpu=worker_cpu, worker_memory=worker_memory,
-            worker_gpus=worker_gpus, inject_faults=inject_faults, max_wait_s=max_wait_s,
-            max_failures=max_failures, run_id=run_id)
+            shard_manifest=shards.outputs["manifest"],
+            model_def=model_def,
+            min_workers=min_workers,
+            max_workers=max_workers,
+            nproc_per_worker=nproc_per_worker,
+            epochs=epochs,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            batch_policy=batch_policy,
+            snapshot_every=snapshot_every,
+            step_time=step_time,
+            launcher=launcher,
+            etcd_endpoint=etcd_endpoint,
+            image=image,
+            priority_class=priority_class,
+            worker_cpu=worker_cpu,
+            worker_memory=worker_memory,
+            worker_gpus=worker_gpus,
+            inject_faults=inject_faults,
+            max_wait_s=max_wait_s,
+            max_failures=max_failures,
+            run_id=run_id,
+        )
         train.set_display_name("elastic training")
         train.set_caching_options(False)  # it starts workers and may inject faults
         # Cluster-only settings (kfp.local ignores them):
         kubernetes.mount_pvc(train, pvc_name=snapshot_pvc, mount_path=SNAPSHOT_MOUNT)
-        kubernetes.use_config_map_as_env(train, CONFIG_MAP, {k: k for k in CONFIG_ENV},
-                                         optional=True)
+        kubernetes.use_config_map_as_env(
+            train, CONFIG_MAP, {k: k for k in CONFIG_ENV}, optional=True
+        )
         # The master pod owns its worker pods: deleting it deletes them.
         kubernetes.use_field_path_as_env(train, "KFP_ELASTIC_MASTER_POD", "metadata.name")
         kubernetes.use_field_path_as_env(train, "KFP_ELASTIC_MASTER_POD_UID", "metadata.uid")
         # Forwarded to the worker pods (dsl.TaskConfig): workers may land on GPU nodes.
-        kubernetes.add_toleration(train, key="nvidia.com/gpu", operator="Exists",
-                                  effect="NoSchedule")
+        kubernetes.add_toleration(
+            train, key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"
+        )
 
         scores = evaluate(model=train.outputs["model"], model_def=model_def)
         scores.set_display_name("evaluate")

@@ -1,4 +1,4 @@
-"""``python -m pipelines.run_local``: the elastic-training pipeline on this machine, no cluster.
+"""``kfp-elastic run-local``: the elastic-training pipeline on this machine, no cluster.
 
 kfp.local (SubprocessRunner) runs every task as a local process: shard the built-in digits
 dataset, train with 1..2 local torchrun workers against an embedded etcd while worker 1 is
@@ -29,13 +29,19 @@ PIPELINE_NAME = "elastic-training"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m pipelines.run_local",
-                                description="Run the elastic-training pipeline on this "
-                                "machine through kfp.local (no cluster).",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--pipeline-root", type=Path, default=DEFAULT_ROOT,
-                   help="where kfp.local writes every task's outputs")
-    p.add_argument("--model-def", default="worker.examples.digits")
+    p = argparse.ArgumentParser(
+        prog="kfp-elastic run-local",
+        description="Run the elastic-training pipeline on this "
+        "machine through kfp.local (no cluster).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--pipeline-root",
+        type=Path,
+        default=DEFAULT_ROOT,
+        help="where kfp.local writes every task's outputs",
+    )
+    p.add_argument("--model-def", default="kfp_elastic.worker.examples.digits")
     p.add_argument("--dataset", default="", help="empty: the model definition's own dataset")
     p.add_argument("--num-shards", type=int, default=16)
     p.add_argument("--min-workers", type=int, default=1)
@@ -43,42 +49,61 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--snapshot-every", type=int, default=5)
-    p.add_argument("--step-time", type=float, default=0.15,
-                   help="minimum seconds per step, so the fault lands mid-training")
-    p.add_argument("--inject-faults", default="preempt:worker-1@step15",
-                   help="ACTION:worker-N@WHEN,... (WHEN: 20s or step10); '' for none")
+    p.add_argument(
+        "--step-time",
+        type=float,
+        default=0.15,
+        help="minimum seconds per step, so the fault lands mid-training",
+    )
+    p.add_argument(
+        "--inject-faults",
+        default="preempt:worker-1@step15",
+        help="ACTION:worker-N@WHEN,... (WHEN: 20s or step10); '' for none",
+    )
     p.add_argument("--etcd-endpoint", default="", help="empty: an embedded etcd")
     return p.parse_args(argv)
 
 
 def arguments(args: argparse.Namespace) -> dict[str, Any]:
     """The pipeline's parameters for a local run."""
-    return {"model_def": args.model_def, "dataset": args.dataset, "num_shards": args.num_shards,
-            "min_workers": args.min_workers, "max_workers": args.max_workers,
-            "epochs": args.epochs, "batch_size": args.batch_size,
-            "snapshot_every": args.snapshot_every, "step_time": args.step_time,
-            "inject_faults": args.inject_faults, "etcd_endpoint": args.etcd_endpoint,
-            "launcher": "local"}
+    return {
+        "model_def": args.model_def,
+        "dataset": args.dataset,
+        "num_shards": args.num_shards,
+        "min_workers": args.min_workers,
+        "max_workers": args.max_workers,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "snapshot_every": args.snapshot_every,
+        "step_time": args.step_time,
+        "inject_faults": args.inject_faults,
+        "etcd_endpoint": args.etcd_endpoint,
+        "launcher": "local",
+    }
 
 
 def run_pipeline(pipeline_root: Path, params: dict[str, Any]) -> tuple[bool, Path | None]:
     """Run the pipeline under kfp.local; (succeeded, the run's output directory)."""
     from kfp import local
 
-    from pipelines.elastic_training import elastic_training
+    from kfp_elastic.pipelines.elastic_training import elastic_training
 
     pipeline_root.mkdir(parents=True, exist_ok=True)
     before = set(pipeline_root.glob(f"{PIPELINE_NAME}-*"))
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root),
-               raise_on_error=True)
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False),
+        pipeline_root=str(pipeline_root),
+        raise_on_error=True,
+    )
     ok = True
     try:
         elastic_training(**params)
     except RuntimeError as error:
         print(f"\n{error}", flush=True)
         ok = False
-    runs = sorted(set(pipeline_root.glob(f"{PIPELINE_NAME}-*")) - before,
-                  key=lambda p: p.stat().st_mtime)
+    runs = sorted(
+        set(pipeline_root.glob(f"{PIPELINE_NAME}-*")) - before, key=lambda p: p.stat().st_mtime
+    )
     return ok, (runs[-1] if runs else None)
 
 
@@ -94,10 +119,13 @@ def artifact_metadata(task_dir: Path, name: str) -> dict[str, Any]:
 def outputs(run_dir: Path) -> dict[str, Path]:
     """Where the interesting outputs of a run are (only those that exist)."""
     train, evaluate = run_dir / "elastic-train", run_dir / "evaluate"
-    found = {"model": train / "model", "report": train / "report",
-             "train metrics": train / "executor_output.json",
-             "evaluation": evaluate / "executor_output.json",
-             "worker logs": train / "job" / "workers"}
+    found = {
+        "model": train / "model",
+        "report": train / "report",
+        "train metrics": train / "executor_output.json",
+        "evaluation": evaluate / "executor_output.json",
+        "worker logs": train / "job" / "workers",
+    }
     return {k: v for k, v in found.items() if v.exists()}
 
 
@@ -129,7 +157,7 @@ def print_outputs(ok: bool, run_dir: Path | None) -> None:
 
 def stop_session(session: str, grace_s: float = 15.0) -> int:
     """Wait up to ``grace_s`` for this session's processes to end, then kill the rest."""
-    from components.common import reap_local_processes, run_pids
+    from kfp_elastic.components.common import reap_local_processes, run_pids
 
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and run_pids(session, SESSION_ENV):
@@ -144,8 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     # The components name the project image; here they run in this Python environment.
     warnings.filterwarnings("ignore", message=".*non-Python base image.*")
-    print(f"running pipeline {PIPELINE_NAME} locally (kfp.local, embedded etcd), faults: "
-          f"{args.inject_faults or 'none'}; outputs under {args.pipeline_root}", flush=True)
+    print(
+        f"running pipeline {PIPELINE_NAME} locally (kfp.local, embedded etcd), faults: "
+        f"{args.inject_faults or 'none'}; outputs under {args.pipeline_root}",
+        flush=True,
+    )
     ok, run_dir = False, None
     try:
         ok, run_dir = run_pipeline(args.pipeline_root, arguments(args))

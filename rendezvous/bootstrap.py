@@ -21,22 +21,31 @@ from .keys import RunKeys
 from .round_formation import MasterRecord
 
 
-def master_ops(client: MultiEndpointEtcd3Client, keys: RunKeys, round_number: int,
-               node_id: str, addr: str, run_lease: int) -> list[object]:
+def master_ops(
+    client: MultiEndpointEtcd3Client,
+    keys: RunKeys,
+    round_number: int,
+    node_id: str,
+    addr: str,
+    run_lease: int,
+) -> list[object]:
     """Transaction operations that publish us as round ``round_number``'s rank 0. The port
     is free on our host now, as torch's ``RendezvousStoreInfo.build`` picks it."""
     record = MasterRecord(round_number, node_id, addr, get_free_port())
     store = keys.store(round_number)
     tx = client.transactions
-    return [tx.put(keys.rank0, record.to_json(), lease=run_lease),
-            tx.put(f"{store}{RendezvousStoreInfo.MASTER_ADDR_KEY}", record.addr,
-                   lease=run_lease),
-            tx.put(f"{store}{RendezvousStoreInfo.MASTER_PORT_KEY}", str(record.port),
-                   lease=run_lease)]
+    return [
+        tx.put(keys.rank0, record.to_json(), lease=run_lease),
+        tx.put(f"{store}{RendezvousStoreInfo.MASTER_ADDR_KEY}", record.addr, lease=run_lease),
+        tx.put(f"{store}{RendezvousStoreInfo.MASTER_PORT_KEY}", str(record.port), lease=run_lease),
+    ]
 
 
-def cached_master(cache: WatchedPrefix, keys: RunKeys, round_number: int,
-                  ) -> MasterRecord | None:
+def cached_master(
+    cache: WatchedPrefix,
+    keys: RunKeys,
+    round_number: int,
+) -> MasterRecord | None:
     """Round ``round_number``'s bootstrap address, once its rank 0 published it."""
     entry = cache.get(keys.rank0)
     if entry is None:

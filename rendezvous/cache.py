@@ -42,8 +42,13 @@ class CachedKey:
 
 
 class WatchedPrefix:
-    def __init__(self, client: MultiEndpointEtcd3Client, prefix: str,
-                 hidden: str | None = None, shown: str | None = None) -> None:
+    def __init__(
+        self,
+        client: MultiEndpointEtcd3Client,
+        prefix: str,
+        hidden: str | None = None,
+        shown: str | None = None,
+    ) -> None:
         """``hidden``: a sub-prefix left out while narrowed (from the start if given),
         except the key ``shown``."""
         self._client = client
@@ -175,11 +180,15 @@ class WatchedPrefix:
         try:
             self._load_and_watch(start_revision)
         except etcd_errors.RevisionCompactedError as error:
-            log.info("watch start revision compacted, re-reading prefix=%s compacted=%s",
-                     self._prefix, error.compacted_revision)
+            log.info(
+                "watch start revision compacted, re-reading prefix=%s compacted=%s",
+                self._prefix,
+                error.compacted_revision,
+            )
             self._load_and_watch()
-        self._thread = threading.Thread(target=self._resync_loop, daemon=True,
-                                        name=f"watch{self._prefix}")
+        self._thread = threading.Thread(
+            target=self._resync_loop, daemon=True, name=f"watch{self._prefix}"
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -195,8 +204,10 @@ class WatchedPrefix:
         end = prefix_range_end(self._prefix)
         if not self._narrow or self._hidden is None:
             return [(self._prefix, end)]
-        ranges: list[tuple[str, str | None]] = [(self._prefix, self._hidden),
-                                                 (prefix_range_end(self._hidden), end)]
+        ranges: list[tuple[str, str | None]] = [
+            (self._prefix, self._hidden),
+            (prefix_range_end(self._hidden), end),
+        ]
         return ranges + ([(self._shown, None)] if self._shown else [])
 
     def _load_and_watch(self, start_revision: int | None = None) -> None:
@@ -210,13 +221,17 @@ class WatchedPrefix:
             entries: dict[str, CachedKey] = {}
             for start, end in ranges:  # all at the revision of the first read
                 response = self._client.get_range_response(
-                    start, end, **({"revision": revision} if revision else {}))
+                    start, end, **({"revision": revision} if revision else {})
+                )
                 revision = revision or response.header.revision
-                entries.update({
-                    kv.key.decode(): CachedKey(kv.value, kv.create_revision, kv.mod_revision,
-                                               kv.lease)
-                    for kv in response.kvs
-                })
+                entries.update(
+                    {
+                        kv.key.decode(): CachedKey(
+                            kv.value, kv.create_revision, kv.mod_revision, kv.lease
+                        )
+                        for kv in response.kvs
+                    }
+                )
             with self._changed:
                 self._generation += 1
                 generation = self._generation
@@ -231,8 +246,11 @@ class WatchedPrefix:
             watch_from = revision + 1 if start_revision is None else start_revision
             callback = functools.partial(self._on_watch, generation)
             for start, end in ranges:
-                self._watch_ids.append(self._client.add_watch_callback(
-                    start, callback, range_end=end, start_revision=watch_from))
+                self._watch_ids.append(
+                    self._client.add_watch_callback(
+                        start, callback, range_end=end, start_revision=watch_from
+                    )
+                )
         self._notify_listeners()
 
     def _cancel_watches(self) -> None:
@@ -294,8 +312,7 @@ class WatchedPrefix:
                     self._load_and_watch()
                     if not switching:
                         self._resyncs += 1
-                        log.info("watch resumed prefix=%s revision=%d", self._prefix,
-                                 self.revision)
+                        log.info("watch resumed prefix=%s revision=%d", self._prefix, self.revision)
                     break
                 except Exception as error:  # noqa: BLE001 - etcd down: try again later
                     delay = RESYNC_BACKOFF_S[min(attempt, len(RESYNC_BACKOFF_S) - 1)]

@@ -105,9 +105,7 @@ class RendezvousConfig:
         conf: dict[str, Any],
     ) -> RendezvousConfig:
         if min_nodes < 1 or max_nodes < min_nodes:
-            raise ConfigError(
-                f"--nnodes={min_nodes}:{max_nodes} is invalid: need 1 <= MIN <= MAX"
-            )
+            raise ConfigError(f"--nnodes={min_nodes}:{max_nodes} is invalid: need 1 <= MIN <= MAX")
         if not run_id or not re.fullmatch(r"[A-Za-z0-9._-]+", run_id):
             raise ConfigError(
                 f"--rdzv-id={run_id!r} is invalid: use letters, digits, '.', '_' or '-'"
@@ -126,13 +124,19 @@ class RendezvousConfig:
         return config
 
     def validate(self) -> None:
-        for name in ("join_timeout", "last_call_timeout", "rejoin_timeout", "close_timeout",
-                     "request_timeout"):
+        for name in (
+            "join_timeout",
+            "last_call_timeout",
+            "rejoin_timeout",
+            "close_timeout",
+            "request_timeout",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--rdzv-conf {name}={getattr(self, name)} must be > 0")
         if self.peer_failure_grace < 0:
             raise ConfigError(
-                f"--rdzv-conf peer_failure_grace={self.peer_failure_grace} must be >= 0")
+                f"--rdzv-conf peer_failure_grace={self.peer_failure_grace} must be >= 0"
+            )
         if self.lease_ttl < 2:
             raise ConfigError(
                 f"--rdzv-conf lease_ttl={self.lease_ttl} is below etcd's minimum of 2 seconds"
@@ -161,8 +165,15 @@ class RendezvousConfig:
                 raise ConfigError(f"--rdzv-conf {name}={path}: no such file")
 
 
-_FLOAT_KEYS = {"join_timeout", "last_call_timeout", "rejoin_timeout", "close_timeout",
-               "lease_ttl", "request_timeout", "peer_failure_grace"}  # fmt: skip
+_FLOAT_KEYS = {
+    "join_timeout",
+    "last_call_timeout",
+    "rejoin_timeout",
+    "close_timeout",
+    "lease_ttl",
+    "request_timeout",
+    "peer_failure_grace",
+}
 _INT_KEYS = {"probe_fanout"}
 _BOOL_KEYS = {"peer_probe", "close_on_failure", "warm_start"}
 _STR_KEYS = {"key_prefix", "cacert", "cert", "key", "user", "password", "warm_start_preload"}
@@ -173,8 +184,12 @@ def config_from_torch_params(params: Any) -> RendezvousConfig:
     """The settings in torch's ``RendezvousParameters``; ``ValueError`` says what is wrong."""
     try:
         return RendezvousConfig.from_params(
-            endpoint=params.endpoint, run_id=params.run_id, min_nodes=params.min_nodes,
-            max_nodes=params.max_nodes, local_addr=params.local_addr, conf=dict(params.config),
+            endpoint=params.endpoint,
+            run_id=params.run_id,
+            min_nodes=params.min_nodes,
+            max_nodes=params.max_nodes,
+            local_addr=params.local_addr,
+            conf=dict(params.config),
         )
     except ConfigError as error:
         raise ValueError(f"elastic-etcd: {error}") from None
@@ -225,8 +240,10 @@ def _convert(name: str, raw: Any) -> Any:
     return text
 
 
-_ENDPOINT_RE = re.compile(r"^(?:(?P<scheme>https?)://)?(?P<host>\[[0-9a-fA-F:]+\]|[^:/\s]+)"
-                          r"(?::(?P<port>[^/]*))?/?$")  # fmt: skip
+_ENDPOINT_RE = re.compile(
+    r"^(?:(?P<scheme>https?)://)?(?P<host>\[[0-9a-fA-F:]+\]|[^:/\s]+)"
+    r"(?::(?P<port>[^/]*))?/?$"
+)
 
 
 def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
@@ -234,7 +251,7 @@ def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
     if not text or not text.strip():
         raise ConfigError(
             "--rdzv-endpoint is empty: give etcd as HOST:PORT[,HOST:PORT...] "
-            "(start one locally with `python -m rendezvous.embedded_etcd`)"
+            "(start one locally with `kfp-elastic etcd`)"
         )
     endpoints = []
     for part in text.split(","):

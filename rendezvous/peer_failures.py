@@ -29,8 +29,13 @@ _installed = False
 
 
 def _describe(failures: dict[int, Any]) -> str:
-    return ", ".join(f"local_rank={rank} exitcode={getattr(failure, 'exitcode', '?')}"
-                     for rank, failure in sorted(failures.items())) or "no failure details"
+    return (
+        ", ".join(
+            f"local_rank={rank} exitcode={getattr(failure, 'exitcode', '?')}"
+            for rank, failure in sorted(failures.items())
+        )
+        or "no failure details"
+    )
 
 
 def _wrap(original: Callable[..., Any], grace_s: float) -> Callable[..., Any]:
@@ -44,8 +49,10 @@ def _wrap(original: Callable[..., Any], grace_s: float) -> Callable[..., Any]:
         wait = getattr(handler, "wait_for_membership_change", None)
         if wait is None or not wait(grace_s):
             return result
-        log.info("worker failure follows a membership change; restarting without spending a"
-                 " restart: %s", _describe(result.failures))
+        log.info(
+            "worker failure follows a membership change; restarting without spending a restart: %s",
+            _describe(result.failures),
+        )
         return RunResult(state=WorkerState.HEALTHY)
 
     monitor_forgiving_peer_loss.__wrapped__ = original  # type: ignore[attr-defined]
@@ -62,4 +69,5 @@ def install(grace_s: float) -> None:
         from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
         LocalElasticAgent._monitor_workers = _wrap(  # type: ignore[method-assign]
-            LocalElasticAgent._monitor_workers, grace_s)
+            LocalElasticAgent._monitor_workers, grace_s
+        )

@@ -14,12 +14,13 @@ from typing import Any
 
 def _show_logs_under_torchrun() -> None:
     """torchrun shows only its own loggers; make ours visible (``KFP_ELASTIC_LOG_LEVEL``)."""
-    package_logger = logging.getLogger("rendezvous")
+    package_logger = logging.getLogger("kfp_elastic.rendezvous")
     if package_logger.handlers:
         return
     stream = logging.StreamHandler()
-    stream.setFormatter(logging.Formatter(
-        "[%(asctime)s] elastic-etcd %(levelname)s %(name)s: %(message)s"))
+    stream.setFormatter(
+        logging.Formatter("[%(asctime)s] elastic-etcd %(levelname)s %(name)s: %(message)s")
+    )
     package_logger.addHandler(stream)
     package_logger.setLevel(os.environ.get("KFP_ELASTIC_LOG_LEVEL", "INFO").upper())
     package_logger.propagate = False

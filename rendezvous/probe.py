@@ -81,8 +81,7 @@ class PeerProbe:
             self._on_dead(target)
             return
         except OSError as error:
-            log.info("probe unreachable, relying on lease node=%s error=%r",
-                     target.node_id, error)
+            log.info("probe unreachable, relying on lease node=%s error=%r", target.node_id, error)
             return
         sock.setblocking(False)
         with self._lock:

@@ -29,8 +29,9 @@ class RingInputs:
 
 
 class ProbeRing:
-    def __init__(self, probe: PeerProbe, node_id: str, fanout: int,
-                 inputs: Callable[[], RingInputs]) -> None:
+    def __init__(
+        self, probe: PeerProbe, node_id: str, fanout: int, inputs: Callable[[], RingInputs]
+    ) -> None:
         self._probe = probe
         self._node_id = node_id
         self._fanout = fanout
@@ -68,15 +69,16 @@ class ProbeRing:
         if inputs.follows_all:
             order = [n.node_id for n in sorted(inputs.live, key=lambda n: n.create_revision)]
             by_id = {n.node_id: n for n in inputs.live}
-            self._ring = [ProbeTarget(n, by_id[n].probe, by_id[n].lease)
-                          for n in ring_successors(order, self._node_id, self._fanout)
-                          if by_id[n].probe and by_id[n].lease]
+            self._ring = [
+                ProbeTarget(n, by_id[n].probe, by_id[n].lease)
+                for n in ring_successors(order, self._node_id, self._fanout)
+                if by_id[n].probe and by_id[n].lease
+            ]
         # Waiting without the full view: keep the last ring and probe the leader, so that a
         # dead leader is replaced at once (a dead waiter is found by the leader's ring, by
         # the members of the round it gets into, or by its lease).
         targets = {t.node_id: t for t in self._ring}
         leader = inputs.leader
-        if (not inputs.follows_all and leader and leader.node_id != self._node_id
-                and leader.probe):
+        if not inputs.follows_all and leader and leader.node_id != self._node_id and leader.probe:
             targets[leader.node_id] = ProbeTarget(leader.node_id, leader.probe, leader.lease)
         self._probe.watch(list(targets.values()))

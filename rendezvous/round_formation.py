@@ -28,16 +28,28 @@ class NodeRecord:
     lease: int = 0
 
     def to_json(self) -> str:
-        return json.dumps({"waiting": self.waiting, "after_round": self.after_round,
-                           "addr": self.addr, "probe": self.probe, "lease": self.lease})
+        return json.dumps(
+            {
+                "waiting": self.waiting,
+                "after_round": self.after_round,
+                "addr": self.addr,
+                "probe": self.probe,
+                "lease": self.lease,
+            }
+        )
 
     @classmethod
     def from_json(cls, node_id: str, create_revision: int, text: bytes | str) -> NodeRecord:
         data = json.loads(text)
-        return cls(node_id=node_id, create_revision=create_revision,
-                   waiting=bool(data["waiting"]), after_round=int(data["after_round"]),
-                   addr=str(data.get("addr", "")), probe=str(data.get("probe", "")),
-                   lease=int(data.get("lease", 0)))
+        return cls(
+            node_id=node_id,
+            create_revision=create_revision,
+            waiting=bool(data["waiting"]),
+            after_round=int(data["after_round"]),
+            addr=str(data.get("addr", "")),
+            probe=str(data.get("probe", "")),
+            lease=int(data.get("lease", 0)),
+        )
 
 
 @dataclass(frozen=True)
@@ -47,14 +59,22 @@ class RoundRecord:
     run_lease: int = 0
 
     def to_json(self) -> str:
-        return json.dumps({"round": self.number, "participants": list(self.participants),
-                           "run_lease": self.run_lease})
+        return json.dumps(
+            {
+                "round": self.number,
+                "participants": list(self.participants),
+                "run_lease": self.run_lease,
+            }
+        )
 
     @classmethod
     def from_json(cls, text: bytes | str) -> RoundRecord:
         data = json.loads(text)
-        return cls(number=int(data["round"]), participants=tuple(data["participants"]),
-                   run_lease=int(data.get("run_lease", 0)))
+        return cls(
+            number=int(data["round"]),
+            participants=tuple(data["participants"]),
+            run_lease=int(data.get("run_lease", 0)),
+        )
 
     def rank_of(self, node_id: str) -> int | None:
         try:
@@ -80,8 +100,11 @@ class LeaderRecord:
     @classmethod
     def from_json(cls, text: bytes | str) -> LeaderRecord:
         data = json.loads(text)
-        return cls(node_id=str(data["node"]), lease=int(data.get("lease", 0)),
-                   probe=str(data.get("probe", "")))
+        return cls(
+            node_id=str(data["node"]),
+            lease=int(data.get("lease", 0)),
+            probe=str(data.get("probe", "")),
+        )
 
 
 @dataclass(frozen=True)
@@ -95,14 +118,19 @@ class MasterRecord:
     port: int
 
     def to_json(self) -> str:
-        return json.dumps({"round": self.round, "node": self.node_id, "addr": self.addr,
-                           "port": self.port})
+        return json.dumps(
+            {"round": self.round, "node": self.node_id, "addr": self.addr, "port": self.port}
+        )
 
     @classmethod
     def from_json(cls, text: bytes | str) -> MasterRecord:
         data = json.loads(text)
-        return cls(round=int(data["round"]), node_id=str(data["node"]),
-                   addr=str(data["addr"]), port=int(data["port"]))
+        return cls(
+            round=int(data["round"]),
+            node_id=str(data["node"]),
+            addr=str(data["addr"]),
+            port=int(data["port"]),
+        )
 
 
 def is_admitted(node: NodeRecord, current: RoundRecord) -> bool:
@@ -123,9 +151,7 @@ def leader_of(live: Iterable[NodeRecord], current: RoundRecord) -> str | None:
     return waiting[0].node_id if waiting else None
 
 
-def nodes_waiting_count(
-    live: Sequence[NodeRecord], current: RoundRecord, max_nodes: int
-) -> int:
+def nodes_waiting_count(live: Sequence[NodeRecord], current: RoundRecord, max_nodes: int) -> int:
     """What a running member's ``num_nodes_waiting()`` answers: > 0 means "restart now".
 
     A participant that lost its lease or restarted forces a new round; newcomers force one only
@@ -141,9 +167,7 @@ def nodes_waiting_count(
     return len(newcomers) if len(current.participants) < max_nodes else 0
 
 
-def is_full_and_healthy(
-    live: Sequence[NodeRecord], current: RoundRecord, max_nodes: int
-) -> bool:
+def is_full_and_healthy(live: Sequence[NodeRecord], current: RoundRecord, max_nodes: int) -> bool:
     """Every place of the round is taken by a live node that is still running in it."""
     running = {n.node_id for n in live if not is_waiting(n, current)}
     return len(current.participants) >= max_nodes and all(
@@ -214,5 +238,8 @@ def decide(
         timeout, why = rejoin_timeout, f"members did not rejoin within {rejoin_timeout}s"
     if now >= started + timeout:
         return Decision(True, chosen, reason=why)
-    return Decision(False, reason="last call" if current.number == 0 else "members rejoining",
-                    recheck_at=started + timeout)
+    return Decision(
+        False,
+        reason="last call" if current.number == 0 else "members rejoining",
+        recheck_at=started + timeout,
+    )

@@ -63,8 +63,10 @@ class EtcdStore(dist.Store):
         self._client.transaction(
             failure=[],
             compare=[],
-            success=[tx.put(self._key(k), _as_bytes(v), lease=self._lease)
-                     for k, v in zip(keys, values, strict=True)],
+            success=[
+                tx.put(self._key(k), _as_bytes(v), lease=self._lease)
+                for k, v in zip(keys, values, strict=True)
+            ],
         )
 
     def add(self, key: str, amount: int) -> int:
@@ -73,11 +75,13 @@ class EtcdStore(dist.Store):
             value, meta = self._client.get(full_key)
             current = int(value) if value is not None else 0
             new = current + amount
-            guard = (tx.mod(full_key) == meta.mod_revision if meta is not None
-                     else tx.version(full_key) == 0)
+            guard = (
+                tx.mod(full_key) == meta.mod_revision
+                if meta is not None
+                else tx.version(full_key) == 0
+            )
             ok, _ = self._client.transaction(
-                failure=[],
-                compare=[guard], success=[tx.put(full_key, str(new), lease=self._lease)]
+                failure=[], compare=[guard], success=[tx.put(full_key, str(new), lease=self._lease)]
             )
             if ok:
                 return new
@@ -97,7 +101,8 @@ class EtcdStore(dist.Store):
                 return value
             ok, _ = self._client.transaction(
                 failure=[],
-                compare=[guard], success=[tx.put(full_key, desired_b, lease=self._lease)]
+                compare=[guard],
+                success=[tx.put(full_key, desired_b, lease=self._lease)],
             )
             if ok:
                 return desired_b
@@ -127,12 +132,9 @@ class EtcdStore(dist.Store):
         return len(response.kvs)
 
     def _read(self, keys: list[str]) -> tuple[dict[str, bytes], int]:
-        response = self._client.get_range_response(
-            self._prefix, prefix_range_end(self._prefix)
-        )
+        response = self._client.get_range_response(self._prefix, prefix_range_end(self._prefix))
         wanted = {self._key(k) for k in keys}
-        present = {kv.key.decode(): kv.value for kv in response.kvs
-                   if kv.key.decode() in wanted}
+        present = {kv.key.decode(): kv.value for kv in response.kvs if kv.key.decode() in wanted}
         return present, response.header.revision
 
     def _wait_for(self, keys: list[str], timeout: timedelta | None) -> list[bytes]:
@@ -144,7 +146,8 @@ class EtcdStore(dist.Store):
                 return [present[self._key(k)] for k in keys]
             changed = threading.Event()
             watch_id = self._client.add_watch_prefix_callback(
-                self._prefix, lambda _response, event=changed: event.set(),
+                self._prefix,
+                lambda _response, event=changed: event.set(),
                 start_revision=revision + 1,
             )
             try:

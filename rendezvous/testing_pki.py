@@ -59,19 +59,24 @@ def generate_test_pki(directory: str | os.PathLike[str], client_cert_auth: bool 
         return ec.generate_private_key(ec.SECP256R1())
 
     def name(common_name: str) -> x509.Name:
-        return x509.Name([
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "kfp-elastic test"),
-            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-        ])  # fmt: skip
+        return x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "kfp-elastic test"),
+                x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+            ]
+        )
 
     def write(path: Path, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey | None) -> None:
         path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         if key is not None:
             key_path = path.with_name(path.stem + "-key.pem")
-            key_path.write_bytes(key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            ))  # fmt: skip
+            key_path.write_bytes(
+                key.private_bytes(
+                    serialization.Encoding.PEM,
+                    serialization.PrivateFormat.PKCS8,
+                    serialization.NoEncryption(),
+                )
+            )
             key_path.chmod(0o600)
 
     def make_ca(common_name: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:

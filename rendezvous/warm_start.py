@@ -74,22 +74,37 @@ class ZygoteProcess:
                 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
                     listener.bind(self._socket())
                     listener.listen(64)
-                    forked = (fork_zygote(listener, self.preload, (self.stop,))
-                              if fork_from_here else None)
+                    forked = (
+                        fork_zygote(listener, self.preload, (self.stop,))
+                        if fork_from_here
+                        else None
+                    )
                     self._process = forked or subprocess.Popen(
-                        [sys.executable, "-m", "rendezvous.zygote",
-                         "--listen-fd", str(listener.fileno()),
-                         "--parent-pid", str(os.getpid()), "--preload", ":".join(self.preload)],
-                        stdin=subprocess.DEVNULL, start_new_session=True,
+                        [
+                            sys.executable,
+                            "-m",
+                            "kfp_elastic.rendezvous.zygote",
+                            "--listen-fd",
+                            str(listener.fileno()),
+                            "--parent-pid",
+                            str(os.getpid()),
+                            "--preload",
+                            ":".join(self.preload),
+                        ],
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
                         pass_fds=(listener.fileno(),),
                     )
             except OSError as error:
                 log.warning("warm start off: cannot start the zygote (%s)", error)
                 self._cleanup()
                 return None
-            log.info("warm start: zygote pid=%d %s preload=%s", self._process.pid,
-                     "forked from this agent" if forked else "started",
-                     ",".join(self.preload))
+            log.info(
+                "warm start: zygote pid=%d %s preload=%s",
+                self._process.pid,
+                "forked from this agent" if forked else "started",
+                ",".join(self.preload),
+            )
             return self._socket()
 
     def stop(self) -> None:
@@ -152,5 +167,7 @@ def install(preload: Sequence[str] = DEFAULT_PRELOAD) -> None:
 
 def _running_under_torchrun() -> bool:
     main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return (getattr(main_spec, "name", None) == "torch.distributed.run"
-            or os.path.basename(sys.argv[0]) == "torchrun")
+    return (
+        getattr(main_spec, "name", None) == "torch.distributed.run"
+        or os.path.basename(sys.argv[0]) == "torchrun"
+    )

@@ -12,7 +12,7 @@ milliseconds. A worker forked here is set up like a fresh ``python [-u] script.p
 The zygote never creates threads, sockets to other hosts, CUDA contexts or process groups, so a
 fork from it is safe. It dies with its agent (parent-death signal), and its workers die with it.
 
-    python -m rendezvous.zygote (--socket PATH | --listen-fd FD) --parent-pid PID
+    python -m kfp_elastic.rendezvous.zygote (--socket PATH | --listen-fd FD) --parent-pid PID
                                 [--preload mod1:mod2]
 """
 
@@ -33,11 +33,16 @@ from dataclasses import dataclass, field
 
 from .zygote_shim import recv_message, send_message
 
-log = logging.getLogger("rendezvous.zygote")
+log = logging.getLogger("kfp_elastic.rendezvous.zygote")
 
 WARM_STARTED_ENV = "KFP_ELASTIC_WARM_STARTED"
-DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
-                   "torch.optim")  # fmt: skip
+DEFAULT_PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch._dynamo",
+    "torch.optim",
+)
 REQUEST_TIMEOUT_S = 10.0
 _PR_SET_PDEATHSIG = 1
 
@@ -176,8 +181,12 @@ class Zygote:
             return
         exit_code = os.waitstatus_to_exitcode(status)
         _reply(worker.conn, {"exit_code": exit_code})
-        log.info("worker pid=%d exited code=%d after %.1fs", worker.pid, exit_code,
-                 time.monotonic() - worker.started)
+        log.info(
+            "worker pid=%d exited code=%d after %.1fs",
+            worker.pid,
+            exit_code,
+            time.monotonic() - worker.started,
+        )
         self._forget(worker)
 
     def _forget(self, worker: _Worker) -> None:
@@ -244,8 +253,14 @@ def _become_fresh_process(target: PythonTarget, env: dict, cwd: str, fds: list[i
         os.dup2(fd, std_fd)
     for fd in set(fds) - {0, 1, 2}:
         os.close(fd)  # the shim's stdio arrived as new descriptors; the worker has them as 0-2
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-                   signal.SIGUSR2, signal.SIGCHLD):  # fmt: skip
+    for signum in (
+        signal.SIGTERM,
+        signal.SIGHUP,
+        signal.SIGQUIT,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGCHLD,
+    ):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # Python's own default
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -259,8 +274,10 @@ def _become_fresh_process(target: PythonTarget, env: dict, cwd: str, fds: list[i
         sys.path[0] = os.path.dirname(os.path.realpath(target.script))  # type: ignore[arg-type]
     interactive = os.isatty(1)
     for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(write_through=target.unbuffered,  # type: ignore[union-attr]
-                           line_buffering=interactive or stream is sys.stderr)
+        stream.reconfigure(
+            write_through=target.unbuffered,  # type: ignore[union-attr]
+            line_buffering=interactive or stream is sys.stderr,
+        )
     _fresh_random_state()
     logging.getLogger().handlers.clear()
     logging.getLogger().setLevel(logging.WARNING)
@@ -321,8 +338,10 @@ def _run_target(target: PythonTarget) -> int:
 def _print_user_traceback() -> None:
     """The traceback as ``python script.py`` shows it: without the zygote's and runpy's frames."""
     kind, error, tb = sys.exc_info()
-    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>")
-                              or tb.tb_frame.f_code.co_filename.endswith("runpy.py")):
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>")
+        or tb.tb_frame.f_code.co_filename.endswith("runpy.py")
+    ):
         tb = tb.tb_next
     if error is not None:
         error = error.with_traceback(tb)  # the hook prints the exception's own traceback
@@ -356,13 +375,16 @@ def preload(modules: list[str]) -> None:
             try:
                 importlib.import_module(name)
             except Exception as error:  # noqa: BLE001 - a missing extra module only costs speed
-                log.warning("preload of %s failed (%s); workers import it themselves", name,
-                            error)
+                log.warning("preload of %s failed (%s); workers import it themselves", name, error)
     finally:
         gc.freeze()
         gc.enable()
-    log.info("zygote pid=%d ready: preloaded %s in %.1fs", os.getpid(), ",".join(modules),
-             time.monotonic() - started)
+    log.info(
+        "zygote pid=%d ready: preloaded %s in %.1fs",
+        os.getpid(),
+        ",".join(modules),
+        time.monotonic() - started,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -371,11 +393,16 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--socket", help="unix socket path to listen on")
     where.add_argument("--listen-fd", type=int, help="an inherited listening unix socket")
     parser.add_argument("--parent-pid", type=int, required=True, help="the agent's pid")
-    parser.add_argument("--preload", default=":".join(DEFAULT_PRELOAD),
-                        help="':'-separated modules to import before serving")
+    parser.add_argument(
+        "--preload",
+        default=":".join(DEFAULT_PRELOAD),
+        help="':'-separated modules to import before serving",
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("KFP_ELASTIC_LOG_LEVEL", "INFO").upper(),
-                        format="[%(asctime)s] elastic-etcd %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("KFP_ELASTIC_LOG_LEVEL", "INFO").upper(),
+        format="[%(asctime)s] elastic-etcd %(levelname)s %(name)s: %(message)s",
+    )
     set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != args.parent_pid:
         return 0  # the agent died before the death signal was armed

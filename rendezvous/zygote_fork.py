@@ -6,7 +6,8 @@ was ready only ≈ 6 s after launch. Forked from the agent while the agent has n
 those ``import torch`` starts (before the handler opens its gRPC channel), the zygote starts
 with torch loaded and imports only what the agent lacks.
 
-The child is made to look like ``python -m rendezvous.zygote`` started by ``subprocess.Popen``:
+The child is made to look like ``python -m kfp_elastic.rendezvous.zygote`` started by
+``subprocess.Popen``:
 its own session, stdin on ``/dev/null``, the agent's other descriptors released (``/dev/null`` in
 their place), default signal handlers, the agent's exit handlers dropped, and the agent's
 logging changes undone. When the agent has
@@ -34,8 +35,9 @@ log = logging.getLogger(__name__)
 
 _RESET_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGALRM")
 _UNSAFE_THREAD_PREFIXES = ("grpc", "event_engine", "lifeguard", "default-execut", "resolver-exec")
-# Loggers the agent configures and a fresh ``python -m rendezvous.zygote`` would not have.
-_AGENT_LOGGERS = ("rendezvous",)
+# Loggers the agent configures and a fresh ``python -m kfp_elastic.rendezvous.zygote`` would
+# not have.
+_AGENT_LOGGERS = ("kfp_elastic.rendezvous",)
 
 
 def fork_is_safe() -> bool:
@@ -89,16 +91,22 @@ class ForkedZygote:
         self.send_signal(signal.SIGKILL)
 
 
-def fork_zygote(listener: socket.socket, modules: Sequence[str],
-                agent_exit_handlers: Sequence[Callable[[], object]] = ()) -> ForkedZygote | None:
+def fork_zygote(
+    listener: socket.socket,
+    modules: Sequence[str],
+    agent_exit_handlers: Sequence[Callable[[], object]] = (),
+) -> ForkedZygote | None:
     """Fork this agent into a zygote serving ``listener``; ``None`` when it is not safe now.
 
     ``agent_exit_handlers``: the agent's ``atexit`` functions that its workers must not run
     (exit handlers registered by imports stay, as in a fresh process).
     """
     if not fork_is_safe():
-        log.info("zygote not forked: this process has threads %s (Python: %d)",
-                 _thread_names(), threading.active_count())
+        log.info(
+            "zygote not forked: this process has threads %s (Python: %d)",
+            _thread_names(),
+            threading.active_count(),
+        )
         return None
     parent_pid = os.getpid()
     sys.stdout.flush()
@@ -109,8 +117,12 @@ def fork_zygote(listener: socket.socket, modules: Sequence[str],
     return ForkedZygote(pid)
 
 
-def _serve_in_child(listener: socket.socket, parent_pid: int, modules: tuple[str, ...],
-                    agent_exit_handlers: Sequence[Callable[[], object]]) -> None:
+def _serve_in_child(
+    listener: socket.socket,
+    parent_pid: int,
+    modules: tuple[str, ...],
+    agent_exit_handlers: Sequence[Callable[[], object]],
+) -> None:
     code = 1
     try:
         _become_zygote(listener.fileno())
@@ -120,8 +132,12 @@ def _serve_in_child(listener: socket.socket, parent_pid: int, modules: tuple[str
         if os.getppid() != parent_pid:
             code = 0  # the agent died before the death signal was armed
         else:
-            log.info("zygote pid=%d forked from agent pid=%d, %.2fs after the agent started",
-                     os.getpid(), parent_pid, _seconds_since_start(parent_pid))
+            log.info(
+                "zygote pid=%d forked from agent pid=%d, %.2fs after the agent started",
+                os.getpid(),
+                parent_pid,
+                _seconds_since_start(parent_pid),
+            )
             preload(list(modules))
             Zygote(listener, parent_pid).serve_forever()
             code = 0
@@ -155,8 +171,10 @@ def _become_zygote(listener_fd: int) -> None:
         logger.setLevel(logging.NOTSET)
         logger.propagate = True
     logging.root.handlers.clear()
-    logging.basicConfig(level=os.environ.get("KFP_ELASTIC_LOG_LEVEL", "INFO").upper(),
-                        format="[%(asctime)s] elastic-etcd %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("KFP_ELASTIC_LOG_LEVEL", "INFO").upper(),
+        format="[%(asctime)s] elastic-etcd %(levelname)s %(name)s: %(message)s",
+    )
 
 
 def _open_fds() -> list[int]:

@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterator
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-from rendezvous.embedded_etcd import EmbeddedEtcd
-from rendezvous.handler import ElasticEtcdRendezvousHandler, create_handler
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.rendezvous.handler import ElasticEtcdRendezvousHandler, create_handler
 
-logging.getLogger("rendezvous").setLevel(logging.INFO)
+logging.getLogger("kfp_elastic.rendezvous").setLevel(logging.INFO)
 
 
 @pytest.fixture(scope="session")
@@ -42,12 +42,22 @@ def make_handler(etcd: EmbeddedEtcd, run_id: str) -> Iterator[HandlerFactory]:
     """``make_handler(min, max, endpoint=None, **conf)``; every handler made is shut down."""
     made: list[ElasticEtcdRendezvousHandler] = []
 
-    def make(min_nodes: int = 1, max_nodes: int = 1, endpoint: str | None = None,
-             run: str | None = None, **conf: object) -> ElasticEtcdRendezvousHandler:
+    def make(
+        min_nodes: int = 1,
+        max_nodes: int = 1,
+        endpoint: str | None = None,
+        run: str | None = None,
+        **conf: object,
+    ) -> ElasticEtcdRendezvousHandler:
         conf.setdefault("last_call_timeout", "0.5")
         params = RendezvousParameters(
-            "elastic-etcd", endpoint or etcd.endpoint, run or run_id, min_nodes, max_nodes,
-            local_addr="127.0.0.1", **{k: str(v) for k, v in conf.items()},
+            "elastic-etcd",
+            endpoint or etcd.endpoint,
+            run or run_id,
+            min_nodes,
+            max_nodes,
+            local_addr="127.0.0.1",
+            **{k: str(v) for k, v in conf.items()},
         )
         handler = create_handler(params)
         made.append(handler)

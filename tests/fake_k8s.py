@@ -30,9 +30,11 @@ from tests.fake_k8s_wire import (
     parse_label_selector,
 )
 
-PRIORITY_CLASSES = {"kfp-elastic-worker-low": (-5, "Never"),
-                    "kfp-elastic-control": (100000, "PreemptLowerPriority"),
-                    "system-cluster-critical": (2000000000, "PreemptLowerPriority")}  # fmt: skip
+PRIORITY_CLASSES = {
+    "kfp-elastic-worker-low": (-5, "Never"),
+    "kfp-elastic-control": (100000, "PreemptLowerPriority"),
+    "system-cluster-critical": (2000000000, "PreemptLowerPriority"),
+}
 SERVICE_ACCOUNTS = {"default", "kfp-elastic-worker", "kfp-elastic-master"}
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
@@ -40,9 +42,15 @@ _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9]
 class FakeKubernetes:
     """``with FakeKubernetes() as k8s:`` serves at ``k8s.url`` until the block ends."""
 
-    def __init__(self, *, history: int = 1000, priority_classes: dict | None = None,
-                 service_accounts: set[str] | None = None, kubelet: bool = True,
-                 namespace: str = "default") -> None:
+    def __init__(
+        self,
+        *,
+        history: int = 1000,
+        priority_classes: dict | None = None,
+        service_accounts: set[str] | None = None,
+        kubelet: bool = True,
+        namespace: str = "default",
+    ) -> None:
         self._cond = threading.Condition()
         self._rv = 100
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
@@ -61,8 +69,9 @@ class FakeKubernetes:
         self._server.fake = self
         self.port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-k8s",
-                                        kwargs={"poll_interval": 0.05})  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="fake-k8s", kwargs={"poll_interval": 0.05}
+        )
         self._thread.start()
 
     def __enter__(self) -> FakeKubernetes:
@@ -96,8 +105,12 @@ class FakeKubernetes:
         pod = copy.deepcopy(pod)
         meta, spec = pod.setdefault("metadata", {}), pod.setdefault("spec", {})
         if meta.get("namespace", ns) != ns:
-            raise ApiError(400, "BadRequest", "the namespace of the provided object does not "
-                           "match the namespace sent on the request")  # fmt: skip
+            raise ApiError(
+                400,
+                "BadRequest",
+                "the namespace of the provided object does not "
+                "match the namespace sent on the request",
+            )
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         name = meta.get("name", "")
@@ -107,20 +120,30 @@ class FakeKubernetes:
         if not spec.get("containers"):
             problems.append("spec.containers: Required value")
         for i, c in enumerate(spec.get("containers") or []):
-            problems += [f"spec.containers[{i}].{k}: Required value" for k in ("name", "image")
-                         if not c.get(k)]  # fmt: skip
+            problems += [
+                f"spec.containers[{i}].{k}: Required value"
+                for k in ("name", "image")
+                if not c.get(k)
+            ]
         if spec.get("restartPolicy", "Always") not in ("Always", "OnFailure", "Never"):
             problems.append("spec.restartPolicy: Unsupported value")
         if problems:
             raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: ' + ", ".join(problems))
         pc = spec.get("priorityClassName")
         if pc is not None and pc not in self.priority_classes:
-            raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: no PriorityClass '
-                           f"with name {pc} was found")  # fmt: skip
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'pods "{name}" is forbidden: no PriorityClass with name {pc} was found',
+            )
         sa = spec.setdefault("serviceAccountName", "default")
         if sa not in self.service_accounts:
-            raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: error looking up '
-                           f'service account {ns}/{sa}: serviceaccount "{sa}" not found')
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'pods "{name}" is forbidden: error looking up '
+                f'service account {ns}/{sa}: serviceaccount "{sa}" not found',
+            )
         spec["serviceAccount"] = sa
         if pc is not None:
             spec["priority"], spec["preemptionPolicy"] = self.priority_classes[pc]
@@ -142,15 +165,22 @@ class FakeKubernetes:
                 return pod
             return self._record(ns, "ADDED", None, pod)
 
-    def delete(self, ns: str, name: str, grace: int | None = None,
-               preconditions: dict | None = None) -> dict[str, Any]:  # fmt: skip
+    def delete(
+        self, ns: str, name: str, grace: int | None = None, preconditions: dict | None = None
+    ) -> dict[str, Any]:
         with self._cond:
             pod = self._get(ns, name)
-            for key, have in (("uid", pod["metadata"]["uid"]),
-                              ("resourceVersion", pod["metadata"]["resourceVersion"])):
+            for key, have in (
+                ("uid", pod["metadata"]["uid"]),
+                ("resourceVersion", pod["metadata"]["resourceVersion"]),
+            ):
                 if (preconditions or {}).get(key) not in (None, have):
-                    raise ApiError(409, "Conflict", f"Precondition failed: {key} in "
-                                   f"precondition: {preconditions[key]}, {key} in object: {have}")
+                    raise ApiError(
+                        409,
+                        "Conflict",
+                        f"Precondition failed: {key} in "
+                        f"precondition: {preconditions[key]}, {key} in object: {have}",
+                    )
             if pod["metadata"].get("deletionTimestamp"):
                 return copy.deepcopy(pod)
             grace = pod["spec"].get("terminationGracePeriodSeconds", 30) if grace is None else grace
@@ -158,8 +188,9 @@ class FakeKubernetes:
             if grace == 0 or terminal or not pod["spec"].get("nodeName"):
                 return self._remove(ns, pod)
             new = copy.deepcopy(pod)
-            new["metadata"].update(deletionTimestamp=now_timestamp(grace),
-                                   deletionGracePeriodSeconds=grace)
+            new["metadata"].update(
+                deletionTimestamp=now_timestamp(grace), deletionGracePeriodSeconds=grace
+            )
             out = self._record(ns, "MODIFIED", pod, new)
             if self.kubelet:
                 self.finish_deletion(name, ns=ns)
@@ -180,8 +211,9 @@ class FakeKubernetes:
             new["metadata"].update(deletionTimestamp=now_timestamp(), deletionGracePeriodSeconds=0)
         return self._record(ns, "DELETED", pod, new)
 
-    def patch(self, ns: str, name: str, body: Any, content_type: str,
-              status_only: bool = False) -> dict[str, Any]:  # fmt: skip
+    def patch(
+        self, ns: str, name: str, body: Any, content_type: str, status_only: bool = False
+    ) -> dict[str, Any]:
         with self._cond:
             old = self._get(ns, name)
             if "merge-patch" not in content_type or not isinstance(body, dict):
@@ -190,17 +222,25 @@ class FakeKubernetes:
             new = merge_patch(old, body, strategic="strategic" in content_type)
             rv = (body.get("metadata") or {}).get("resourceVersion")
             if rv not in (None, old["metadata"]["resourceVersion"]):
-                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods "{name}": '
-                               "the object has been modified; please apply your changes to the "
-                               "latest version and try again")  # fmt: skip
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on pods "{name}": '
+                    "the object has been modified; please apply your changes to the "
+                    "latest version and try again",
+                )
             if status_only:  # the status subresource changes status only, the main one the rest
                 new = {**old, "status": new.get("status", {})}
             else:
                 new["status"] = old["status"]
                 if _mutable_spec(new["spec"]) != _mutable_spec(old["spec"]):
-                    raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: spec: Forbidden: '
-                                   "pod updates may not change fields other than image, "
-                                   "activeDeadlineSeconds, tolerations (additions)")  # fmt: skip
+                    raise ApiError(
+                        422,
+                        "Invalid",
+                        f'Pod "{name}" is invalid: spec: Forbidden: '
+                        "pod updates may not change fields other than image, "
+                        "activeDeadlineSeconds, tolerations (additions)",
+                    )
             for key in ("name", "namespace", "uid", "creationTimestamp"):
                 new["metadata"][key] = old["metadata"][key]
             return self._record(ns, "MODIFIED", old, new)
@@ -208,14 +248,21 @@ class FakeKubernetes:
     def list(self, ns: str, labels: str = "") -> dict[str, Any]:
         selector = parse_label_selector(labels)
         with self._cond:
-            items = [copy.deepcopy(p) for (n, _), p in sorted(self._pods.items()) if n == ns
-                     and labels_match(selector, p["metadata"].get("labels") or {})]
+            items = [
+                copy.deepcopy(p)
+                for (n, _), p in sorted(self._pods.items())
+                if n == ns and labels_match(selector, p["metadata"].get("labels") or {})
+            ]
             rv = str(self._rv)
         for item in items:  # items of a typed list carry no kind/apiVersion
             item.pop("kind", None)
             item.pop("apiVersion", None)
-        return {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": rv},
-                "items": items}  # fmt: skip
+        return {
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": rv},
+            "items": items,
+        }
 
     # -- test hooks ----------------------------------------------------------------------
 
@@ -224,10 +271,18 @@ class FakeKubernetes:
         with self._cond:
             return copy.deepcopy(self._get(ns, name))
 
-    def set_phase(self, name: str, phase: str, reason: str | None = None,
-                  exit_code: int | None = None, conditions: list[dict] | None = None,
-                  message: str | None = None, container_reason: str | None = None,
-                  node: str = "fake-node-1", ns: str | None = None) -> dict[str, Any]:  # fmt: skip
+    def set_phase(
+        self,
+        name: str,
+        phase: str,
+        reason: str | None = None,
+        exit_code: int | None = None,
+        conditions: list[dict] | None = None,
+        message: str | None = None,
+        container_reason: str | None = None,
+        node: str = "fake-node-1",
+        ns: str | None = None,
+    ) -> dict[str, Any]:
         """Scheduler and kubelet: move a pod to ``phase``. ``reason``/``message`` are the
         pod-level status fields (e.g. Evicted); ``exit_code`` ends the worker container."""
         ns = ns or self.namespace
@@ -241,25 +296,37 @@ class FakeKubernetes:
                     status[key] = value
             if phase != "Pending" and not spec.get("nodeName"):
                 spec["nodeName"] = node
-                status.update(hostIP="10.0.0.1", podIP=f"10.1.0.{next(self._ips)}",
-                              startTime=now_timestamp())  # fmt: skip
+                status.update(
+                    hostIP="10.0.0.1", podIP=f"10.1.0.{next(self._ips)}", startTime=now_timestamp()
+                )
             names = [c["name"] for c in spec["containers"]]
             if phase == "Running":
                 state = {"running": {"startedAt": now_timestamp()}}
             elif phase == "Succeeded" or (phase == "Failed" and exit_code is not None):
                 code = exit_code or 0
-                state = {"terminated": {"exitCode": code, "finishedAt": now_timestamp(),
-                                        "reason": container_reason or ("Completed" if code == 0
-                                                                       else "Error")}}  # fmt: skip
+                state = {
+                    "terminated": {
+                        "exitCode": code,
+                        "finishedAt": now_timestamp(),
+                        "reason": container_reason or ("Completed" if code == 0 else "Error"),
+                    }
+                }
             else:
                 state = None
             if state is not None and (phase != old["status"]["phase"] or exit_code is not None):
                 status["containerStatuses"] = [
-                    {"name": n, "state": state, "ready": phase == "Running", "restartCount": 0,
-                     "image": c["image"], "imageID": f"{c['image']}@sha256:{'0' * 64}",
-                     "containerID": f"containerd://{uuid.uuid4().hex}",
-                     "started": phase == "Running"}
-                    for n, c in zip(names, spec["containers"], strict=True)]  # fmt: skip
+                    {
+                        "name": n,
+                        "state": state,
+                        "ready": phase == "Running",
+                        "restartCount": 0,
+                        "image": c["image"],
+                        "imageID": f"{c['image']}@sha256:{'0' * 64}",
+                        "containerID": f"containerd://{uuid.uuid4().hex}",
+                        "started": phase == "Running",
+                    }
+                    for n, c in zip(names, spec["containers"], strict=True)
+                ]
             ready = "True" if phase == "Running" else "False"
             merged = {c["type"]: c for c in status.get("conditions") or []}
             if spec.get("nodeName"):
@@ -273,32 +340,44 @@ class FakeKubernetes:
 
     def _disrupt(self, name: str, reason: str, message: str, ns: str) -> None:
         with self._cond:
-            self.set_phase(name, self._get(ns, name)["status"]["phase"], ns=ns,
-                           conditions=[{"type": "DisruptionTarget", "reason": reason,
-                                        "message": message}])  # fmt: skip
+            self.set_phase(
+                name,
+                self._get(ns, name)["status"]["phase"],
+                ns=ns,
+                conditions=[{"type": "DisruptionTarget", "reason": reason, "message": message}],
+            )
 
-    def preempt(self, name: str, ns: str | None = None,
-                reason: str = "PreemptionByScheduler") -> None:  # fmt: skip
+    def preempt(
+        self, name: str, ns: str | None = None, reason: str = "PreemptionByScheduler"
+    ) -> None:
         """The scheduler preempts the pod (Kubernetes >= 1.26; the reason was
         PreemptionByKubeScheduler before 1.31): DisruptionTarget, then a graceful delete."""
         ns = ns or self.namespace
-        self._disrupt(name, reason, "default-scheduler: preempting to accommodate a higher "
-                      "priority pod", ns)  # fmt: skip
+        self._disrupt(
+            name, reason, "default-scheduler: preempting to accommodate a higher priority pod", ns
+        )
         self.delete(ns, name)
 
     def evict(self, name: str, ns: str | None = None) -> None:
         """Node-pressure eviction by the kubelet: the pod stays, Failed with reason Evicted."""
         ns = ns or self.namespace
         self._disrupt(name, "TerminationByKubelet", "The node was low on resource: memory.", ns)
-        self.set_phase(name, "Failed", reason="Evicted", exit_code=137, ns=ns,
-                       message="The node was low on resource: memory.")  # fmt: skip
+        self.set_phase(
+            name,
+            "Failed",
+            reason="Evicted",
+            exit_code=137,
+            ns=ns,
+            message="The node was low on resource: memory.",
+        )
 
     def lose_node(self, name: str, ns: str | None = None) -> None:
         """The node stops responding: the taint manager deletes the pod; no kubelet confirms,
         so pod GC marks it Failed and force-deletes it."""
         ns = ns or self.namespace
-        self._disrupt(name, "DeletionByTaintManager", "Taint manager: deleting due to NoExecute "
-                      "taint", ns)  # fmt: skip
+        self._disrupt(
+            name, "DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint", ns
+        )
         with self._cond:
             self.set_phase(name, "Failed", ns=ns)
             self._remove(ns, self._get(ns, name))
@@ -354,8 +433,11 @@ class FakeKubernetes:
         stream = _Stream()
 
         def visible(pod: dict | None) -> bool:
-            return pod is not None and pod["metadata"]["namespace"] == ns and labels_match(
-                selector, pod["metadata"].get("labels") or {})
+            return (
+                pod is not None
+                and pod["metadata"]["namespace"] == ns
+                and labels_match(selector, pod["metadata"].get("labels") or {})
+            )
 
         with self._cond:
             while self._held and not self._stopping:
@@ -394,8 +476,9 @@ class FakeKubernetes:
                         elif was:  # deleted, or changed so that it left the selection
                             backlog.append(("DELETED", new))
                 if expired:  # what the real server sends: HTTP 200, then one ERROR event
-                    status = ApiError(410, "Expired", f"too old resource version: {cursor} "
-                                      f"({floor + 1})").status  # fmt: skip
+                    status = ApiError(
+                        410, "Expired", f"too old resource version: {cursor} ({floor + 1})"
+                    ).status
                     handler.write_chunk({"type": "ERROR", "object": status})
                     return
                 if ended:
@@ -417,5 +500,3 @@ def _mutable_spec(spec: dict[str, Any]) -> dict[str, Any]:
     for c in spec.get("containers", []):
         c.pop("image", None)
     return spec
-
-

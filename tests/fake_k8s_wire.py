@@ -20,17 +20,33 @@ if TYPE_CHECKING:
     from tests.fake_k8s import FakeKubernetes
 
 _PATH = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+)(?P<sub>/status)?)?")
-_REQUIREMENT = re.compile(r"\s*(?P<neg>!)?\s*(?P<key>[A-Za-z0-9./_-]+)\s*(?:(?P<op>==|=|!=)\s*"
-                          r"(?P<val>[A-Za-z0-9._-]*)|\s+(?P<set>in|notin)\s*\((?P<vals>[^)]*)\))?\s*")
-_MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "volumes": "name",
-               "conditions": "type", "containerStatuses": "name", "ownerReferences": "uid"}
+_REQUIREMENT = re.compile(
+    r"\s*(?P<neg>!)?\s*(?P<key>[A-Za-z0-9./_-]+)\s*(?:(?P<op>==|=|!=)\s*"
+    r"(?P<val>[A-Za-z0-9._-]*)|\s+(?P<set>in|notin)\s*\((?P<vals>[^)]*)\))?\s*"
+)
+_MERGE_KEYS = {
+    "containers": "name",
+    "initContainers": "name",
+    "env": "name",
+    "volumes": "name",
+    "conditions": "type",
+    "containerStatuses": "name",
+    "ownerReferences": "uid",
+}
 
 
 class ApiError(Exception):
     def __init__(self, code: int, reason: str, message: str) -> None:
         super().__init__(message)
-        self.status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                       "message": message, "reason": reason, "code": code}  # fmt: skip
+        self.status = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "code": code,
+        }
 
 
 def now_timestamp(delta: float = 0) -> str:
@@ -55,8 +71,14 @@ def parse_label_selector(text: str) -> list[tuple[str, str, set[str]]]:
 def labels_match(selector: list[tuple[str, str, set[str]]], labels: dict[str, str]) -> bool:
     for key, op, values in selector:
         value = labels.get(key)
-        ok = {"=": value in values, "in": value in values, "!=": value not in values,
-              "notin": value not in values, "exists": key in labels, "!": key not in labels}[op]
+        ok = {
+            "=": value in values,
+            "in": value in values,
+            "!=": value not in values,
+            "notin": value not in values,
+            "exists": key in labels,
+            "!": key not in labels,
+        }[op]
         if not ok:
             return False
     return True
@@ -182,8 +204,12 @@ class Handler(BaseHTTPRequestHandler):
             if method == "DELETE" and name and not sub:
                 opts = body or {}
                 grace = query.get("gracePeriodSeconds", opts.get("gracePeriodSeconds"))
-                return self._send(200, fake.delete(ns, name, None if grace is None else int(grace),
-                                                   opts.get("preconditions")))  # fmt: skip
+                return self._send(
+                    200,
+                    fake.delete(
+                        ns, name, None if grace is None else int(grace), opts.get("preconditions")
+                    ),
+                )
             if method == "PATCH" and name:
                 ctype = self.headers.get("Content-Type", "")
                 return self._send(200, fake.patch(ns, name, body, ctype, status_only=bool(sub)))

@@ -21,9 +21,15 @@ from pathlib import Path
 def emit(path: str | None, event: str, **fields: object) -> None:
     if not path:
         return
-    record = {"event": event, "t": time.time(), "rank": int(os.environ.get("RANK", 0)),
-              "world_size": int(os.environ.get("WORLD_SIZE", 1)), "pid": os.getpid(),
-              "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)), **fields}
+    record = {
+        "event": event,
+        "t": time.time(),
+        "rank": int(os.environ.get("RANK", 0)),
+        "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+        "pid": os.getpid(),
+        "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        **fields,
+    }
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (json.dumps(record) + "\n").encode())
@@ -44,11 +50,13 @@ class Committer:
     BATCH = 8
 
     def __init__(self, every: int, total: int) -> None:
-        from rendezvous.etcd_client import connect_to
-        from worker.progress import Progress
+        from kfp_elastic.rendezvous.etcd_client import connect_to
+        from kfp_elastic.worker.progress import Progress
 
-        run = f"{os.environ.get('KFP_ELASTIC_KEY_PREFIX', '/kfp-elastic').rstrip('/')}/" \
-              f"{os.environ['TORCHELASTIC_RUN_ID']}"
+        run = (
+            f"{os.environ.get('KFP_ELASTIC_KEY_PREFIX', '/kfp-elastic').rstrip('/')}/"
+            f"{os.environ['TORCHELASTIC_RUN_ID']}"
+        )
         self.client = connect_to(os.environ["KFP_ELASTIC_ETCD_ENDPOINT"])
         self.progress = Progress(self.client, run)
         self.manifest = self.progress.manifest()
@@ -57,7 +65,7 @@ class Committer:
     def maybe_commit(self, step: int, losses: list[float]) -> None:
         if step % self.every and step < self.total:
             return
-        from worker.progress import Committed
+        from kfp_elastic.worker.progress import Committed
 
         previous, revision = self.progress.committed_record()
         samples = self.manifest.num_samples if self.manifest else 10**9
@@ -66,9 +74,14 @@ class Committer:
         done = step >= self.total
         epoch = min(step // per_epoch, epochs - 1) if not done else epochs - 1
         position = samples if done else min(samples, (step - epoch * per_epoch) * self.BATCH)
-        new = Committed(step=step, epoch=epoch, position=position,
-                        world_size=int(os.environ.get("WORLD_SIZE", 1)), complete=done,
-                        losses=tuple(losses))
+        new = Committed(
+            step=step,
+            epoch=epoch,
+            position=position,
+            world_size=int(os.environ.get("WORLD_SIZE", 1)),
+            complete=done,
+            losses=tuple(losses),
+        )
         if self.manifest is not None:
             self.progress.commit(self.manifest, previous, revision, new)
         else:
@@ -89,9 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.exit_code
     rank = int(os.environ.get("RANK", 0))
     state = Path(args.state_dir) / f"{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}.step"
-    committer = (Committer(args.commit_every, args.steps)
-                 if rank == 0 and args.commit_every and "KFP_ELASTIC_ETCD_ENDPOINT" in os.environ
-                 else None)
+    committer = (
+        Committer(args.commit_every, args.steps)
+        if rank == 0 and args.commit_every and "KFP_ELASTIC_ETCD_ENDPOINT" in os.environ
+        else None
+    )
     step = read_step(state)
     emit(args.events, "start", step=step)
     losses: list[float] = []

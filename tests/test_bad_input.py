@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rendezvous.embedded_etcd import free_port
+from kfp_elastic.rendezvous.embedded_etcd import free_port
 from tests.harness import TINY_DDP
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -22,22 +22,33 @@ PROMISED_S = 10
 def warm_imports() -> None:
     """A fresh environment compiles torch's bytecode on first import (tens of seconds); that is
     set-up, not the error path the 10 s promise is about, so do it before the clocks start."""
-    subprocess.run([sys.executable, "-c", "import torch.distributed.run, rendezvous.handler"],
-                   capture_output=True, timeout=300, env={**os.environ,
-                                                          "PYTHONPATH": str(REPO_ROOT)})
+    subprocess.run(
+        [sys.executable, "-c", "import torch.distributed.run, rendezvous.handler"],
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
 
 
 def run_torchrun(endpoint: str, nnodes: str = "1:2", conf: str = "") -> tuple[float, str]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend=elastic-etcd",
-               f"--rdzv-endpoint={endpoint}", "--rdzv-id=bad-input", f"--nnodes={nnodes}",
-               "--nproc-per-node=1"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--rdzv-backend=elastic-etcd",
+        f"--rdzv-endpoint={endpoint}",
+        "--rdzv-id=bad-input",
+        f"--nnodes={nnodes}",
+        "--nproc-per-node=1",
+    ]
     if conf:
         command.append(f"--rdzv-conf={conf}")
     command += [str(TINY_DDP), "--steps", "1"]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     started = time.monotonic()
-    result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env,
-                            cwd=REPO_ROOT)
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, env=env, cwd=REPO_ROOT
+    )
     elapsed = time.monotonic() - started
     assert result.returncode != 0
     return elapsed, result.stdout + result.stderr
@@ -53,11 +64,18 @@ def run_torchrun(endpoint: str, nnodes: str = "1:2", conf: str = "") -> tuple[fl
         ("ETCD", "1:2", "lease_ttl=soon", "lease_ttl='soon' is not a number"),
         ("ETCD", "1:2", "cacert=/no/such/ca.pem", "cacert=/no/such/ca.pem: no such file"),
     ],
-    ids=["unreachable", "malformed-endpoint", "min-above-max", "unknown-key", "bad-value",
-         "missing-tls-file"],
+    ids=[
+        "unreachable",
+        "malformed-endpoint",
+        "min-above-max",
+        "unknown-key",
+        "bad-value",
+        "missing-tls-file",
+    ],
 )
-def test_torchrun_fails_fast_and_clearly(etcd, endpoint: str, nnodes: str, conf: str,
-                                         message: str) -> None:
+def test_torchrun_fails_fast_and_clearly(
+    etcd, endpoint: str, nnodes: str, conf: str, message: str
+) -> None:
     if endpoint == "UNREACHABLE":
         endpoint = f"127.0.0.1:{free_port()}"
     elif endpoint == "ETCD":

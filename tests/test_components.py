@@ -19,9 +19,9 @@ import pytest
 import torch
 from kfp import dsl
 
-from components.common import normalize_run_id, run_pids
-from components.elastic_train.component import elastic_train
-from components.elastic_train.faults import (
+from kfp_elastic.components.common import normalize_run_id, run_pids
+from kfp_elastic.components.elastic_train.component import elastic_train
+from kfp_elastic.components.elastic_train.faults import (
     Fault,
     FaultInjector,
     Progress,
@@ -29,10 +29,15 @@ from components.elastic_train.faults import (
     parse_faults,
     pick_target,
 )
-from components.elastic_train.run_job import TimelineTail, TrainRequest, preflight, validate
-from components.evaluate.component import evaluate
-from components.shard_dataset.component import shard_dataset
-from components.shard_dataset.shard import (
+from kfp_elastic.components.elastic_train.run_job import (
+    TimelineTail,
+    TrainRequest,
+    preflight,
+    validate,
+)
+from kfp_elastic.components.evaluate.component import evaluate
+from kfp_elastic.components.shard_dataset.component import shard_dataset
+from kfp_elastic.components.shard_dataset.shard import (
     build_manifest,
     check_shards,
     count_path,
@@ -40,13 +45,13 @@ from components.shard_dataset.shard import (
     read_manifest,
     resolve,
 )
-from components.stop_workers.component import stop_workers
-from master.job import JobSpec
-from worker.data_plan import Shard
-from worker.examples import digits
-from worker.model_def import ModelDefError
+from kfp_elastic.components.stop_workers.component import stop_workers
+from kfp_elastic.master.job import JobSpec
+from kfp_elastic.worker.data_plan import Shard
+from kfp_elastic.worker.examples import digits
+from kfp_elastic.worker.model_def import ModelDefError
 
-DIGITS = "worker.examples.digits"
+DIGITS = "kfp_elastic.worker.examples.digits"
 DIGITS_TRAIN = 1437
 
 
@@ -64,9 +69,15 @@ def manifest(tmp_path: Path) -> Any:
 # ------------------------------------------------------------------------------ run ids
 
 
-@pytest.mark.parametrize(("raw", "expected"), [
-    ("6f1c2a9e-0b1d-4c5e-9f00-123456789abc", "kfp-6f1c2a9e-0b1d-4c5e-9f00-123456789abc"),
-    ("12345678", "kfp-12345678"), ("My_Run 7", "my-run-7"), ("job-1", "job-1")])
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("6f1c2a9e-0b1d-4c5e-9f00-123456789abc", "kfp-6f1c2a9e-0b1d-4c5e-9f00-123456789abc"),
+        ("12345678", "kfp-12345678"),
+        ("My_Run 7", "my-run-7"),
+        ("job-1", "job-1"),
+    ],
+)
 def test_run_ids_become_dns_labels(raw: str, expected: str) -> None:
     assert normalize_run_id(raw) == expected
     assert len(normalize_run_id(raw)) <= 40
@@ -80,23 +91,30 @@ def test_an_empty_run_id_gets_a_random_one() -> None:
 # ------------------------------------------------------------------------------ shard_dataset
 
 
-def test_shard_dataset_of_the_example_is_what_the_master_reads(tmp_path: Path,
-                                                               manifest: Any) -> None:
+def test_shard_dataset_of_the_example_is_what_the_master_reads(
+    tmp_path: Path, manifest: Any
+) -> None:
     shards, document = read_manifest(manifest.path)
     assert document["num_samples"] == DIGITS_TRAIN == manifest.metadata["num_samples"]
     assert [s.size for s in shards] == [359, 359, 359, 360]
-    published = JobSpec(run_id="r", min_workers=1, max_workers=2, epochs=2,
-                        shard_manifest=manifest.path).manifest()
+    published = JobSpec(
+        run_id="r", min_workers=1, max_workers=2, epochs=2, shard_manifest=manifest.path
+    ).manifest()
     assert published is not None and published.num_samples == DIGITS_TRAIN
     assert published.epochs == 2 and len(published.shards) == 4
 
 
 def test_shard_dataset_returns_the_sample_count(tmp_path: Path) -> None:
     out = artifact(dsl.Dataset, tmp_path, "manifest")
-    assert shard_dataset.python_func(manifest=out, dataset="example:digits",
-                                     shard_size=500) == DIGITS_TRAIN
-    assert [row[1:] for row in json.loads(Path(out.path).read_text())["shards"]] == \
-        [[0, 500], [500, 1000], [1000, 1437]]
+    assert (
+        shard_dataset.python_func(manifest=out, dataset="example:digits", shard_size=500)
+        == DIGITS_TRAIN
+    )
+    assert [row[1:] for row in json.loads(Path(out.path).read_text())["shards"]] == [
+        [0, 500],
+        [500, 1000],
+        [1000, 1437],
+    ]
 
 
 def test_dataset_forms(tmp_path: Path) -> None:
@@ -120,8 +138,13 @@ def test_counting_files(tmp_path: Path) -> None:
     (directory / "sub").mkdir(parents=True)
     for name in ("1.png", "2.png", "sub/3.png", ".hidden"):
         (directory / name).write_text("x")
-    assert [count_path(tmp_path / n) for n in ("a.jsonl", "b.csv", "c.pt", "d.pt", "images")] \
-        == [3, 2, 7, 5, 3]
+    assert [count_path(tmp_path / n) for n in ("a.jsonl", "b.csv", "c.pt", "d.pt", "images")] == [
+        3,
+        2,
+        7,
+        5,
+        3,
+    ]
     (tmp_path / "e.bin").write_text("?")
     with pytest.raises(ValueError, match="cannot count samples"):
         count_path(tmp_path / "e.bin")
@@ -133,9 +156,11 @@ def test_plan_shards() -> None:
     assert [(s.start, s.end) for s in plan_shards(10, num_shards=3)] == [(0, 3), (3, 6), (6, 10)]
     assert [s.size for s in plan_shards(10, shard_size=4)] == [4, 4, 2]
     assert len(plan_shards(5)) == 5 and len(plan_shards(1000)) == 16
-    for kwargs, message in (({"num_shards": 11}, "more than the 10 samples"),
-                            ({"num_shards": 2, "shard_size": 2}, "not both"),
-                            ({"shard_size": -1}, ">= 0")):
+    for kwargs, message in (
+        ({"num_shards": 11}, "more than the 10 samples"),
+        ({"num_shards": 2, "shard_size": 2}, "not both"),
+        ({"shard_size": -1}, ">= 0"),
+    ):
         with pytest.raises(ValueError, match=message):
             plan_shards(10, **kwargs)
     with pytest.raises(ValueError, match="empty"):
@@ -146,8 +171,7 @@ def test_an_empty_dataset_fails_with_a_clear_message(tmp_path: Path) -> None:
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     with pytest.raises(ValueError, match="has no samples: nothing to train on"):
-        shard_dataset.python_func(manifest=artifact(dsl.Dataset, tmp_path, "m"),
-                                  dataset=str(empty))
+        shard_dataset.python_func(manifest=artifact(dsl.Dataset, tmp_path, "m"), dataset=str(empty))
 
 
 def test_an_unknown_model_def_fails_with_a_clear_message(tmp_path: Path) -> None:
@@ -170,13 +194,17 @@ def test_manifests_must_tile_the_samples(tmp_path: Path) -> None:
 
 def test_parse_faults() -> None:
     faults = parse_faults(" preempt:worker-1@20s, kill:worker-0@step10 ,kill:worker-2@1.5")
-    assert faults == (Fault("preempt", 1, at_s=20.0, text="preempt:worker-1@20s"),
-                      Fault("kill", 0, at_step=10, text="kill:worker-0@step10"),
-                      Fault("kill", 2, at_s=1.5, text="kill:worker-2@1.5"))
+    assert faults == (
+        Fault("preempt", 1, at_s=20.0, text="preempt:worker-1@20s"),
+        Fault("kill", 0, at_step=10, text="kill:worker-0@step10"),
+        Fault("kill", 2, at_s=1.5, text="kill:worker-2@1.5"),
+    )
     assert parse_faults("") == ()
-    for spec, message in (("reboot:worker-1@2s", "unknown action"),
-                          ("preempt:node-1@2s", "cannot parse"),
-                          ("preempt:worker-1", "cannot parse")):
+    for spec, message in (
+        ("reboot:worker-1@2s", "unknown action"),
+        ("preempt:node-1@2s", "cannot parse"),
+        ("preempt:worker-1", "cannot parse"),
+    ):
         with pytest.raises(ValueError, match=message):
             parse_faults(spec)
     with pytest.raises(ValueError, match="worker-0 .. worker-1"):
@@ -198,16 +226,24 @@ def test_faults_are_due_after_the_first_round() -> None:
 
 
 def _status(name: str, index: int, phase: str = "Running", reason: str | None = None) -> Any:
-    return SimpleNamespace(name=name, worker_index=index, phase=phase, reason=reason,
-                           ended=phase in ("Succeeded", "Failed", "Deleted"))
+    return SimpleNamespace(
+        name=name,
+        worker_index=index,
+        phase=phase,
+        reason=reason,
+        ended=phase in ("Succeeded", "Failed", "Deleted"),
+    )
 
 
 def test_fault_injector_waits_for_a_running_worker_of_the_slot() -> None:
     workers = [_status("worker-0-0", 0), _status("worker-1-0", 1, "Failed")]
     acted: list[tuple[str, str]] = []
-    injector = FaultInjector(parse_faults("preempt:worker-1@step1"), lambda: workers,
-                             lambda action, name: acted.append((action, name)),
-                             clock=lambda: 10.0)
+    injector = FaultInjector(
+        parse_faults("preempt:worker-1@step1"),
+        lambda: workers,
+        lambda action, name: acted.append((action, name)),
+        clock=lambda: 10.0,
+    )
     events = [{"kind": "round_formed", "t": 1.0}, {"kind": "committed", "t": 2, "step": 3}]
     assert injector.poll(events) == [] and acted == []
     workers.append(_status("worker-1-1", 1))
@@ -220,28 +256,34 @@ def test_fault_injector_waits_for_a_running_worker_of_the_slot() -> None:
 
 
 def _request(manifest_path: str, **changes: Any) -> TrainRequest:
-    values: dict[str, Any] = {"run_id": "r", "model_def": DIGITS,
-                              "manifest_path": manifest_path, "launcher": "local"}
+    values: dict[str, Any] = {
+        "run_id": "r",
+        "model_def": DIGITS,
+        "manifest_path": manifest_path,
+        "launcher": "local",
+    }
     return TrainRequest(**{**values, **changes})
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"min_workers": 3, "max_workers": 2}, "min_workers=3 is more than max_workers=2"),
-    ({"min_workers": 0}, "min_workers must be >= 1"),
-    ({"epochs": 0}, "epochs must be >= 1"),
-    ({"batch_policy": "cubic"}, "unknown batch policy 'cubic'"),
-    ({"launcher": "slurm"}, "launcher must be auto, local or kubernetes"),
-    ({"launcher": "kubernetes"}, "needs etcd_endpoint"),
-    ({"launcher": "kubernetes", "etcd_endpoint": "etcd:2379"}, "needs a snapshot_dir"),
-    ({"inject_faults": "kill:worker-5@1s"}, "max_workers=2"),
-])
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"min_workers": 3, "max_workers": 2}, "min_workers=3 is more than max_workers=2"),
+        ({"min_workers": 0}, "min_workers must be >= 1"),
+        ({"epochs": 0}, "epochs must be >= 1"),
+        ({"batch_policy": "cubic"}, "unknown batch policy 'cubic'"),
+        ({"launcher": "slurm"}, "launcher must be auto, local or kubernetes"),
+        ({"launcher": "kubernetes"}, "needs etcd_endpoint"),
+        ({"launcher": "kubernetes", "etcd_endpoint": "etcd:2379"}, "needs a snapshot_dir"),
+        ({"inject_faults": "kill:worker-5@1s"}, "max_workers=2"),
+    ],
+)
 def test_bad_train_inputs_are_named(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         validate(_request("unused", **changes))
 
 
-def test_preflight_checks_the_model_def_against_the_manifest(tmp_path: Path,
-                                                             manifest: Any) -> None:
+def test_preflight_checks_the_model_def_against_the_manifest(tmp_path: Path, manifest: Any) -> None:
     assert preflight(_request(manifest.path)) == DIGITS_TRAIN
     with pytest.raises(ModelDefError, match="module not found"):
         preflight(_request(manifest.path, model_def="no_such.module"))
@@ -252,30 +294,41 @@ def test_preflight_checks_the_model_def_against_the_manifest(tmp_path: Path,
 
 
 def _train_artifacts(tmp_path: Path) -> dict[str, Any]:
-    return {"model": artifact(dsl.Model, tmp_path, "model"),
-            "metrics": artifact(dsl.Metrics, tmp_path, "metrics"),
-            "report": artifact(dsl.HTML, tmp_path, "report"), "task_config": dsl.TaskConfig()}
+    return {
+        "model": artifact(dsl.Model, tmp_path, "model"),
+        "metrics": artifact(dsl.Metrics, tmp_path, "metrics"),
+        "report": artifact(dsl.HTML, tmp_path, "report"),
+        "task_config": dsl.TaskConfig(),
+    }
 
 
-@pytest.mark.parametrize(("changes", "error", "message"), [
-    ({"min_workers": 3, "max_workers": 2}, ValueError, "min_workers=3 is more than"),
-    ({"model_def": "no_such.module"}, ModelDefError, "no_such.module: module not found"),
-])
-def test_elastic_train_fails_before_starting_anything(tmp_path: Path, manifest: Any,
-                                                      changes: dict[str, Any], error: type,
-                                                      message: str) -> None:
+@pytest.mark.parametrize(
+    ("changes", "error", "message"),
+    [
+        ({"min_workers": 3, "max_workers": 2}, ValueError, "min_workers=3 is more than"),
+        ({"model_def": "no_such.module"}, ModelDefError, "no_such.module: module not found"),
+    ],
+)
+def test_elastic_train_fails_before_starting_anything(
+    tmp_path: Path, manifest: Any, changes: dict[str, Any], error: type, message: str
+) -> None:
     started = time.monotonic()
     with pytest.raises(error, match=message):
-        elastic_train.python_func(shard_manifest=manifest, **_train_artifacts(tmp_path),
-                                  launcher="local", run_id="bad-input", **changes)
+        elastic_train.python_func(
+            shard_manifest=manifest,
+            **_train_artifacts(tmp_path),
+            launcher="local",
+            run_id="bad-input",
+            **changes,
+        )
     assert time.monotonic() - started < 30
     assert not run_pids("bad-input")
     assert not (tmp_path / "job").exists()
 
 
 def test_timeline_tail_reads_only_new_events(etcd: Any, run_id: str) -> None:
-    from master.state import MasterState
-    from rendezvous.etcd_client import connect_to
+    from kfp_elastic.master.state import MasterState
+    from kfp_elastic.rendezvous.etcd_client import connect_to
 
     client = connect_to(etcd.endpoint)
     state = MasterState(client, f"/kfp-elastic/{run_id}", lease_ttl=2)
@@ -306,8 +359,12 @@ def _model_file(tmp_path: Path, **metadata: Any) -> Any:
 def test_evaluate_logs_what_the_ui_renders(tmp_path: Path) -> None:
     metrics = artifact(dsl.Metrics, tmp_path, "metrics")
     classification = artifact(dsl.ClassificationMetrics, tmp_path, "classification")
-    accuracy = evaluate.python_func(model=_model_file(tmp_path), metrics=metrics,
-                                    classification=classification, model_def=DIGITS)
+    accuracy = evaluate.python_func(
+        model=_model_file(tmp_path),
+        metrics=metrics,
+        classification=classification,
+        model_def=DIGITS,
+    )
     assert 0.0 <= accuracy <= 1.0
     assert metrics.metadata["accuracy"] == pytest.approx(accuracy, abs=1e-6)
     assert metrics.metadata["samples"] == 360 and metrics.metadata["loss"] > 0
@@ -320,8 +377,10 @@ def test_evaluate_logs_what_the_ui_renders(tmp_path: Path) -> None:
 
 
 def test_evaluate_takes_the_model_def_from_the_model_metadata(tmp_path: Path) -> None:
-    kwargs = {"metrics": artifact(dsl.Metrics, tmp_path, "metrics"),
-              "classification": artifact(dsl.ClassificationMetrics, tmp_path, "cm")}
+    kwargs = {
+        "metrics": artifact(dsl.Metrics, tmp_path, "metrics"),
+        "classification": artifact(dsl.ClassificationMetrics, tmp_path, "cm"),
+    }
     assert evaluate.python_func(model=_model_file(tmp_path, model_def=DIGITS), **kwargs) >= 0
     with pytest.raises(ValueError, match="model_def is empty"):
         evaluate.python_func(model=_model_file(tmp_path), **kwargs)
@@ -336,9 +395,13 @@ def test_stop_workers_kills_the_processes_of_its_run_only(run_id: str) -> None:
     mine = subprocess.Popen(sleeper, env={**os.environ, "KFP_ELASTIC_RUN_ID": rid})
     other = subprocess.Popen(sleeper, env={**os.environ, "KFP_ELASTIC_RUN_ID": rid + "-x"})
     try:
-        status = dsl.PipelineTaskFinalStatus(state="FAILED", pipeline_job_resource_name="p",
-                                             pipeline_task_name="t", error_code=1,
-                                             error_message="boom")
+        status = dsl.PipelineTaskFinalStatus(
+            state="FAILED",
+            pipeline_job_resource_name="p",
+            pipeline_task_name="t",
+            error_code=1,
+            error_message="boom",
+        )
         deadline = time.monotonic() + 10
         while not run_pids(rid) and time.monotonic() < deadline:
             time.sleep(0.05)

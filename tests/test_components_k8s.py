@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from components.common import delete_run_pods
-from components.elastic_train.run_job import (
+from kfp_elastic.components.common import delete_run_pods
+from kfp_elastic.components.elastic_train.run_job import (
     LauncherHolder,
     TrainRequest,
     kubernetes_factory,
@@ -34,11 +34,14 @@ OWNER = {"apiVersion": "v1", "kind": "Pod", "name": "elastic-train-pod", "uid": 
 def k8s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKubernetes]:
     """The fake API server, reached through a kubeconfig (as outside a cluster)."""
     with FakeKubernetes(namespace=NS) as fake:
-        kubeconfig = {"apiVersion": "v1", "kind": "Config", "current-context": "fake",
-                      "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
-                      "users": [{"name": "fake", "user": {}}],
-                      "contexts": [{"name": "fake", "context": {"cluster": "fake",
-                                                                "user": "fake"}}]}
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
+            "users": [{"name": "fake", "user": {}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+        }
         path = tmp_path / "kubeconfig"
         path.write_text(yaml.safe_dump(kubeconfig))
         monkeypatch.setenv("KUBECONFIG", str(path))
@@ -48,14 +51,29 @@ def k8s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKuberne
 
 def request(**changes: Any) -> TrainRequest:
     values: dict[str, Any] = {
-        "run_id": RUN, "model_def": "worker.examples.digits", "manifest_path": "unused",
-        "min_workers": 1, "max_workers": 3, "launcher": "kubernetes", "etcd_endpoint": "etcd:2379",
-        "snapshot_dir": "/mnt/kfp-elastic/snapshots", "namespace": NS, "worker_cpu": "1",
-        "worker_memory": "2Gi", "priority_class": "kfp-elastic-worker-low",
-        "service_account": "kfp-elastic-worker", "image": "registry.example/worker:1",
-        "pod_overrides": {"tolerations": [TOLERATION], "volumes": [VOLUME],
-                          "volume_mounts": [MOUNT], "node_selector": {"pool": "gpu"}},
-        "owner_reference": OWNER, "inject_faults": "kill:worker-1@step3"}
+        "run_id": RUN,
+        "model_def": "kfp_elastic.worker.examples.digits",
+        "manifest_path": "unused",
+        "min_workers": 1,
+        "max_workers": 3,
+        "launcher": "kubernetes",
+        "etcd_endpoint": "etcd:2379",
+        "snapshot_dir": "/mnt/kfp-elastic/snapshots",
+        "namespace": NS,
+        "worker_cpu": "1",
+        "worker_memory": "2Gi",
+        "priority_class": "kfp-elastic-worker-low",
+        "service_account": "kfp-elastic-worker",
+        "image": "registry.example/worker:1",
+        "pod_overrides": {
+            "tolerations": [TOLERATION],
+            "volumes": [VOLUME],
+            "volume_mounts": [MOUNT],
+            "node_selector": {"pool": "gpu"},
+        },
+        "owner_reference": OWNER,
+        "inject_faults": "kill:worker-1@step3",
+    }
     return TrainRequest(**{**values, **changes})
 
 

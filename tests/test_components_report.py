@@ -6,8 +6,8 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from components.elastic_train.report import loss_segments, render, svg_chart
-from components.elastic_train.summary import Summary, describe, summarize
+from kfp_elastic.components.elastic_train.report import loss_segments, render, svg_chart
+from kfp_elastic.components.elastic_train.summary import Summary, describe, summarize
 
 T0 = 1_000.0
 
@@ -15,31 +15,59 @@ T0 = 1_000.0
 def timeline() -> list[dict[str, Any]]:
     """2 workers, worker-1 preempted after step 10, replaced, job done at step 30."""
     events = [
-        ("master_started", 0.0, {"min_workers": 1, "max_workers": 2, "nproc_per_worker": 1,
-                                 "launcher": "local"}),
+        (
+            "master_started",
+            0.0,
+            {"min_workers": 1, "max_workers": 2, "nproc_per_worker": 1, "launcher": "local"},
+        ),
         ("worker_launched", 0.1, {"name": "worker-0-0", "index": 0}),
         ("worker_launched", 0.1, {"name": "worker-1-0", "index": 1}),
         ("round_formed", 5.0, {"round": 1, "nodes": 2, "world_size": 2}),
-        ("committed", 7.0, {"step": 5, "epoch": 0, "world_size": 2,
-                            "losses": [2.0, 1.9, 1.8, 1.7, 1.6]}),
-        ("committed", 9.0, {"step": 10, "epoch": 0, "world_size": 2,
-                            "losses": [1.5, 1.4, 1.3, 1.2, 1.1]}),
-        ("worker_lost", 11.0, {"name": "worker-1-0", "index": 1, "cause": "preempted",
-                               "failure": False, "message": "terminated by SIGTERM"}),
+        (
+            "committed",
+            7.0,
+            {"step": 5, "epoch": 0, "world_size": 2, "losses": [2.0, 1.9, 1.8, 1.7, 1.6]},
+        ),
+        (
+            "committed",
+            9.0,
+            {"step": 10, "epoch": 0, "world_size": 2, "losses": [1.5, 1.4, 1.3, 1.2, 1.1]},
+        ),
+        (
+            "worker_lost",
+            11.0,
+            {
+                "name": "worker-1-0",
+                "index": 1,
+                "cause": "preempted",
+                "failure": False,
+                "message": "terminated by SIGTERM",
+            },
+        ),
         ("worker_launched", 11.1, {"name": "worker-1-1", "index": 1}),
         ("round_formed", 12.0, {"round": 2, "nodes": 1, "world_size": 1}),
         ("round_formed", 20.0, {"round": 3, "nodes": 2, "world_size": 2}),
-        ("committed", 22.0, {"step": 20, "epoch": 0, "world_size": 2,
-                             "losses": [1.0] * 10}),
+        ("committed", 22.0, {"step": 20, "epoch": 0, "world_size": 2, "losses": [1.0] * 10}),
         ("epoch_end", 22.1, {"epoch": 0, "step": 20}),
-        ("committed", 24.0, {"step": 30, "epoch": 1, "world_size": 2, "complete": True,
-                             "losses": [0.5] * 9 + [0.25]}),
+        (
+            "committed",
+            24.0,
+            {
+                "step": 30,
+                "epoch": 1,
+                "world_size": 2,
+                "complete": True,
+                "losses": [0.5] * 9 + [0.25],
+            },
+        ),
         ("epoch_end", 24.1, {"epoch": 1, "step": 30}),
         ("worker_completed", 26.0, {"name": "worker-0-0", "index": 0}),
         ("job_done", 26.5, {"message": "committed progress is complete"}),
     ]
-    return [{"seq": i + 1, "kind": kind, "t": T0 + t, **fields}
-            for i, (kind, t, fields) in enumerate(events)]
+    return [
+        {"seq": i + 1, "kind": kind, "t": T0 + t, **fields}
+        for i, (kind, t, fields) in enumerate(events)
+    ]
 
 
 def test_summary_numbers() -> None:
@@ -61,8 +89,11 @@ def test_restarts_list_what_happened_since_the_previous_round() -> None:
     injected = [(T0 + 10.5, "preempt", "worker-1-0")]
     rows = summarize(timeline(), injected=injected).restart_rows
     assert [(r.round, r.world_before, r.world_after) for r in rows] == [(2, 2, 1), (3, 1, 2)]
-    assert rows[0].causes == ("preempt worker-1-0 injected", "worker-1-0 lost (preempted)",
-                              "worker-1-1 launched")
+    assert rows[0].causes == (
+        "preempt worker-1-0 injected",
+        "worker-1-0 lost (preempted)",
+        "worker-1-1 launched",
+    )
     assert rows[1].causes == ("(no worker event)",)
 
 
@@ -73,13 +104,22 @@ def test_an_empty_timeline_gives_zeros() -> None:
 
 def test_loss_lines_break_where_training_rolled_back() -> None:
     losses = [(1, 2.0), (2, 1.9), (3, 1.8), (2, 1.95), (3, 1.85), (4, 1.7)]
-    assert loss_segments(losses) == [[(1.0, 2.0), (2.0, 1.9), (3.0, 1.8)],
-                                     [(2.0, 1.95), (3.0, 1.85), (4.0, 1.7)]]
+    assert loss_segments(losses) == [
+        [(1.0, 2.0), (2.0, 1.9), (3.0, 1.8)],
+        [(2.0, 1.95), (3.0, 1.85), (4.0, 1.7)],
+    ]
 
 
 def test_charts_are_well_formed_svg() -> None:
-    chart = svg_chart([[(0, 0), (5, 2), (12, 1)]], title="w", x_label="s", y_label="n",
-                      step=True, y_min=0, markers=[(11, "worker-1-0 <lost>", "#d33")])
+    chart = svg_chart(
+        [[(0, 0), (5, 2), (12, 1)]],
+        title="w",
+        x_label="s",
+        y_label="n",
+        step=True,
+        y_min=0,
+        markers=[(11, "worker-1-0 <lost>", "#d33")],
+    )
     root = ET.fromstring(chart)
     assert root.tag.endswith("svg")
     assert "worker-1-0 &lt;lost&gt;" in chart
@@ -90,14 +130,23 @@ def test_charts_are_well_formed_svg() -> None:
 def test_report_has_charts_tables_and_escapes_text() -> None:
     events = timeline()
     events[6]["message"] = "<script>alert(1)</script>"
-    html = render(summarize(events, injected=[(T0 + 10.5, "preempt", "worker-1-0")]),
-                  title="Elastic training r", settings={"run_id": "r"},
-                  injected=[(10.5, "preempt:worker-1@step10", "worker-1-0")],
-                  log_dir="/tmp/logs")
+    html = render(
+        summarize(events, injected=[(T0 + 10.5, "preempt", "worker-1-0")]),
+        title="Elastic training r",
+        settings={"run_id": "r"},
+        injected=[(10.5, "preempt:worker-1@step10", "worker-1-0")],
+        log_dir="/tmp/logs",
+    )
     assert html.startswith("<!DOCTYPE html>") and "<script>" not in html
     assert len(re.findall(r"<svg ", html)) == 2
-    for heading in ("Metrics", "World size over time", "Loss curve",
-                    "Restarts and their causes", "Workers lost", "Injected faults"):
+    for heading in (
+        "Metrics",
+        "World size over time",
+        "Loss curve",
+        "Restarts and their causes",
+        "Workers lost",
+        "Injected faults",
+    ):
         assert f"<h2>{heading}</h2>" in html
     assert "2 → 1" in html and "Job succeeded" in html and "/tmp/logs" in html
     for svg in re.findall(r"<svg .*?</svg>", html, re.S):

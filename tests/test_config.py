@@ -2,7 +2,7 @@
 
 import pytest
 
-from rendezvous.config import ConfigError, Endpoint, RendezvousConfig, parse_endpoints
+from kfp_elastic.rendezvous.config import ConfigError, Endpoint, RendezvousConfig, parse_endpoints
 
 
 def config(conf: dict, endpoint: str = "127.0.0.1:2379", nnodes: tuple = (1, 2)):
@@ -11,7 +11,10 @@ def config(conf: dict, endpoint: str = "127.0.0.1:2379", nnodes: tuple = (1, 2))
 
 def test_several_endpoints_with_default_port_and_schemes() -> None:
     assert parse_endpoints("a:1, b ,https://c:3,[::1]:4") == (
-        Endpoint("a", 1), Endpoint("b", 2379), Endpoint("c", 3, secure=True), Endpoint("::1", 4)
+        Endpoint("a", 1),
+        Endpoint("b", 2379),
+        Endpoint("c", 3, secure=True),
+        Endpoint("::1", 4),
     )
 
 
@@ -25,8 +28,15 @@ def test_defaults_and_torch_names() -> None:
     cfg = config({"timeout": "900"})
     assert cfg.join_timeout == 900.0  # torchrun's legacy --rdzv-timeout arrives as 'timeout'
     assert cfg.last_call_timeout == 1.0 and cfg.close_timeout == 30.0 and cfg.lease_ttl == 5.0
-    cfg = config({"timeout": "900", "join_timeout": "12", "last_call_timeout": "0.5",
-                  "peer_probe": "false", "key_prefix": "/x"})
+    cfg = config(
+        {
+            "timeout": "900",
+            "join_timeout": "12",
+            "last_call_timeout": "0.5",
+            "peer_probe": "false",
+            "key_prefix": "/x",
+        }
+    )
     assert (cfg.join_timeout, cfg.last_call_timeout, cfg.peer_probe) == (12.0, 0.5, False)
     assert cfg.run_prefix == "/x/job"
 

@@ -4,20 +4,39 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rendezvous.etcd_client import connect_to
-from rendezvous.local_agents import AgentGroup, new_run_id, wait_for
-from worker.evaluate import evaluate
-from worker.progress import Progress
+from kfp_elastic.rendezvous.etcd_client import connect_to
+from kfp_elastic.rendezvous.local_agents import AgentGroup, new_run_id, wait_for
+from kfp_elastic.worker.evaluate import evaluate
+from kfp_elastic.worker.progress import Progress
 
-MODEL_DEF = "worker.examples.digits"
+MODEL_DEF = "kfp_elastic.worker.examples.digits"
 
 
 def train(tmp: Path, etcd, disturb: bool) -> float:
     run_id = new_run_id("digits")
-    args = ["worker", "--model-def", MODEL_DEF, "--epochs", "8", "--batch-size", "16",
-            "--policy", "fixed-global-batch", "--base-world-size", "3", "--snapshot-every", "5",
-            "--snapshot-dir", str(tmp / "snap"), "--etcd", etcd.endpoint,
-            "--output", str(tmp / "model.pt"), "--step-time", "0.04"]
+    args = [
+        "worker",
+        "--model-def",
+        MODEL_DEF,
+        "--epochs",
+        "8",
+        "--batch-size",
+        "16",
+        "--policy",
+        "fixed-global-batch",
+        "--base-world-size",
+        "3",
+        "--snapshot-every",
+        "5",
+        "--snapshot-dir",
+        str(tmp / "snap"),
+        "--etcd",
+        etcd.endpoint,
+        "--output",
+        str(tmp / "model.pt"),
+        "--step-time",
+        "0.04",
+    ]
     client = connect_to(etcd.endpoint)
     progress = Progress(client, f"/kfp-elastic/{run_id}")
 
@@ -27,10 +46,18 @@ def train(tmp: Path, etcd, disturb: bool) -> float:
 
     try:
         with AgentGroup(tmp) as group:
+
             def start(name: str):
-                return group.start(backend="elastic-etcd", endpoint=etcd.endpoint, run_id=run_id,
-                                   nnodes="2:3", script="-m", script_args=args, name=name,
-                                   rdzv_conf={"last_call_timeout": 1})
+                return group.start(
+                    backend="elastic-etcd",
+                    endpoint=etcd.endpoint,
+                    run_id=run_id,
+                    nnodes="2:3",
+                    script="-m",
+                    script_args=args,
+                    name=name,
+                    rdzv_conf={"last_call_timeout": 1},
+                )
 
             nodes = [start(f"node{i}") for i in range(3)]
             if disturb:

@@ -10,26 +10,48 @@ from pathlib import Path
 
 import torch
 
-from rendezvous.etcd_client import connect_to
-from rendezvous.local_agents import AgentGroup, new_run_id, wait_for
-from worker.progress import Progress
+from kfp_elastic.rendezvous.etcd_client import connect_to
+from kfp_elastic.rendezvous.local_agents import AgentGroup, new_run_id, wait_for
+from kfp_elastic.worker.progress import Progress
 
 EPOCHS = 3
 SAMPLES = 480
 
 
 def worker_args(etcd, workdir: Path) -> list[str]:
-    return ["worker", "--model-def", "tests.model_defs.counting", "--epochs", str(EPOCHS),
-            "--batch-size", "4", "--snapshot-every", "3", "--snapshot-dir", str(workdir / "snap"),
-            "--etcd", etcd.endpoint, "--output", str(workdir / "model.pt"),
-            "--step-time", "0.05"]
+    return [
+        "worker",
+        "--model-def",
+        "tests.model_defs.counting",
+        "--epochs",
+        str(EPOCHS),
+        "--batch-size",
+        "4",
+        "--snapshot-every",
+        "3",
+        "--snapshot-dir",
+        str(workdir / "snap"),
+        "--etcd",
+        etcd.endpoint,
+        "--output",
+        str(workdir / "model.pt"),
+        "--step-time",
+        "0.05",
+    ]
 
 
 def start(group: AgentGroup, etcd, run_id: str, workdir: Path, name: str):
-    return group.start(backend="elastic-etcd", endpoint=etcd.endpoint, run_id=run_id,
-                       nnodes="2:3", script="-m", script_args=worker_args(etcd, workdir),
-                       rdzv_conf={"last_call_timeout": 1}, name=name,
-                       env={"COUNTING_SAMPLES": str(SAMPLES)})
+    return group.start(
+        backend="elastic-etcd",
+        endpoint=etcd.endpoint,
+        run_id=run_id,
+        nnodes="2:3",
+        script="-m",
+        script_args=worker_args(etcd, workdir),
+        rdzv_conf={"last_call_timeout": 1},
+        name=name,
+        env={"COUNTING_SAMPLES": str(SAMPLES)},
+    )
 
 
 def committed_step(progress: Progress) -> int:
@@ -40,8 +62,9 @@ def committed_step(progress: Progress) -> int:
     return record.step if record else 0
 
 
-def test_exactly_once_through_kill_sigterm_join_and_etcd_restart(tmp_path: Path,
-                                                                   private_etcd) -> None:
+def test_exactly_once_through_kill_sigterm_join_and_etcd_restart(
+    tmp_path: Path, private_etcd
+) -> None:
     etcd = private_etcd
     run_id = new_run_id("once")
     client = connect_to(etcd.endpoint)
@@ -68,8 +91,11 @@ def test_exactly_once_through_kill_sigterm_join_and_etcd_restart(tmp_path: Path,
         record, _ = progress.committed_record()
         assert record.complete and record.epoch == EPOCHS
         for epoch in range(EPOCHS):
-            assert progress.queue_counts(epoch) == {"todo": 0, "doing": 0,
-                                                    "done": len(progress.manifest().shards)}
+            assert progress.queue_counts(epoch) == {
+                "todo": 0,
+                "doing": 0,
+                "done": len(progress.manifest().shards),
+            }
     finally:
         client.close()
 
@@ -81,4 +107,3 @@ def test_undisturbed_run_counts_each_sample_once_per_epoch(tmp_path: Path, etcd)
         assert [n.wait(180) for n in nodes] == [0, 0], group.logs(60)
     counts = torch.load(tmp_path / "model.pt")["counts"]
     assert torch.equal(counts, torch.full((SAMPLES,), float(EPOCHS), dtype=torch.float64))
-

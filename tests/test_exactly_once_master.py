@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from master.state import MasterState, read_timeline
-from rendezvous.etcd_client import connect_to
-from rendezvous.local_agents import REPO_ROOT, sigkill_process_tree, wait_for
-from worker.progress import Progress
+from kfp_elastic.master.state import MasterState, read_timeline
+from kfp_elastic.rendezvous.etcd_client import connect_to
+from kfp_elastic.rendezvous.local_agents import REPO_ROOT, sigkill_process_tree, wait_for
+from kfp_elastic.worker.progress import Progress
 
 EPOCHS, SAMPLES = 3, 480
 
@@ -29,20 +29,60 @@ def committed_step(progress: Progress) -> int:
     return record.step if record else 0
 
 
-def test_every_sample_once_through_master_and_etcd_restarts(tmp_path: Path, private_etcd,
-                                                             run_id: str) -> None:
+def test_every_sample_once_through_master_and_etcd_restarts(
+    tmp_path: Path, private_etcd, run_id: str
+) -> None:
     etcd = private_etcd
     command = [
-        sys.executable, "-m", "master", "--run-id", run_id, "--etcd", etcd.endpoint,
-        "--min-workers", "2", "--max-workers", "3", "--leader-ttl", "2", "--max-wait", "120",
-        "--rdzv-conf", "last_call_timeout=1", "--workdir", str(tmp_path / "work"),
-        "--dataset-length", str(SAMPLES), "--shard-size", "40", "--epochs", str(EPOCHS), "--",
-        "-m", "worker", "--model-def", "tests.model_defs.counting", "--epochs", str(EPOCHS),
-        "--batch-size", "4", "--snapshot-every", "3", "--step-time", "0.05",
-        "--snapshot-dir", str(tmp_path / "snap"), "--output", str(tmp_path / "model.pt"),
+        sys.executable,
+        "-m",
+        "kfp_elastic.master",
+        "--run-id",
+        run_id,
+        "--etcd",
+        etcd.endpoint,
+        "--min-workers",
+        "2",
+        "--max-workers",
+        "3",
+        "--leader-ttl",
+        "2",
+        "--max-wait",
+        "120",
+        "--rdzv-conf",
+        "last_call_timeout=1",
+        "--workdir",
+        str(tmp_path / "work"),
+        "--dataset-length",
+        str(SAMPLES),
+        "--shard-size",
+        "40",
+        "--epochs",
+        str(EPOCHS),
+        "--",
+        "-m",
+        "kfp_elastic.worker",
+        "--model-def",
+        "tests.model_defs.counting",
+        "--epochs",
+        str(EPOCHS),
+        "--batch-size",
+        "4",
+        "--snapshot-every",
+        "3",
+        "--step-time",
+        "0.05",
+        "--snapshot-dir",
+        str(tmp_path / "snap"),
+        "--output",
+        str(tmp_path / "model.pt"),
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COUNTING_SAMPLES": str(SAMPLES),
-           "KFP_ELASTIC_RUN_ID": run_id}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "COUNTING_SAMPLES": str(SAMPLES),
+        "KFP_ELASTIC_RUN_ID": run_id,
+    }
     client = connect_to(etcd.endpoint)
     progress = Progress(client, f"/kfp-elastic/{run_id}")
     state = MasterState(client, f"/kfp-elastic/{run_id}")
@@ -60,8 +100,14 @@ def test_every_sample_once_through_master_and_etcd_restarts(tmp_path: Path, priv
         wait_for(lambda: committed_step(progress) >= start + by, 120, 0.2, what)
 
     def a_worker_pid() -> int:
-        workers = wait_for(lambda: [r["pid"] for r in state.workers().values()
-                                    if r.get("pid") and _alive(r["pid"])], 60, 0.2, "a worker")
+        workers = wait_for(
+            lambda: [
+                r["pid"] for r in state.workers().values() if r.get("pid") and _alive(r["pid"])
+            ],
+            60,
+            0.2,
+            "a worker",
+        )
         return workers[0]
 
     try:

@@ -15,13 +15,14 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
 )
 
-from rendezvous.cache import WatchedPrefix
-from rendezvous.handler import ElasticEtcdRendezvousHandler
+from kfp_elastic.rendezvous.cache import WatchedPrefix
+from kfp_elastic.rendezvous.handler import ElasticEtcdRendezvousHandler
 
 
 def raw_client(etcd) -> MultiEndpointEtcd3Client:
     return MultiEndpointEtcd3Client(
-        [Endpoint("127.0.0.1", etcd.client_port, secure=False, time_retry=0.5)], timeout=5,
+        [Endpoint("127.0.0.1", etcd.client_port, secure=False, time_retry=0.5)],
+        timeout=5,
         failover=True,
     )
 
@@ -247,8 +248,14 @@ def test_node_whose_lease_was_revoked_rejoins(make_handler, etcd) -> None:
     loops = [AgentLoop(a), AgentLoop(b)]
     # Round 2 may hold a alone (b re-joins in round 3) or both, if b re-registered in time.
     try:
-        assert eventually(lambda: all(loop.info and loop.info.world_size == 2 for loop in loops)
-                          and a._round.number >= 2 and a._round == b._round, 15)
+        assert eventually(
+            lambda: (
+                all(loop.info and loop.info.world_size == 2 for loop in loops)
+                and a._round.number >= 2
+                and a._round == b._round
+            ),
+            15,
+        )
     finally:
         for loop in loops:
             loop.stop()
@@ -309,7 +316,7 @@ def test_failing_agent_leaves_without_closing_the_run(make_handler) -> None:
 
 
 def test_cache_reports_the_keys_changed_since_a_position(private_etcd, monkeypatch) -> None:
-    monkeypatch.setattr("rendezvous.cache.CHANGE_LOG_SIZE", 4)
+    monkeypatch.setattr("kfp_elastic.rendezvous.cache.CHANGE_LOG_SIZE", 4)
     client = raw_client(private_etcd)
     try:
         cache = WatchedPrefix(client, "/l/")
@@ -376,8 +383,7 @@ def test_a_round_larger_than_etcds_transaction_limit_forms(make_handler) -> None
 def test_a_spare_keeps_the_run_alive_after_every_member_left(make_handler, etcd, run_id) -> None:
     # Members gone longer than close_timeout while a spare waits for MIN: the round record
     # must survive (the spare keeps the run lease), and the next round admits the spare.
-    a, b, spare = (make_handler(2, 2, close_timeout=2, last_call_timeout=0.2)
-                   for _ in range(3))
+    a, b, spare = (make_handler(2, 2, close_timeout=2, last_call_timeout=0.2) for _ in range(3))
     join_all([a, b])
     waiting = Joiner(spare)
     time.sleep(0.5)
@@ -396,8 +402,9 @@ def test_a_spare_keeps_the_run_alive_after_every_member_left(make_handler, etcd,
     assert sorted(i.rank for i in infos) == [0, 1]
 
 
-def test_a_vanished_round_record_restarts_numbering_past_every_waiter(make_handler, etcd,
-                                                                       run_id) -> None:
+def test_a_vanished_round_record_restarts_numbering_past_every_waiter(
+    make_handler, etcd, run_id
+) -> None:
     a = make_handler(1, 1)
     for _ in range(3):  # rounds 1..3
         Joiner(a).result()
@@ -478,8 +485,15 @@ def test_rank0_that_does_not_lead_publishes_the_bootstrap_address(make_handler) 
     assert eventually(lambda: _leader_of(c) == c.node_id)
     infos = [j.result() for j in [Joiner(a), Joiner(b), newcomer]]
     assert [i.rank for i in infos] == [0, 1, 2]
-    assert len({(i.bootstrap_store_info.master_addr, i.bootstrap_store_info.master_port)
-                for i in infos}) == 1
+    assert (
+        len(
+            {
+                (i.bootstrap_store_info.master_addr, i.bootstrap_store_info.master_port)
+                for i in infos
+            }
+        )
+        == 1
+    )
     master = a._membership.master(2)
     assert master is not None and master.node_id == a.node_id
     assert infos[0].store.get("MASTER_PORT") == str(master.port).encode()  # torch's keys too

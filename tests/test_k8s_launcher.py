@@ -15,17 +15,28 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from master.k8s_launcher import KubernetesLauncher, LaunchError
-from master.launcher import Reason, WorkerEvent, WorkerHandle, WorkerPhase
-from master.pod_spec import JOB_LABEL, WorkerPodSpec, build_pod
-from master.pod_status import classify
+from kfp_elastic.master.k8s_launcher import KubernetesLauncher, LaunchError
+from kfp_elastic.master.launcher import Reason, WorkerEvent, WorkerHandle, WorkerPhase
+from kfp_elastic.master.pod_spec import JOB_LABEL, WorkerPodSpec, build_pod
+from kfp_elastic.master.pod_status import classify
 from tests.fake_k8s import FakeKubernetes
 
 NS = "kfp-elastic"
-TEMPLATE = WorkerPodSpec(job_name="job", image="kfp-elastic-worker:0.1.0", entrypoint="train.py",
-                         rdzv_endpoint="kfp-elastic-etcd:2379", min_nodes=1, max_nodes=4)
-P, R, S, F, D = (WorkerPhase.PENDING, WorkerPhase.RUNNING, WorkerPhase.SUCCEEDED,
-                 WorkerPhase.FAILED, WorkerPhase.DELETED)  # fmt: skip
+TEMPLATE = WorkerPodSpec(
+    job_name="job",
+    image="kfp-elastic-worker:0.1.0",
+    entrypoint="train.py",
+    rdzv_endpoint="kfp-elastic-etcd:2379",
+    min_nodes=1,
+    max_nodes=4,
+)
+P, R, S, F, D = (
+    WorkerPhase.PENDING,
+    WorkerPhase.RUNNING,
+    WorkerPhase.SUCCEEDED,
+    WorkerPhase.FAILED,
+    WorkerPhase.DELETED,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -81,15 +92,19 @@ class Watcher:
             self.events.append(event)
             self._cond.notify_all()
 
-    def wait(self, name: str, phase: WorkerPhase, reason: Reason | None = None,
-             timeout: float = 5.0) -> WorkerEvent:  # fmt: skip
+    def wait(
+        self, name: str, phase: WorkerPhase, reason: Reason | None = None, timeout: float = 5.0
+    ) -> WorkerEvent:
         def found() -> WorkerEvent | None:
-            return next((e for e in self.events if (e.name, e.phase, e.reason) ==
-                         (name, phase, reason)), None)  # fmt: skip
+            return next(
+                (e for e in self.events if (e.name, e.phase, e.reason) == (name, phase, reason)),
+                None,
+            )
 
         with self._cond:
-            assert self._cond.wait_for(found, timeout), f"no {phase}/{reason} for {name}: " + \
-                str(self.trail(name))  # fmt: skip
+            assert self._cond.wait_for(found, timeout), f"no {phase}/{reason} for {name}: " + str(
+                self.trail(name)
+            )
             return found()  # type: ignore[return-value]
 
     def trail(self, name: str) -> list[tuple[WorkerPhase, Reason | None]]:
@@ -142,8 +157,12 @@ def test_running_then_completed_then_deleted(
     assert watcher.wait(name, S, Reason.COMPLETED).exit_code == 0
     launcher.delete(name)
     watcher.wait(name, D, Reason.COMPLETED)
-    assert watcher.trail(name) == [(P, None), (R, None), (S, Reason.COMPLETED),
-                                   (D, Reason.COMPLETED)]  # fmt: skip
+    assert watcher.trail(name) == [
+        (P, None),
+        (R, None),
+        (S, Reason.COMPLETED),
+        (D, Reason.COMPLETED),
+    ]
 
 
 @pytest.mark.parametrize("reason", ["PreemptionByScheduler", "PreemptionByKubeScheduler"])
@@ -156,8 +175,13 @@ def test_preemption_is_a_disruption_not_a_failure(
     k8s.preempt(name, reason=reason)
     gone = watcher.wait(name, D, Reason.PREEMPTED)
     assert gone.is_disruption and not gone.is_failure and reason in gone.message
-    assert watcher.trail(name) == [(P, None), (R, None), (R, Reason.PREEMPTED),
-                                   (F, Reason.PREEMPTED), (D, Reason.PREEMPTED)]  # fmt: skip
+    assert watcher.trail(name) == [
+        (P, None),
+        (R, None),
+        (R, Reason.PREEMPTED),
+        (F, Reason.PREEMPTED),
+        (D, Reason.PREEMPTED),
+    ]
 
 
 def test_non_zero_exit_is_a_failure_and_stays_one_after_deletion(
@@ -199,8 +223,13 @@ def test_deleted_by_launcher_or_by_someone_else(
     launcher.delete("job-worker-9-9")  # already gone: not an error
     watcher.wait(ours, D, Reason.DELETED)
     # The kubelet's SIGTERM (exit 143) during a delete is not a failure of the worker.
-    assert watcher.trail(ours) == [(P, None), (R, None), (R, Reason.DELETED),
-                                   (F, Reason.DELETED), (D, Reason.DELETED)]  # fmt: skip
+    assert watcher.trail(ours) == [
+        (P, None),
+        (R, None),
+        (R, Reason.DELETED),
+        (F, Reason.DELETED),
+        (D, Reason.DELETED),
+    ]
     assert watcher.wait(theirs, D, Reason.DELETED_EXTERNALLY).is_disruption
     assert watcher.trail(pending) == [(P, None), (D, Reason.DELETED)]
 
@@ -210,8 +239,9 @@ def test_taken_names_move_to_the_next_attempt(
 ) -> None:
     # A previous master created attempts 0 and 1 of worker 1.
     for attempt in (0, 1):
-        core.create_namespaced_pod(NS, build_pod(replace(TEMPLATE, worker_index=1,
-                                                         attempt=attempt)))  # fmt: skip
+        core.create_namespaced_pod(
+            NS, build_pod(replace(TEMPLATE, worker_index=1, attempt=attempt))
+        )
     with pytest.raises(ApiException) as caught:
         core.create_namespaced_pod(NS, build_pod(replace(TEMPLATE, worker_index=1)))
     assert caught.value.status == 409 and json.loads(caught.value.body)["reason"] == "AlreadyExists"
@@ -304,26 +334,73 @@ def test_stop_interrupts_an_idle_watch_at_once(launcher: KubernetesLauncher) -> 
 @pytest.mark.parametrize(
     ("status", "expected"),
     [
-        ({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
-          "reason": "Unschedulable", "message": "0/3 nodes are available"}]},
-         (P, Reason.UNSCHEDULABLE)),
-        ({"phase": "Pending", "containerStatuses": [{"name": "worker", "state": {
-          "waiting": {"reason": "ImagePullBackOff"}}}]}, (P, Reason.START_ERROR)),
-        ({"phase": "Failed", "reason": "OutOfcpu", "message": "Node didn't have enough cpu"},
-         (F, Reason.REJECTED)),
+        (
+            {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": "0/3 nodes are available",
+                    }
+                ],
+            },
+            (P, Reason.UNSCHEDULABLE),
+        ),
+        (
+            {
+                "phase": "Pending",
+                "containerStatuses": [
+                    {"name": "worker", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
+                ],
+            },
+            (P, Reason.START_ERROR),
+        ),
+        (
+            {"phase": "Failed", "reason": "OutOfcpu", "message": "Node didn't have enough cpu"},
+            (F, Reason.REJECTED),
+        ),
         ({"phase": "Failed", "reason": "DeadlineExceeded"}, (F, Reason.ERROR)),
-        ({"phase": "Failed", "reason": "Terminated", "message": "node shutdown"},
-         (F, Reason.NODE_LOST)),
-        ({"phase": "Running", "conditions": [{"type": "DisruptionTarget", "status": "True",
-          "reason": "EvictionByEvictionAPI"}]}, (R, Reason.EVICTED)),
-        ({"phase": "Running", "conditions": [{"type": "DisruptionTarget", "status": "False",
-          "reason": "EvictionByEvictionAPI"}]}, (R, None)),
+        (
+            {"phase": "Failed", "reason": "Terminated", "message": "node shutdown"},
+            (F, Reason.NODE_LOST),
+        ),
+        (
+            {
+                "phase": "Running",
+                "conditions": [
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "EvictionByEvictionAPI",
+                    }
+                ],
+            },
+            (R, Reason.EVICTED),
+        ),
+        (
+            {
+                "phase": "Running",
+                "conditions": [
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "False",
+                        "reason": "EvictionByEvictionAPI",
+                    }
+                ],
+            },
+            (R, None),
+        ),
         ({"phase": "Unknown"}, (R, None)),
     ],
-)  # fmt: skip
+)
 def test_classify_pure(status: dict, expected: tuple) -> None:
-    pod = {"metadata": {"name": "p", "labels": {"kfp-elastic.io/worker-index": "4"}},
-           "spec": {}, "status": status}  # fmt: skip
+    pod = {
+        "metadata": {"name": "p", "labels": {"kfp-elastic.io/worker-index": "4"}},
+        "spec": {},
+        "status": status,
+    }
     result = classify(pod)
     assert (result.phase, result.reason) == expected and result.worker_index == 4
 
@@ -361,15 +438,18 @@ def test_fake_watch_from_compacted_version_is_an_error_event_410(
     assert status == 200 and events[0]["type"] == "ERROR"
     assert events[0]["object"]["code"] == 410 and events[0]["object"]["reason"] == "Expired"
     with pytest.raises(ApiException) as caught:
-        for _ in watch.Watch().stream(core.list_namespaced_pod, NS, resource_version=old,
-                                      timeout_seconds=1):  # fmt: skip
+        for _ in watch.Watch().stream(
+            core.list_namespaced_pod, NS, resource_version=old, timeout_seconds=1
+        ):
             pass
     assert caught.value.status == 410
 
 
 def test_fake_selectors_versions_and_errors(k8s: FakeKubernetes, core: client.CoreV1Api) -> None:
-    created = [core.create_namespaced_pod(NS, build_pod(replace(TEMPLATE, worker_index=i)))
-               for i in range(3)]  # fmt: skip
+    created = [
+        core.create_namespaced_pod(NS, build_pod(replace(TEMPLATE, worker_index=i)))
+        for i in range(3)
+    ]
     versions = [int(p.metadata.resource_version) for p in created]
     assert versions == sorted(set(versions))
     patched = core.patch_namespaced_pod("job-worker-1-0", NS, {"metadata": {"labels": {"t": "b"}}})
@@ -387,17 +467,28 @@ def test_fake_selectors_versions_and_errors(k8s: FakeKubernetes, core: client.Co
         return caught.value.status, json.loads(caught.value.body)["reason"]
 
     assert status_of(lambda: core.read_namespaced_pod("nope", NS)) == (404, "NotFound")
-    assert status_of(lambda: core.patch_namespaced_pod(
-        "job-worker-0-0", NS, {"metadata": {"resourceVersion": str(versions[0] - 1)}})) == (
-        409, "Conflict")  # fmt: skip
-    assert status_of(lambda: core.patch_namespaced_pod(
-        "job-worker-0-0", NS, {"spec": {"nodeName": "elsewhere"}})) == (422, "Invalid")
-    assert status_of(lambda: core.delete_namespaced_pod("job-worker-0-0", NS, body={
-        "preconditions": {"uid": "not-the-uid"}})) == (409, "Conflict")  # fmt: skip
-    assert status_of(lambda: core.create_namespaced_pod(NS, build_pod(replace(
-        TEMPLATE, service_account="ghost")))) == (403, "Forbidden")  # fmt: skip
+    assert status_of(
+        lambda: core.patch_namespaced_pod(
+            "job-worker-0-0", NS, {"metadata": {"resourceVersion": str(versions[0] - 1)}}
+        )
+    ) == (409, "Conflict")
+    assert status_of(
+        lambda: core.patch_namespaced_pod("job-worker-0-0", NS, {"spec": {"nodeName": "elsewhere"}})
+    ) == (422, "Invalid")
+    assert status_of(
+        lambda: core.delete_namespaced_pod(
+            "job-worker-0-0", NS, body={"preconditions": {"uid": "not-the-uid"}}
+        )
+    ) == (409, "Conflict")
+    assert status_of(
+        lambda: core.create_namespaced_pod(
+            NS, build_pod(replace(TEMPLATE, service_account="ghost"))
+        )
+    ) == (403, "Forbidden")
     assert status_of(lambda: core.list_namespaced_pod(NS, label_selector="a in b")) == (
-        400, "BadRequest")  # fmt: skip
+        400,
+        "BadRequest",
+    )
 
 
 def test_fake_watch_follows_the_label_selector(k8s: FakeKubernetes, core: client.CoreV1Api) -> None:
@@ -406,7 +497,8 @@ def test_fake_watch_follows_the_label_selector(k8s: FakeKubernetes, core: client
     core.patch_namespaced_pod("job-worker-0-0", NS, {"metadata": {"labels": {"t": "x"}}})
     core.patch_namespaced_pod("job-worker-0-0", NS, {"metadata": {"labels": {"t": None}}})
     core.delete_namespaced_pod("job-worker-0-0", NS)
-    stream = watch.Watch().stream(core.list_namespaced_pod, NS, label_selector="t=x",
-                                  resource_version=rv, timeout_seconds=0.3)  # fmt: skip
+    stream = watch.Watch().stream(
+        core.list_namespaced_pod, NS, label_selector="t=x", resource_version=rv, timeout_seconds=0.3
+    )
     # Entering the selection is ADDED, leaving it DELETED, as the real watch cache reports.
     assert [e["type"] for e in stream] == ["ADDED", "DELETED"]

@@ -11,17 +11,23 @@ from typing import Any
 
 import pytest
 
-from master.cli import build_parser, make_launcher_factory, make_spec, split_entry
-from master.job import ElasticJob, JobResult
-from master.state import MasterState, read_timeline
-from rendezvous.embedded_etcd import EmbeddedEtcd
-from rendezvous.etcd_client import connect_to
-from rendezvous.local_agents import wait_for
+from kfp_elastic.master.cli import build_parser, make_launcher_factory, make_spec, split_entry
+from kfp_elastic.master.job import ElasticJob, JobResult
+from kfp_elastic.master.state import MasterState, read_timeline
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.rendezvous.etcd_client import connect_to
+from kfp_elastic.rendezvous.local_agents import wait_for
 from tests.fake_k8s import FakeKubernetes
 
 NS = "kfp-elastic"
-UNSCHEDULABLE = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                  "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]
+UNSCHEDULABLE = [
+    {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+    }
+]
 
 
 @pytest.fixture
@@ -32,34 +38,64 @@ def k8s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKuberne
             "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
             f"clusters: [{{name: fake, cluster: {{server: '{fake.url}'}}}}]\n"
             "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
-            "users: [{name: fake, user: {}}]\n")  # fmt: skip
+            "users: [{name: fake, user: {}}]\n"
+        )
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
         yield fake
 
 
 def pods(fake: FakeKubernetes) -> dict[str, str]:
-    return {p["metadata"]["name"]: p["status"].get("phase", "Pending")
-            for p in fake.list(NS)["items"]}  # fmt: skip
+    return {
+        p["metadata"]["name"]: p["status"].get("phase", "Pending") for p in fake.list(NS)["items"]
+    }
 
 
 def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
-        k8s: FakeKubernetes, etcd: EmbeddedEtcd, run_id: str) -> None:  # fmt: skip
-    own, entry = split_entry(["--run-id", run_id, "--etcd", etcd.endpoint, "--min-workers", "2",
-                              "--max-workers", "3", "--launcher", "kubernetes", "--image",
-                              "kfp-elastic-worker:0.1.0", "--namespace", NS, "--leader-ttl", "2",
-                              "--finish-grace", "5", "--", "--model-def", "m.py"])  # fmt: skip
+    k8s: FakeKubernetes, etcd: EmbeddedEtcd, run_id: str
+) -> None:
+    own, entry = split_entry(
+        [
+            "--run-id",
+            run_id,
+            "--etcd",
+            etcd.endpoint,
+            "--min-workers",
+            "2",
+            "--max-workers",
+            "3",
+            "--launcher",
+            "kubernetes",
+            "--image",
+            "kfp-elastic-worker:0.1.0",
+            "--namespace",
+            NS,
+            "--leader-ttl",
+            "2",
+            "--finish-grace",
+            "5",
+            "--",
+            "--model-def",
+            "m.py",
+        ]
+    )
     args = build_parser().parse_args(own)
     spec = make_spec(args, entry)
-    assert spec.entry == ("-m", "worker", "--model-def", "m.py")
+    assert spec.entry == ("-m", "kfp_elastic.worker", "--model-def", "m.py")
     client = connect_to(etcd.endpoint)
     job = ElasticJob(spec, client, make_launcher_factory(args, spec, etcd.endpoint))
     results: list[JobResult] = []
     thread = threading.Thread(target=lambda: results.append(job.run()))
     thread.start()
     try:
-        names = wait_for(lambda: (len(pods(k8s)) == 3 and sorted(pods(k8s)))
-                         or (not thread.is_alive() and pytest.fail(f"job ended: {results}")),
-                         60, 0.05, "3 pods")  # fmt: skip
+        names = wait_for(
+            lambda: (
+                (len(pods(k8s)) == 3 and sorted(pods(k8s)))
+                or (not thread.is_alive() and pytest.fail(f"job ended: {results}"))
+            ),
+            60,
+            0.05,
+            "3 pods",
+        )
         assert names == [f"{run_id}-worker-{i}-0" for i in range(3)]
         pod = k8s.pod(names[0])
         assert pod["spec"]["priorityClassName"] == "kfp-elastic-worker-low"

@@ -22,13 +22,13 @@ from typing import Any
 import pytest
 from pyetcd.client import MultiEndpointEtcd3Client
 
-from master.job import ElasticJob, JobResult, JobSpec
-from master.launcher import Reason, WorkerPhase, WorkerStatus
-from master.local_launcher import LocalLauncher
-from master.state import MasterState, read_timeline
-from rendezvous.embedded_etcd import EmbeddedEtcd
-from rendezvous.etcd_client import connect_to
-from rendezvous.local_agents import REPO_ROOT, read_events, wait_for
+from kfp_elastic.master.job import ElasticJob, JobResult, JobSpec
+from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
+from kfp_elastic.master.local_launcher import LocalLauncher
+from kfp_elastic.master.state import MasterState, read_timeline
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.rendezvous.etcd_client import connect_to
+from kfp_elastic.rendezvous.local_agents import REPO_ROOT, read_events, wait_for
 
 ENTRY = str(Path(__file__).with_name("master_worker_entry.py"))
 RDZV = {"last_call_timeout": "0.5"}
@@ -76,36 +76,61 @@ def client(etcd: EmbeddedEtcd) -> Iterator[MultiEndpointEtcd3Client]:
     c.close()
 
 
-def make_launcher(etcd: EmbeddedEtcd, run_id: str, workdir: Path, args: list[str],
-                  registry: Any = None, nnodes: tuple[int, int] = (1, 1),
-                  env_run_id: str | None = None, **kwargs: Any) -> LocalLauncher:  # fmt: skip
+def make_launcher(
+    etcd: EmbeddedEtcd,
+    run_id: str,
+    workdir: Path,
+    args: list[str],
+    registry: Any = None,
+    nnodes: tuple[int, int] = (1, 1),
+    env_run_id: str | None = None,
+    **kwargs: Any,
+) -> LocalLauncher:
     """``env_run_id``: the run id the reaper finds the processes by (default ``run_id``)."""
-    env = {"KFP_ELASTIC_ETCD_ENDPOINT": etcd.endpoint,
-           "KFP_ELASTIC_RUN_ID": env_run_id or run_id}  # fmt: skip
+    env = {"KFP_ELASTIC_ETCD_ENDPOINT": etcd.endpoint, "KFP_ELASTIC_RUN_ID": env_run_id or run_id}
     return LocalLauncher(
-        run_id=run_id, endpoint=etcd.endpoint, min_workers=nnodes[0], max_workers=nnodes[1],
-        entry=[ENTRY, "--state-dir", str(workdir), *args], workdir=workdir, rdzv_conf=RDZV,
-        env=env, registry=registry, grace_s=5.0, **kwargs)  # fmt: skip
+        run_id=run_id,
+        endpoint=etcd.endpoint,
+        min_workers=nnodes[0],
+        max_workers=nnodes[1],
+        entry=[ENTRY, "--state-dir", str(workdir), *args],
+        workdir=workdir,
+        rdzv_conf=RDZV,
+        env=env,
+        registry=registry,
+        grace_s=5.0,
+        **kwargs,
+    )
 
 
 def ended(launcher: LocalLauncher, name: str, timeout: float = 30) -> WorkerStatus:
-    return wait_for(lambda: next((s for s in launcher.list_workers()
-                                  if s.name == name and s.ended), None),
-                    timeout, 0.1, f"{name} ended")  # fmt: skip
+    return wait_for(
+        lambda: next((s for s in launcher.list_workers() if s.name == name and s.ended), None),
+        timeout,
+        0.1,
+        f"{name} ended",
+    )
 
 
 # --------------------------------------------------------------------------- launcher
 
 
-def test_local_launcher_classifies_how_workers_end(etcd: EmbeddedEtcd, tmp_path: Path,
-                                                   run_id: str, reaper: Any) -> None:  # fmt: skip
-    cases = {"ok": ["--steps", "0"], "crash": ["--exit-code", "3"],
-             "preempt": ["--steps", "1000", "--events", str(tmp_path / "preempt.jsonl")],
-             "kill": ["--steps", "1000", "--events", str(tmp_path / "kill.jsonl")],
-             "delete": ["--steps", "1000", "--events", str(tmp_path / "delete.jsonl")]}
-    launchers = {case: make_launcher(etcd, f"{run_id}-{case}", tmp_path / case, args,
-                                     env_run_id=run_id, max_restarts=0)
-                 for case, args in cases.items()}  # fmt: skip
+def test_local_launcher_classifies_how_workers_end(
+    etcd: EmbeddedEtcd, tmp_path: Path, run_id: str, reaper: Any
+) -> None:
+    cases = {
+        "ok": ["--steps", "0"],
+        "crash": ["--exit-code", "3"],
+        "preempt": ["--steps", "1000", "--events", str(tmp_path / "preempt.jsonl")],
+        "kill": ["--steps", "1000", "--events", str(tmp_path / "kill.jsonl")],
+        "delete": ["--steps", "1000", "--events", str(tmp_path / "delete.jsonl")],
+    }
+    launchers = {
+        case: make_launcher(
+            etcd, f"{run_id}-{case}", tmp_path / case, args, env_run_id=run_id, max_restarts=0
+        )
+        for case, args in cases.items()
+    }
     names = {case: launcher.launch(0).name for case, launcher in launchers.items()}
     stop = threading.Event()
     seen: list[WorkerStatus] = []
@@ -113,15 +138,15 @@ def test_local_launcher_classifies_how_workers_end(etcd: EmbeddedEtcd, tmp_path:
     watcher.start()
     try:
         for case in ("preempt", "kill", "delete"):
-            wait_for(lambda c=case: read_events(tmp_path / f"{c}.jsonl"), 60, 0.1,
-                     f"{case} started")  # fmt: skip
+            wait_for(
+                lambda c=case: read_events(tmp_path / f"{c}.jsonl"), 60, 0.1, f"{case} started"
+            )
         launchers["preempt"].preempt(names["preempt"])
         launchers["kill"].kill(names["kill"])
         launchers["delete"].delete(names["delete"])
 
         ok = ended(launchers["ok"], names["ok"])
-        assert (ok.phase, ok.reason, ok.exit_code) == (WorkerPhase.SUCCEEDED, Reason.COMPLETED,
-                                                       0)  # fmt: skip
+        assert (ok.phase, ok.reason, ok.exit_code) == (WorkerPhase.SUCCEEDED, Reason.COMPLETED, 0)
         crash = ended(launchers["crash"], names["crash"])
         assert (crash.phase, crash.reason) == (WorkerPhase.FAILED, Reason.ERROR)
         assert crash.exit_code == 1 and "exit code 1" in crash.message and crash.is_failure
@@ -143,14 +168,16 @@ def test_local_launcher_classifies_how_workers_end(etcd: EmbeddedEtcd, tmp_path:
         launcher.close()
 
 
-def test_a_new_launcher_adopts_running_workers(etcd: EmbeddedEtcd, client: Any, tmp_path: Path,
-                                               run_id: str, reaper: Any) -> None:  # fmt: skip
+def test_a_new_launcher_adopts_running_workers(
+    etcd: EmbeddedEtcd, client: Any, tmp_path: Path, run_id: str, reaper: Any
+) -> None:
     state = MasterState(client, f"/kfp-elastic/{run_id}", lease_ttl=2)
     assert state.acquire(timeout=5)
     try:
         events = tmp_path / "events.jsonl"
-        first = make_launcher(etcd, run_id, tmp_path, ["--steps", "1000", "--events",
-                                                       str(events)], registry=state)
+        first = make_launcher(
+            etcd, run_id, tmp_path, ["--steps", "1000", "--events", str(events)], registry=state
+        )
         name = first.launch(0).name
         wait_for(lambda: read_events(events), 60, 0.1, "worker started")
         pid = first.worker_pid(name)
@@ -159,8 +186,11 @@ def test_a_new_launcher_adopts_running_workers(etcd: EmbeddedEtcd, client: Any, 
         # A new master's launcher; capacity 0: what it launches stays Pending (no process).
         second = make_launcher(etcd, run_id, tmp_path, [], registry=state, capacity=0)
         (status,) = second.list_workers()
-        assert (status.name, status.phase, second.worker_pid(name)) == (name, WorkerPhase.RUNNING,
-                                                                        pid)
+        assert (status.name, status.phase, second.worker_pid(name)) == (
+            name,
+            WorkerPhase.RUNNING,
+            pid,
+        )
         assert second.launch(0).name == "worker-0-1"  # attempts continue, names never repeat
         second.delete("worker-0-1")
         second.preempt(name)
@@ -174,8 +204,9 @@ def test_a_new_launcher_adopts_running_workers(etcd: EmbeddedEtcd, client: Any, 
 # --------------------------------------------------------------------------- the job
 
 
-def run_job(spec: JobSpec, client: MultiEndpointEtcd3Client, factory: Callable[..., Any],
-            **kwargs: Any) -> tuple[ElasticJob, threading.Thread, list[JobResult]]:  # fmt: skip
+def run_job(
+    spec: JobSpec, client: MultiEndpointEtcd3Client, factory: Callable[..., Any], **kwargs: Any
+) -> tuple[ElasticJob, threading.Thread, list[JobResult]]:
     job = ElasticJob(spec, client, factory, **kwargs)
     results: list[JobResult] = []
     thread = threading.Thread(target=lambda: results.append(job.run()), daemon=True)
@@ -192,34 +223,62 @@ def parse_metrics(text: str) -> dict[str, float]:
     for line in text.splitlines():
         if line.startswith("#") or not line:
             continue
-        match = re.fullmatch(r'([a-z_]+(?:\{[^}]*\})?) (-?[0-9.e+]+)', line)
+        match = re.fullmatch(r"([a-z_]+(?:\{[^}]*\})?) (-?[0-9.e+]+)", line)
         assert match, f"unparseable metrics line {line!r}"
         samples[match[1]] = float(match[2])
     return samples
 
 
-def test_job_replaces_a_killed_worker_and_succeeds(etcd: EmbeddedEtcd, client: Any,
-                                                   tmp_path: Path, run_id: str,
-                                                   reaper: Any) -> None:  # fmt: skip
-    spec = JobSpec(run_id=run_id, min_workers=2, max_workers=3, dataset_length=320,
-                   shard_size=40, epochs=2, max_wait_s=60, leader_ttl_s=2,
-                   entry=(ENTRY, "--state-dir", str(tmp_path), "--steps", "40",
-                          "--step-time", "0.2", "--commit-every", "4"))  # fmt: skip
+def test_job_replaces_a_killed_worker_and_succeeds(
+    etcd: EmbeddedEtcd, client: Any, tmp_path: Path, run_id: str, reaper: Any
+) -> None:
+    spec = JobSpec(
+        run_id=run_id,
+        min_workers=2,
+        max_workers=3,
+        dataset_length=320,
+        shard_size=40,
+        epochs=2,
+        max_wait_s=60,
+        leader_ttl_s=2,
+        entry=(
+            ENTRY,
+            "--state-dir",
+            str(tmp_path),
+            "--steps",
+            "40",
+            "--step-time",
+            "0.2",
+            "--commit-every",
+            "4",
+        ),
+    )
     launchers: list[LocalLauncher] = []
 
     def factory(state: MasterState) -> LocalLauncher:
-        launchers.append(make_launcher(etcd, run_id, tmp_path, list(spec.entry[1:]),
-                                       registry=state, nnodes=(2, 3)))
+        launchers.append(
+            make_launcher(
+                etcd, run_id, tmp_path, list(spec.entry[1:]), registry=state, nnodes=(2, 3)
+            )
+        )
         return launchers[-1]
 
-    job, thread, results = run_job(spec, client, factory, metrics_port=0,
-                                   metrics_host="127.0.0.1")  # fmt: skip
+    job, thread, results = run_job(spec, client, factory, metrics_port=0, metrics_host="127.0.0.1")
     prefix = spec.run_prefix
     try:
-        wait_for(lambda: [e for e in kinds(read_timeline(client, prefix), "committed")
-                          if e["world_size"] == 3], 90, 0.2, "a commit of the 3-worker world")
-        body = urllib.request.urlopen(f"http://127.0.0.1:{job.metrics.port}/metrics",
-                                      timeout=5).read().decode()  # fmt: skip
+        wait_for(
+            lambda: [
+                e for e in kinds(read_timeline(client, prefix), "committed") if e["world_size"] == 3
+            ],
+            90,
+            0.2,
+            "a commit of the 3-worker world",
+        )
+        body = (
+            urllib.request.urlopen(f"http://127.0.0.1:{job.metrics.port}/metrics", timeout=5)
+            .read()
+            .decode()
+        )
         metrics = parse_metrics(body)
         assert metrics["kfp_elastic_world_size"] == 3
         assert metrics['kfp_elastic_workers{phase="Running"}'] == 3
@@ -249,22 +308,47 @@ def test_job_replaces_a_killed_worker_and_succeeds(etcd: EmbeddedEtcd, client: A
     assert all(r.get("ended") for r in state.workers().values())
 
 
-def test_master_sigkill_and_restart_keeps_the_workers(etcd: EmbeddedEtcd, client: Any,
-                                                      tmp_path: Path, run_id: str,
-                                                      reaper: Any) -> None:  # fmt: skip
-    command = [sys.executable, "-m", "master", "--run-id", run_id, "--etcd", etcd.endpoint,
-               "--min-workers", "2", "--max-workers", "2", "--leader-ttl", "2",
-               "--rdzv-conf", "last_call_timeout=0.5", "--workdir", str(tmp_path / "work"),
-               "--max-wait", "60", "--", ENTRY, "--state-dir", str(tmp_path), "--steps", "50",
-               "--step-time", "0.2", "--commit-every", "5"]  # fmt: skip
+def test_master_sigkill_and_restart_keeps_the_workers(
+    etcd: EmbeddedEtcd, client: Any, tmp_path: Path, run_id: str, reaper: Any
+) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "kfp_elastic.master",
+        "--run-id",
+        run_id,
+        "--etcd",
+        etcd.endpoint,
+        "--min-workers",
+        "2",
+        "--max-workers",
+        "2",
+        "--leader-ttl",
+        "2",
+        "--rdzv-conf",
+        "last_call_timeout=0.5",
+        "--workdir",
+        str(tmp_path / "work"),
+        "--max-wait",
+        "60",
+        "--",
+        ENTRY,
+        "--state-dir",
+        str(tmp_path),
+        "--steps",
+        "50",
+        "--step-time",
+        "0.2",
+        "--commit-every",
+        "5",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "KFP_ELASTIC_RUN_ID": run_id}
     logs = [open(tmp_path / f"master{i}.log", "wb") for i in range(2)]  # noqa: SIM115
     first = subprocess.Popen(command, stdout=logs[0], stderr=subprocess.STDOUT, env=env)
     reaper(first)
     prefix = f"/kfp-elastic/{run_id}"
     state = MasterState(client, prefix)
-    wait_for(lambda: kinds(read_timeline(client, prefix), "committed"), 90, 0.2,
-             "first commit")  # fmt: skip
+    wait_for(lambda: kinds(read_timeline(client, prefix), "committed"), 90, 0.2, "first commit")
     pids = {name: record["pid"] for name, record in state.workers().items()}
     assert len(pids) == 2
     first.send_signal(signal.SIGKILL)
@@ -287,12 +371,28 @@ def test_master_sigkill_and_restart_keeps_the_workers(etcd: EmbeddedEtcd, client
 
 
 def test_below_min_for_longer_than_max_wait_fails_with_a_clear_message(
-        etcd: EmbeddedEtcd, client: Any, tmp_path: Path, run_id: str,
-        reaper: Any) -> None:  # fmt: skip
-    spec = JobSpec(run_id=run_id, min_workers=2, max_workers=2, max_wait_s=2, leader_ttl_s=2,
-                   entry=(ENTRY, "--state-dir", str(tmp_path), "--steps", "1000"))
-    factory = lambda state: make_launcher(etcd, run_id, tmp_path, list(spec.entry[1:]),  # noqa: E731
-                                          registry=state, nnodes=(2, 2), capacity=1)
+    etcd: EmbeddedEtcd, client: Any, tmp_path: Path, run_id: str, reaper: Any
+) -> None:
+    spec = JobSpec(
+        run_id=run_id,
+        min_workers=2,
+        max_workers=2,
+        max_wait_s=2,
+        leader_ttl_s=2,
+        entry=(ENTRY, "--state-dir", str(tmp_path), "--steps", "1000"),
+    )
+
+    def factory(state):
+        return make_launcher(
+            etcd,
+            run_id,
+            tmp_path,
+            list(spec.entry[1:]),
+            registry=state,
+            nnodes=(2, 2),
+            capacity=1,
+        )
+
     job, thread, results = run_job(spec, client, factory)
     thread.join(60)
     assert results and results[0].state == "failed" and results[0].exit_code == 1
@@ -304,31 +404,65 @@ def test_below_min_for_longer_than_max_wait_fails_with_a_clear_message(
     assert MasterState(client, spec.run_prefix).status()["state"] == "failed"
 
 
-def test_failing_workers_exhaust_the_failure_budget(etcd: EmbeddedEtcd, client: Any,
-                                                    tmp_path: Path, run_id: str,
-                                                    reaper: Any) -> None:  # fmt: skip
-    spec = JobSpec(run_id=run_id, min_workers=1, max_workers=1, max_failures=1, max_wait_s=60,
-                   leader_ttl_s=2, entry=(ENTRY, "--state-dir", str(tmp_path), "--exit-code",
-                                          "3"))  # fmt: skip
-    factory = lambda state: make_launcher(etcd, run_id, tmp_path, list(spec.entry[1:]),  # noqa: E731
-                                          registry=state, max_restarts=0)
+def test_failing_workers_exhaust_the_failure_budget(
+    etcd: EmbeddedEtcd, client: Any, tmp_path: Path, run_id: str, reaper: Any
+) -> None:
+    spec = JobSpec(
+        run_id=run_id,
+        min_workers=1,
+        max_workers=1,
+        max_failures=1,
+        max_wait_s=60,
+        leader_ttl_s=2,
+        entry=(ENTRY, "--state-dir", str(tmp_path), "--exit-code", "3"),
+    )
+
+    def factory(state):
+        return make_launcher(
+            etcd,
+            run_id,
+            tmp_path,
+            list(spec.entry[1:]),
+            registry=state,
+            max_restarts=0,
+        )
+
     job, thread, results = run_job(spec, client, factory)
     thread.join(90)
     assert results and results[0].state == "failed"
-    assert "2 worker failures exceed --max-failures=1; last: worker-0-1: exit code 1" in \
-        results[0].message
+    assert (
+        "2 worker failures exceed --max-failures=1; last: worker-0-1: exit code 1"
+        in results[0].message
+    )
     lost = kinds(read_timeline(client, spec.run_prefix), "worker_lost")
-    assert [(e["name"], e["cause"]) for e in lost] == [("worker-0-0", "failed"),
-                                                       ("worker-0-1", "failed")]
+    assert [(e["name"], e["cause"]) for e in lost] == [
+        ("worker-0-0", "failed"),
+        ("worker-0-1", "failed"),
+    ]
 
 
 def test_min_above_max_is_refused_at_once(tmp_path: Path) -> None:
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "master", "--run-id", "x", "--etcd", "127.0.0.1:1",
-         "--min-workers", "3", "--max-workers", "2"],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=30,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "kfp_elastic.master",
+            "--run-id",
+            "x",
+            "--etcd",
+            "127.0.0.1:1",
+            "--min-workers",
+            "3",
+            "--max-workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
     assert result.returncode == 2
     assert "--min-workers=3 is more than --max-workers=2" in result.stderr
     assert time.monotonic() - started < 10

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from master.metrics import Metrics, Snapshot, TimelineStats, render
+from kfp_elastic.master.metrics import Metrics, Snapshot, TimelineStats, render
 
 
 def commit(t: float, step: int) -> dict[str, object]:
@@ -38,8 +38,14 @@ def test_lost_steps_after_a_round_change_are_estimated_and_capped() -> None:
 
 
 def test_a_rescued_commit_after_a_round_change_takes_the_estimate_back() -> None:
-    events = [round_formed(0, 1), commit(4, 4), commit(8, 8), commit(12, 12), round_formed(14, 2),
-              round_formed(15, 3)]
+    events = [
+        round_formed(0, 1),
+        commit(4, 4),
+        commit(8, 8),
+        commit(12, 12),
+        round_formed(14, 2),
+        round_formed(15, 3),
+    ]
     stats = TimelineStats().add_all(events)
     assert stats.lost_steps == 3
     stats.add({**commit(16, 14), "rescued": True})  # survivors kept steps 13 and 14
@@ -54,9 +60,18 @@ def test_a_committed_step_going_backwards_counts_the_difference() -> None:
 
 
 def test_render_is_prometheus_text() -> None:
-    text = render(Snapshot(world_size=3, workers={"Running": 3}, restarts=1,
-                           shard_queue={(0, "done"): 4, (1, "todo"): 8}, steps_total=40,
-                           steps_per_second=2.5, lost_steps=3, failures=1))  # fmt: skip
+    text = render(
+        Snapshot(
+            world_size=3,
+            workers={"Running": 3},
+            restarts=1,
+            shard_queue={(0, "done"): 4, (1, "todo"): 8},
+            steps_total=40,
+            steps_per_second=2.5,
+            lost_steps=3,
+            failures=1,
+        )
+    )
     samples = {}
     for line in text.splitlines():
         if line.startswith("# TYPE"):
@@ -64,7 +79,7 @@ def test_render_is_prometheus_text() -> None:
             continue
         if line.startswith("#"):
             continue
-        match = re.fullmatch(r'([a-z_]+)(\{[^}]*\})? (\S+)', line)
+        match = re.fullmatch(r"([a-z_]+)(\{[^}]*\})? (\S+)", line)
         assert match, line
         samples[match[1] + (match[2] or "")] = float(match[3])
     assert samples["kfp_elastic_world_size"] == 3

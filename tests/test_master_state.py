@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import pytest
 from pyetcd.client import MultiEndpointEtcd3Client
 
-from master.state import MasterState, NotLeaderError, read_timeline
-from rendezvous.embedded_etcd import EmbeddedEtcd
-from rendezvous.etcd_client import connect_to
-from rendezvous.local_agents import REPO_ROOT
+from kfp_elastic.master.state import MasterState, NotLeaderError, read_timeline
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.rendezvous.etcd_client import connect_to
+from kfp_elastic.rendezvous.local_agents import REPO_ROOT
 
 
 @pytest.fixture
@@ -32,16 +32,20 @@ def prefix(run_id: str) -> str:
 
 
 def test_second_master_waits_and_takes_over_when_the_first_releases(
-        client: MultiEndpointEtcd3Client, prefix: str) -> None:  # fmt: skip
-    first, second = MasterState(client, prefix, lease_ttl=2), MasterState(client, prefix,
-                                                                          lease_ttl=2)
+    client: MultiEndpointEtcd3Client, prefix: str
+) -> None:
+    first, second = (
+        MasterState(client, prefix, lease_ttl=2),
+        MasterState(client, prefix, lease_ttl=2),
+    )
     try:
         assert first.acquire(timeout=5)
         assert first.leader()["id"] == first.identity
         assert not second.acquire(timeout=0.5)
         took: list[float] = []
-        thread = threading.Thread(target=lambda: took.append(second.acquire(timeout=10)
-                                                             and time.monotonic()))
+        thread = threading.Thread(
+            target=lambda: took.append(second.acquire(timeout=10) and time.monotonic())
+        )
         thread.start()
         time.sleep(0.3)
         released = time.monotonic()
@@ -55,13 +59,20 @@ def test_second_master_waits_and_takes_over_when_the_first_releases(
 
 
 def test_takeover_after_the_leader_is_sigkilled_takes_about_one_ttl(
-        etcd: EmbeddedEtcd, client: MultiEndpointEtcd3Client, prefix: str) -> None:  # fmt: skip
-    code = ("import sys, time; from master.state import MasterState; "
-            "from rendezvous.etcd_client import connect_to; "
-            f"s = MasterState(connect_to({etcd.endpoint!r}), {prefix!r}, lease_ttl=2); "
-            "assert s.acquire(timeout=10); print('leader', flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=REPO_ROOT,
-                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})  # fmt: skip
+    etcd: EmbeddedEtcd, client: MultiEndpointEtcd3Client, prefix: str
+) -> None:
+    code = (
+        "import sys, time; from master.state import MasterState; "
+        "from rendezvous.etcd_client import connect_to; "
+        f"s = MasterState(connect_to({etcd.endpoint!r}), {prefix!r}, lease_ttl=2); "
+        "assert s.acquire(timeout=10); print('leader', flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
     successor = MasterState(client, prefix, lease_ttl=2)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"leader"
@@ -77,8 +88,9 @@ def test_takeover_after_the_leader_is_sigkilled_takes_about_one_ttl(
         successor.release()
 
 
-def test_a_master_that_lost_its_lease_cannot_write(client: MultiEndpointEtcd3Client,
-                                                   prefix: str) -> None:  # fmt: skip
+def test_a_master_that_lost_its_lease_cannot_write(
+    client: MultiEndpointEtcd3Client, prefix: str
+) -> None:
     old, new = MasterState(client, prefix, lease_ttl=2), MasterState(client, prefix, lease_ttl=2)
     try:
         assert old.acquire(timeout=5)
@@ -98,13 +110,16 @@ def test_a_master_that_lost_its_lease_cannot_write(client: MultiEndpointEtcd3Cli
 
 
 def test_timeline_appends_in_order_with_unique_sequence_numbers(
-        client: MultiEndpointEtcd3Client, prefix: str) -> None:  # fmt: skip
+    client: MultiEndpointEtcd3Client, prefix: str
+) -> None:
     state = MasterState(client, prefix, lease_ttl=2)
     try:
         assert state.acquire(timeout=5)
         first = state.append_event("master_started", run_id="x")
-        threads = [threading.Thread(target=lambda i=i: state.append_event("committed", step=i))
-                   for i in range(8)]  # fmt: skip
+        threads = [
+            threading.Thread(target=lambda i=i: state.append_event("committed", step=i))
+            for i in range(8)
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -136,8 +151,9 @@ def test_state_survives_a_master_restart(client: MultiEndpointEtcd3Client, prefi
         assert second.acquire(timeout=5)
         assert second.spec() == {"run_id": "x", "min_workers": 1}
         assert second.status()["state"] == "running"
-        assert second.workers() == {"worker-0-0": {"index": 0, "attempt": 0, "pid": 123,
-                                                   "tag": "t0", "ended": "preempted"}}
+        assert second.workers() == {
+            "worker-0-0": {"index": 0, "attempt": 0, "pid": 123, "tag": "t0", "ended": "preempted"}
+        }
         assert second.failures() == 2 and second.observed() == {"round_revision": 7}
         with pytest.raises(ValueError, match="job state must be one of"):
             second.set_status("paused")

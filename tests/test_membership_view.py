@@ -5,9 +5,14 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from rendezvous.keys import RunKeys
-from rendezvous.membership_view import MembershipView
-from rendezvous.round_formation import LeaderRecord, NodeRecord, RoundRecord, waiting_nodes
+from kfp_elastic.rendezvous.keys import RunKeys
+from kfp_elastic.rendezvous.membership_view import MembershipView
+from kfp_elastic.rendezvous.round_formation import (
+    LeaderRecord,
+    NodeRecord,
+    RoundRecord,
+    waiting_nodes,
+)
 
 KEYS = RunKeys("/p/run")
 
@@ -18,8 +23,9 @@ class FakeEntry:
     create_revision: int
 
 
-def node_entry(node_id: str, created: int, waiting: bool, after_round: int,
-               lease: int = 1) -> FakeEntry:
+def node_entry(
+    node_id: str, created: int, waiting: bool, after_round: int, lease: int = 1
+) -> FakeEntry:
     record = NodeRecord(node_id, created, waiting, after_round, lease=lease)
     return FakeEntry(record.to_json().encode(), created)
 
@@ -43,24 +49,32 @@ def test_random_change_sequences_match_a_fresh_view() -> None:
                     changed[key] = None
                 elif action < 0.8:
                     # etcd gives each key created by its own put a revision of its own
-                    created = (entries[key].create_revision if key in entries
-                               else revision * 10 + len(changed))
-                    entries[key] = node_entry(node, created, rng.random() < 0.7,
-                                              rng.randint(0, round_number))
+                    created = (
+                        entries[key].create_revision
+                        if key in entries
+                        else revision * 10 + len(changed)
+                    )
+                    entries[key] = node_entry(
+                        node, created, rng.random() < 0.7, rng.randint(0, round_number)
+                    )
                     changed[key] = entries[key]
                 else:
                     round_number += 1
-                    live = sorted(k[len(KEYS.nodes):] for k in entries)
+                    live = sorted(k[len(KEYS.nodes) :] for k in entries)
                     members = tuple(rng.sample(live, rng.randint(0, len(live))))
                     entries[KEYS.round] = FakeEntry(
-                        RoundRecord(round_number, members).to_json().encode(), 1)
+                        RoundRecord(round_number, members).to_json().encode(), 1
+                    )
                     changed[KEYS.round] = entries[KEYS.round]
             view.apply(revision, changed)
             fresh = MembershipView(KEYS)
             fresh.reset(revision, entries)
             assert view.records == fresh.records and view.round == fresh.round
-            assert view.waiting_count() == fresh.waiting_count() == len(
-                waiting_nodes(fresh.records.values(), fresh.round))
+            assert (
+                view.waiting_count()
+                == fresh.waiting_count()
+                == len(waiting_nodes(fresh.records.values(), fresh.round))
+            )
 
 
 def test_live_version_moves_on_ring_changes_only() -> None:

@@ -20,16 +20,18 @@ from kfp import local
 from kfp.kubernetes import kubernetes_executor_config_pb2
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from components import BASE_IMAGE
-from components.common import reap_local_processes, run_pids
-from pipelines.compile import ROOT, stale, targets
-from pipelines.elastic_training import CONFIG_ENV, SNAPSHOT_MOUNT, elastic_training
-from pipelines.run_local import SESSION_ENV, artifact_metadata, outputs
-from worker.evaluate import evaluate
+from kfp_elastic.components import BASE_IMAGE
+from kfp_elastic.components.common import reap_local_processes, run_pids
+from kfp_elastic.pipelines.compile import ROOT, stale, targets
+from kfp_elastic.pipelines.elastic_training import CONFIG_ENV, SNAPSHOT_MOUNT, elastic_training
+from kfp_elastic.pipelines.run_local import SESSION_ENV, artifact_metadata, outputs
+from kfp_elastic.worker.evaluate import evaluate
 
 PIPELINE_YAML = ROOT / "pipelines" / "elastic_training.yaml"
-pytestmark = pytest.mark.filterwarnings("ignore:.*non-Python base image:RuntimeWarning",
-                                        "ignore:.*have no effect in the current local runner")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:.*non-Python base image:RuntimeWarning",
+    "ignore:.*have no effect in the current local runner",
+)
 
 
 def documents(path: Path) -> list[dict[str, Any]]:
@@ -37,15 +39,16 @@ def documents(path: Path) -> list[dict[str, Any]]:
 
 
 def parse_spec(document: dict[str, Any]) -> pipeline_spec_pb2.PipelineSpec:
-    return json_format.ParseDict(document, pipeline_spec_pb2.PipelineSpec(),
-                                 ignore_unknown_fields=False)
+    return json_format.ParseDict(
+        document, pipeline_spec_pb2.PipelineSpec(), ignore_unknown_fields=False
+    )
 
 
 # ------------------------------------------------------------------------------ compiled YAML
 
 
 def test_committed_yaml_equals_a_fresh_compile() -> None:
-    assert stale() == [], "run: python -m pipelines.compile"
+    assert stale() == [], "run: kfp-elastic compile"
 
 
 @pytest.mark.parametrize("path", sorted(targets()), ids=lambda p: str(p.relative_to(ROOT)))
@@ -58,12 +61,16 @@ def test_yaml_parses_into_kfp_protos_without_unknown_fields(path: Path) -> None:
         assert container["image"] == BASE_IMAGE
         assert "pip install" not in " ".join(container["command"])  # install_kfp_package=False
     for platform_doc in platform_docs:
-        platform = json_format.ParseDict(platform_doc, pipeline_spec_pb2.PlatformSpec(),
-                                         ignore_unknown_fields=False)
+        platform = json_format.ParseDict(
+            platform_doc, pipeline_spec_pb2.PlatformSpec(), ignore_unknown_fields=False
+        )
         executors = json_format.MessageToDict(platform.platforms["kubernetes"])
         for config in executors["deploymentSpec"]["executors"].values():
-            json_format.ParseDict(config, kubernetes_executor_config_pb2
-                                  .KubernetesExecutorConfig(), ignore_unknown_fields=False)
+            json_format.ParseDict(
+                config,
+                kubernetes_executor_config_pb2.KubernetesExecutorConfig(),
+                ignore_unknown_fields=False,
+            )
 
 
 def test_pipeline_shape() -> None:
@@ -72,8 +79,10 @@ def test_pipeline_shape() -> None:
     root = spec.root.dag.tasks
     assert set(root) == {"exit-handler-1", "stop-workers"}
     exit_task = root["stop-workers"]
-    assert exit_task.trigger_policy.strategy == \
-        pipeline_spec_pb2.PipelineTaskSpec.TriggerPolicy.ALL_UPSTREAM_TASKS_COMPLETED
+    assert (
+        exit_task.trigger_policy.strategy
+        == pipeline_spec_pb2.PipelineTaskSpec.TriggerPolicy.ALL_UPSTREAM_TASKS_COMPLETED
+    )
     inner = spec.components["comp-exit-handler-1"].dag.tasks
     assert set(inner) == {"shard-dataset", "elastic-train", "evaluate"}
     assert list(inner["elastic-train"].dependent_tasks) == ["shard-dataset"]
@@ -82,18 +91,31 @@ def test_pipeline_shape() -> None:
     train_component = spec.components["comp-elastic-train"]
     assert {"model", "metrics", "report"} <= set(train_component.output_definitions.artifacts)
     assert set(train_component.output_definitions.parameters) == {
-        "final_loss", "steps", "restarts", "goodput"}
+        "final_loss",
+        "steps",
+        "restarts",
+        "goodput",
+    }
     passthrough = {p.field for p in train_component.task_config_passthroughs}
     enum = pipeline_spec_pb2.TaskConfigPassthroughType
-    assert passthrough == {enum.KUBERNETES_TOLERATIONS, enum.KUBERNETES_NODE_SELECTOR,
-                           enum.KUBERNETES_AFFINITY, enum.KUBERNETES_VOLUMES}
+    assert passthrough == {
+        enum.KUBERNETES_TOLERATIONS,
+        enum.KUBERNETES_NODE_SELECTOR,
+        enum.KUBERNETES_AFFINITY,
+        enum.KUBERNETES_VOLUMES,
+    }
     config = json_format.ParseDict(
         platform_doc["platforms"]["kubernetes"]["deploymentSpec"]["executors"][
-            "exec-elastic-train"],
-        kubernetes_executor_config_pb2.KubernetesExecutorConfig(), ignore_unknown_fields=False)
+            "exec-elastic-train"
+        ],
+        kubernetes_executor_config_pb2.KubernetesExecutorConfig(),
+        ignore_unknown_fields=False,
+    )
     assert config.pvc_mount[0].mount_path == SNAPSHOT_MOUNT
-    assert config.pvc_mount[0].pvc_name_parameter.component_input_parameter == \
-        "pipelinechannel--snapshot_pvc"
+    assert (
+        config.pvc_mount[0].pvc_name_parameter.component_input_parameter
+        == "pipelinechannel--snapshot_pvc"
+    )
     assert config.config_map_as_env[0].optional
     assert {e.env_var for e in config.config_map_as_env[0].key_to_env} == set(CONFIG_ENV)
     assert {f.field_path for f in config.field_path_as_env} == {"metadata.name", "metadata.uid"}
@@ -127,11 +149,19 @@ def run_locally(root: Path, **params: Any) -> tuple[str | None, Path]:
 
 
 @pytest.mark.timeout(300)
-def test_pipeline_runs_locally_through_a_preemption(tmp_path: Path, session: str,
-                                                    capfd: pytest.CaptureFixture[str]) -> None:
-    error, run = run_locally(tmp_path, min_workers=2, max_workers=2, epochs=1, num_shards=8,
-                             snapshot_every=5, step_time=0.25,
-                             inject_faults="preempt:worker-1@step5")
+def test_pipeline_runs_locally_through_a_preemption(
+    tmp_path: Path, session: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    error, run = run_locally(
+        tmp_path,
+        min_workers=2,
+        max_workers=2,
+        epochs=1,
+        num_shards=8,
+        snapshot_every=5,
+        step_time=0.25,
+        inject_faults="preempt:worker-1@step5",
+    )
     log = capfd.readouterr().out
     assert error is None, log[-5000:]
     found = outputs(run)
@@ -146,33 +176,54 @@ def test_pipeline_runs_locally_through_a_preemption(tmp_path: Path, session: str
 
     model = torch.load(found["model"], weights_only=True)
     assert set(model) == {"0.weight", "0.bias", "2.weight", "2.bias"}
-    scores = evaluate("worker.examples.digits", found["model"])
+    scores = evaluate("kfp_elastic.worker.examples.digits", found["model"])
     evaluation = json.loads(found["evaluation"].read_text())["artifacts"]
-    assert evaluation["metrics"]["artifacts"][0]["metadata"]["accuracy"] == \
-        pytest.approx(scores.accuracy, abs=1e-6)
+    assert evaluation["metrics"]["artifacts"][0]["metadata"]["accuracy"] == pytest.approx(
+        scores.accuracy, abs=1e-6
+    )
     matrix = evaluation["classification"]["artifacts"][0]["metadata"]["confusionMatrix"]
     assert len(matrix["rows"]) == len(matrix["annotationSpecs"]) == 10
     assert all(len(row["row"]) == 10 for row in matrix["rows"])
 
     report = found["report"].read_text()
     assert len(re.findall(r"<svg ", report)) == 2 and "preempt:worker-1@step5" in report
-    for line in ("round 1 formed: world size 2", "fault injected: preempt worker-1-0",
-                 "worker-1-0 lost: preempted", "job succeeded", "stop_workers: pipeline SUCCEEDED"):
+    for line in (
+        "round 1 formed: world size 2",
+        "fault injected: preempt worker-1-0",
+        "worker-1-0 lost: preempted",
+        "job succeeded",
+        "stop_workers: pipeline SUCCEEDED",
+    ):
         assert line in log, line
     assert not run_pids(session, SESSION_ENV)
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("params", "failed_task", "message"), [
-    ({"min_workers": 3, "max_workers": 2}, "elastic-train",
-     "min_workers=3 is more than max_workers=2"),
-    ({"model_def": "no_such_package.model"}, "shard-dataset",
-     "--model-def no_such_package.model: module not found"),
-    ({"dataset": "EMPTY"}, "shard-dataset", "has no samples: nothing to train on"),
-], ids=["min-over-max", "unknown-model-def", "empty-dataset"])
+@pytest.mark.parametrize(
+    ("params", "failed_task", "message"),
+    [
+        (
+            {"min_workers": 3, "max_workers": 2},
+            "elastic-train",
+            "min_workers=3 is more than max_workers=2",
+        ),
+        (
+            {"model_def": "no_such_package.model"},
+            "shard-dataset",
+            "--model-def no_such_package.model: module not found",
+        ),
+        ({"dataset": "EMPTY"}, "shard-dataset", "has no samples: nothing to train on"),
+    ],
+    ids=["min-over-max", "unknown-model-def", "empty-dataset"],
+)
 def test_bad_parameters_fail_the_run_with_a_clear_message(
-        tmp_path: Path, session: str, capfd: pytest.CaptureFixture[str],
-        params: dict[str, Any], failed_task: str, message: str) -> None:
+    tmp_path: Path,
+    session: str,
+    capfd: pytest.CaptureFixture[str],
+    params: dict[str, Any],
+    failed_task: str,
+    message: str,
+) -> None:
     if params.get("dataset") == "EMPTY":
         (tmp_path / "empty.csv").write_text("x,y\n")
         params = {**params, "dataset": str(tmp_path / "empty.csv")}

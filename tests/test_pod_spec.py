@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from torch.distributed.run import get_args_parser
 
-from master.pod_spec import (
+from kfp_elastic.master.pod_spec import (
     ATTEMPT_LABEL,
     INDEX_LABEL,
     JOB_LABEL,
@@ -21,9 +21,14 @@ from master.pod_spec import (
     selector,
 )
 
-BASE = WorkerPodSpec(job_name="mnist", image="kfp-elastic-worker:0.1.0", entrypoint="train.py",
-                     rdzv_endpoint="kfp-elastic-etcd-0.kfp-elastic-etcd-headless:2379",
-                     min_nodes=2, max_nodes=4)  # fmt: skip
+BASE = WorkerPodSpec(
+    job_name="mnist",
+    image="kfp-elastic-worker:0.1.0",
+    entrypoint="train.py",
+    rdzv_endpoint="kfp-elastic-etcd-0.kfp-elastic-etcd-headless:2379",
+    min_nodes=2,
+    max_nodes=4,
+)
 
 FULL = WorkerPodSpec(
     job_name="resnet",
@@ -50,17 +55,35 @@ FULL = WorkerPodSpec(
     gpu=2,
     priority_class="kfp-elastic-worker-low",
     service_account="kfp-elastic-worker",
-    tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                 {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute",
-                  "tolerationSeconds": 30}),  # fmt: skip
+    tolerations=(
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {
+            "key": "spot",
+            "operator": "Equal",
+            "value": "true",
+            "effect": "NoExecute",
+            "tolerationSeconds": 30,
+        },
+    ),
     node_selector={"cloud.google.com/gke-accelerator": "nvidia-l4"},
-    affinity={"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-        {"weight": 50, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
-                                           "labelSelector": {"matchLabels": {JOB_LABEL: "resnet"}}}}
-    ]}},  # fmt: skip
+    affinity={
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 50,
+                    "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": {JOB_LABEL: "resnet"}},
+                    },
+                }
+            ]
+        }
+    },
     labels={"team": "vision"},
-    annotations={"example.com/owner": "alice", "cluster-autoscaler.kubernetes.io/safe-to-evict":
-                 "true"},  # fmt: skip
+    annotations={
+        "example.com/owner": "alice",
+        "cluster-autoscaler.kubernetes.io/safe-to-evict": "true",
+    },
     env={"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "4"},
     env_from_config_maps=("kfp-elastic-config",),
     volumes=({"name": "snapshots", "persistentVolumeClaim": {"claimName": "resnet-snapshots"}},),
@@ -71,8 +94,12 @@ FULL = WorkerPodSpec(
     image_pull_policy="IfNotPresent",
     image_pull_secrets=("regcred",),
     run_as_user=2000,
-    owner_reference={"apiVersion": "v1", "kind": "Pod", "name": "resnet-master",
-                     "uid": "0b6f3ad4-1111-2222-3333-444455556666"},  # fmt: skip
+    owner_reference={
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": "resnet-master",
+        "uid": "0b6f3ad4-1111-2222-3333-444455556666",
+    },
 )
 
 
@@ -106,10 +133,15 @@ def test_defaults_make_a_preemptible_never_restarting_worker() -> None:
     c = container(pod)
     assert c["command"] == ["torchrun"] and "resources" in c and c["resources"] == {}
     assert c["args"] == [
-        "--nnodes=2:4", "--nproc-per-node=1", "--rdzv-backend=elastic-etcd",
-        "--rdzv-endpoint=kfp-elastic-etcd-0.kfp-elastic-etcd-headless:2379", "--rdzv-id=mnist",
-        "--max-restarts=3", "--local-addr=$(POD_IP)", "train.py",
-    ]  # fmt: skip
+        "--nnodes=2:4",
+        "--nproc-per-node=1",
+        "--rdzv-backend=elastic-etcd",
+        "--rdzv-endpoint=kfp-elastic-etcd-0.kfp-elastic-etcd-headless:2379",
+        "--rdzv-id=mnist",
+        "--max-restarts=3",
+        "--local-addr=$(POD_IP)",
+        "train.py",
+    ]
     env = env_of(pod)
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["KFP_ELASTIC_WORKER_INDEX"] == "0" and env["KFP_ELASTIC_RUN_ID"] == "mnist"
@@ -160,8 +192,11 @@ def test_every_passthrough_field_lands_in_the_manifest() -> None:
     assert volumes["etcd-tls"]["secret"]["secretName"] == "kfp-elastic-etcd-client-tls"
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-    assert mounts == {"/snapshots": "snapshots", "/etc/kfp-elastic/etcd-tls": "etcd-tls",
-                      "/dev/shm": "dshm"}  # fmt: skip
+    assert mounts == {
+        "/snapshots": "snapshots",
+        "/etc/kfp-elastic/etcd-tls": "etcd-tls",
+        "/dev/shm": "dshm",
+    }
 
 
 def test_memory_limit_defaults_to_request_and_cpu_is_not_limited() -> None:
@@ -200,10 +235,18 @@ def test_manifest_passes_the_kubernetes_schema() -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("250m", Decimal("0.25")), ("2", Decimal(2)), ("1.5Gi", Decimal(1610612736)),
-     ("4k", Decimal(4000)), ("1e3", Decimal(1000)), ("+.5", Decimal("0.5")), (3, Decimal(3)),
-     ("-1", Decimal(-1)), ("1E", Decimal(10**18))],
-)  # fmt: skip
+    [
+        ("250m", Decimal("0.25")),
+        ("2", Decimal(2)),
+        ("1.5Gi", Decimal(1610612736)),
+        ("4k", Decimal(4000)),
+        ("1e3", Decimal(1000)),
+        ("+.5", Decimal("0.5")),
+        (3, Decimal(3)),
+        ("-1", Decimal(-1)),
+        ("1E", Decimal(10**18)),
+    ],
+)
 def test_parse_quantity(text: str, value: Decimal) -> None:
     assert parse_quantity(text) == value
 
@@ -256,11 +299,16 @@ def test_parse_quantity(text: str, value: Decimal) -> None:
         ({"tolerations": ({"key": "k", "colour": "red"},)}, "unknown fields ['colour']"),
         ({"volume_mounts": ({"name": "data", "mountPath": "/data"},)}, "names no volume"),
         ({"volumes": ({"name": "dshm", "emptyDir": {}},)}, "used twice (or is reserved)"),
-        ({"volumes": ({"name": "d", "emptyDir": {}},),
-          "volume_mounts": ({"name": "d", "mountPath": "rel"},)}, "must be absolute"),
+        (
+            {
+                "volumes": ({"name": "d", "emptyDir": {}},),
+                "volume_mounts": ({"name": "d", "mountPath": "rel"},),
+            },
+            "must be absolute",
+        ),
         ({"owner_reference": {"kind": "Pod", "name": "m"}}, "owner_reference lacks"),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_named(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=None) as caught:
         build_pod(replace(BASE, **change))

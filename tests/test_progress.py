@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rendezvous.etcd_client import connect_to
-from worker.data_plan import shards_for_length
-from worker.progress import Committed, Progress, manifest_from_shards
-from worker.snapshot import SnapshotError, Snapshotter
+from kfp_elastic.rendezvous.etcd_client import connect_to
+from kfp_elastic.worker.data_plan import shards_for_length
+from kfp_elastic.worker.progress import Committed, Progress, manifest_from_shards
+from kfp_elastic.worker.snapshot import SnapshotError, Snapshotter
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def queue_keys(progress: Progress, epoch: int) -> dict[str, set[int]]:
     result = {}
     for state in ("todo", "doing", "done"):
         prefix = progress.keys.queue(epoch, state)
-        result[state] = {int(m.key.decode()[len(prefix):]) for _, m in client.get_prefix(prefix)}
+        result[state] = {int(m.key.decode()[len(prefix) :]) for _, m in client.get_prefix(prefix)}
     return result
 
 
@@ -36,13 +36,17 @@ def test_manifest_is_published_once_with_every_epochs_todo_queue(progress: Progr
     other = manifest_from_shards(shards_for_length(50, 10), epochs=1)
     assert progress.publish_manifest(other) == manifest  # the first one wins
     for epoch in (0, 1):
-        assert queue_keys(progress, epoch) == {"todo": set(range(10)), "doing": set(),
-                                               "done": set()}
+        assert queue_keys(progress, epoch) == {
+            "todo": set(range(10)),
+            "doing": set(),
+            "done": set(),
+        }
 
 
 def test_commits_move_shards_and_reject_a_stale_writer(progress: Progress) -> None:
     manifest = progress.publish_manifest(
-        manifest_from_shards(shards_for_length(30, 10), epochs=2, seed=0))
+        manifest_from_shards(shards_for_length(30, 10), epochs=2, seed=0)
+    )
     first = Committed(step=1, epoch=0, position=15, snapshot="s1")
     assert progress.commit(manifest, None, 0, first)
     committed, revision = progress.committed_record()
@@ -62,10 +66,12 @@ def test_commits_move_shards_and_reject_a_stale_writer(progress: Progress) -> No
     assert progress.queue_counts(1) == {"todo": 0, "doing": 0, "done": 3}
 
 
-def test_queues_left_behind_by_an_interrupted_commit_are_repaired(progress: Progress,
-                                                                  monkeypatch) -> None:
+def test_queues_left_behind_by_an_interrupted_commit_are_repaired(
+    progress: Progress, monkeypatch
+) -> None:
     manifest = progress.publish_manifest(
-        manifest_from_shards(shards_for_length(400, 5), epochs=2, seed=0))  # 80 shards
+        manifest_from_shards(shards_for_length(400, 5), epochs=2, seed=0)
+    )  # 80 shards
     # A commit over 80 shards needs more than one transaction: kill it after the first.
     real = progress._client.transaction
     calls = []

@@ -14,18 +14,24 @@ from pathlib import Path
 import pytest
 import torch
 
-from rendezvous.etcd_client import connect_to
-from rendezvous.local_agents import AgentGroup, new_run_id, read_events, wait_for
-from worker.progress import Progress
-from worker.rescue import Rescues, best_holder, rescue_name
+from kfp_elastic.rendezvous.etcd_client import connect_to
+from kfp_elastic.rendezvous.local_agents import AgentGroup, new_run_id, read_events, wait_for
+from kfp_elastic.worker.progress import Progress
+from kfp_elastic.worker.rescue import Rescues, best_holder, rescue_name
 
 EPOCHS = 2
 SAMPLES = 480
 
 
 def _state(step: int) -> dict:
-    return {"model": {"w": torch.full((3,), float(step))}, "optimizer": {"state": {}},
-            "step": step, "epoch": 0, "position": 12 * step, "rng": torch.get_rng_state()}
+    return {
+        "model": {"w": torch.full((3,), float(step))},
+        "optimizer": {"state": {}},
+        "step": step,
+        "epoch": 0,
+        "position": 12 * step,
+        "rng": torch.get_rng_state(),
+    }
 
 
 def test_newest_rescue_past_the_commit_wins_and_old_ones_go(tmp_path: Path) -> None:
@@ -51,9 +57,15 @@ def test_rescue_of_another_run_or_corrupt_is_skipped(tmp_path: Path) -> None:
     assert step == 10
 
 
-@pytest.mark.parametrize(("steps", "committed", "holder"), [
-    ([-1, -1, -1], 5, None), ([5, 4, -1], 5, None), ([-1, 9, 9], 5, 1), ([10, 11, 9], 5, 1),
-])
+@pytest.mark.parametrize(
+    ("steps", "committed", "holder"),
+    [
+        ([-1, -1, -1], 5, None),
+        ([5, 4, -1], 5, None),
+        ([-1, 9, 9], 5, 1),
+        ([10, 11, 9], 5, 1),
+    ],
+)
 def test_best_holder(steps: list[int], committed: int, holder: int | None) -> None:
     assert best_holder(steps, committed) == holder
 
@@ -63,28 +75,55 @@ def _rank0_agent(agents: list, world: int):
     return next(a for a in agents if pattern in a.log_text())
 
 
-def test_sigkill_of_rank0_node_resumes_from_survivors_last_step(tmp_path: Path,
-                                                                 etcd) -> None:
+def test_sigkill_of_rank0_node_resumes_from_survivors_last_step(tmp_path: Path, etcd) -> None:
     run_id = new_run_id("rescue")
     client = connect_to(etcd.endpoint)
     progress = Progress(client, f"/kfp-elastic/{run_id}")
     steps_file = tmp_path / "steps.jsonl"  # one line per optimizer step (step post-hook)
-    args = ["worker", "--model-def", "benchmarks.timed_model_def", "--epochs", str(EPOCHS),
-            "--batch-size", "4", "--snapshot-every", "1000",
-            "--snapshot-dir", str(tmp_path / "snap"), "--etcd", etcd.endpoint,
-            "--output", str(tmp_path / "model.pt"), "--step-time", "0.05"]
+    args = [
+        "worker",
+        "--model-def",
+        "benchmarks.timed_model_def",
+        "--epochs",
+        str(EPOCHS),
+        "--batch-size",
+        "4",
+        "--snapshot-every",
+        "1000",
+        "--snapshot-dir",
+        str(tmp_path / "snap"),
+        "--etcd",
+        etcd.endpoint,
+        "--output",
+        str(tmp_path / "model.pt"),
+        "--step-time",
+        "0.05",
+    ]
     try:
         with AgentGroup(tmp_path / "logs") as group:
-            nodes = [group.start(backend="elastic-etcd", endpoint=etcd.endpoint, run_id=run_id,
-                                 nnodes="2:3", script="-m", script_args=args,
-                                 rdzv_conf={"last_call_timeout": 1}, name=f"node{i}",
-                                 env={"COUNTING_SAMPLES": str(SAMPLES),
-                                      "TIMED_MODEL_DEF": "tests.model_defs.counting",
-                                      "TIMED_STEPS_FILE": str(steps_file)})
-                     for i in range(3)]
-            wait_for(lambda: any(e["world"] == 3 and e["step"] >= 8
-                                 for e in read_events(steps_file)),
-                     120, what="step 8 of the 3-node world")  # nothing committed before 40
+            nodes = [
+                group.start(
+                    backend="elastic-etcd",
+                    endpoint=etcd.endpoint,
+                    run_id=run_id,
+                    nnodes="2:3",
+                    script="-m",
+                    script_args=args,
+                    rdzv_conf={"last_call_timeout": 1},
+                    name=f"node{i}",
+                    env={
+                        "COUNTING_SAMPLES": str(SAMPLES),
+                        "TIMED_MODEL_DEF": "tests.model_defs.counting",
+                        "TIMED_STEPS_FILE": str(steps_file),
+                    },
+                )
+                for i in range(3)
+            ]
+            wait_for(
+                lambda: any(e["world"] == 3 and e["step"] >= 8 for e in read_events(steps_file)),
+                120,
+                what="step 8 of the 3-node world",
+            )  # nothing committed before 40
             victim = _rank0_agent(nodes, 3)
             killed_at = victim.sigkill_tree()
             survivors = [n for n in nodes if n is not victim]

@@ -1,6 +1,6 @@
 """Round formation rules as pure functions: no etcd, no clocks."""
 
-from rendezvous.round_formation import (
+from kfp_elastic.rendezvous.round_formation import (
     NO_ROUND,
     LastCallClock,
     NodeRecord,
@@ -17,8 +17,9 @@ def node(node_id: str, rev: int, waiting: bool = True, after: int = 0) -> NodeRe
 
 
 def test_fewer_than_min_waiting_does_not_form() -> None:
-    decision = decide([node("a", 1)], NO_ROUND, 2, 3, now=10, min_reached_at=None,
-                      last_call_timeout=1)
+    decision = decide(
+        [node("a", 1)], NO_ROUND, 2, 3, now=10, min_reached_at=None, last_call_timeout=1
+    )
     assert not decision.form
     assert "1 of min 2" in decision.reason
 
@@ -50,11 +51,13 @@ def test_reformation_waits_while_a_member_still_runs() -> None:
     live = [node("a", 1, after=3), node("b", 2, after=3), node("c", 3, waiting=True, after=2)]
     # c was admitted to round 3 (after_round 2 < 3) so it is running, not waiting.
     assert not is_waiting(live[2], current)
-    decision = decide(live, current, 2, 4, now=0, min_reached_at=0, last_call_timeout=1,
-                      rejoin_timeout=30)
+    decision = decide(
+        live, current, 2, 4, now=0, min_reached_at=0, last_call_timeout=1, rejoin_timeout=30
+    )
     assert not decision.form and decision.recheck_at == 30
-    hung = decide(live, current, 2, 4, now=31, min_reached_at=0, last_call_timeout=1,
-                  rejoin_timeout=30)
+    hung = decide(
+        live, current, 2, 4, now=31, min_reached_at=0, last_call_timeout=1, rejoin_timeout=30
+    )
     assert hung.form and hung.participants == ("a", "b") and "did not rejoin" in hung.reason
 
 

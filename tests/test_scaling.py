@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import pytest
 
-from master.launcher import Reason, WorkerPhase, WorkerStatus
-from master.scaling import ScalingPolicy, decide, outcome_of
+from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
+from kfp_elastic.master.scaling import ScalingPolicy, decide, outcome_of
 
-P, R, S, F, D = (WorkerPhase.PENDING, WorkerPhase.RUNNING, WorkerPhase.SUCCEEDED,
-                 WorkerPhase.FAILED, WorkerPhase.DELETED)  # fmt: skip
+P, R, S, F, D = (
+    WorkerPhase.PENDING,
+    WorkerPhase.RUNNING,
+    WorkerPhase.SUCCEEDED,
+    WorkerPhase.FAILED,
+    WorkerPhase.DELETED,
+)
 POLICY = ScalingPolicy(min_workers=2, max_workers=3, max_failures=1, max_wait_s=60)
 
 
-def w(index: int, phase: WorkerPhase = R, reason: Reason | None = None, attempt: int = 0,
-      code: int | None = None, message: str = "") -> WorkerStatus:  # fmt: skip
+def w(
+    index: int,
+    phase: WorkerPhase = R,
+    reason: Reason | None = None,
+    attempt: int = 0,
+    code: int | None = None,
+    message: str = "",
+) -> WorkerStatus:
     return WorkerStatus(f"w-{index}-{attempt}", phase, reason, message, code, index, attempt)
 
 
@@ -75,8 +86,11 @@ def test_ended_workers_are_reported_once_and_deleted_until_gone() -> None:
 
 
 def test_below_min_longer_than_max_wait_gives_up_with_the_pending_reasons() -> None:
-    workers = [w(0), w(1, P, Reason.UNSCHEDULABLE, message="0/3 nodes: Insufficient cpu"),
-               w(2, P, Reason.UNSCHEDULABLE)]  # fmt: skip
+    workers = [
+        w(0),
+        w(1, P, Reason.UNSCHEDULABLE, message="0/3 nodes: Insufficient cpu"),
+        w(2, P, Reason.UNSCHEDULABLE),
+    ]
     d = decide(POLICY, workers, set(), 0, None, now=100.0)
     assert d.give_up is None and d.below_min_since == 100.0
     d = decide(POLICY, workers, set(), 0, d.below_min_since, now=159.0)
@@ -109,12 +123,15 @@ def test_outcome_of_unknown_reasons() -> None:
     assert outcome_of(w(0, F, Reason.DELETED)).cause == "deleted"
 
 
-@pytest.mark.parametrize(("policy", "message"), [
-    (ScalingPolicy(3, 2), "--min-workers=3 is more than --max-workers=2"),
-    (ScalingPolicy(0, 2), "--min-workers must be >= 1"),
-    (ScalingPolicy(1, 2, max_failures=-1), "--max-failures must be >= 0"),
-    (ScalingPolicy(1, 2, max_wait_s=0), "--max-wait must be > 0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        (ScalingPolicy(3, 2), "--min-workers=3 is more than --max-workers=2"),
+        (ScalingPolicy(0, 2), "--min-workers must be >= 1"),
+        (ScalingPolicy(1, 2, max_failures=-1), "--max-failures must be >= 0"),
+        (ScalingPolicy(1, 2, max_wait_s=0), "--max-wait must be > 0"),
+    ],
+)
 def test_bad_policies_fail_with_the_option_named(policy: ScalingPolicy, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         policy.validate()

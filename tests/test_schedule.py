@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.schedule import (
+from kfp_elastic.worker.schedule import (
     FIRST_SNAPSHOT_AFTER_S,
     FIRST_SYNC_GAP,
     MAX_SYNC_GAP,

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-from rendezvous.embedded_etcd import EmbeddedEtcd, TlsFiles
-from rendezvous.handler import ElasticEtcdRendezvousHandler, create_handler
-from rendezvous.testing_pki import TestPki, generate_test_pki
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, TlsFiles
+from kfp_elastic.rendezvous.handler import ElasticEtcdRendezvousHandler, create_handler
+from kfp_elastic.rendezvous.testing_pki import TestPki, generate_test_pki
 
 FAIL_WITHIN_S = 10.0
 ROOT_PASSWORD = "root-secret"
@@ -70,9 +70,14 @@ def make_handler() -> Iterator[HandlerFactory]:
         conf.setdefault("peer_probe", "false")
         conf.setdefault("last_call_timeout", "0.5")
         params = RendezvousParameters(
-            "elastic-etcd", endpoint, f"sec-{uuid.uuid4().hex[:10]}", 1, 1,
-            local_addr="127.0.0.1", **{k: str(v) for k, v in conf.items()},
-        )  # fmt: skip
+            "elastic-etcd",
+            endpoint,
+            f"sec-{uuid.uuid4().hex[:10]}",
+            1,
+            1,
+            local_addr="127.0.0.1",
+            **{k: str(v) for k, v in conf.items()},
+        )
         handler = create_handler(params)
         made.append(handler)
         return handler
@@ -198,9 +203,15 @@ def test_auth_wrong_password_fails_fast_naming_user_password(
     pki: TestPki, make_handler: HandlerFactory
 ) -> None:
     with _server(_server_only_tls(pki), auth=True) as etcd:
-        error = _fails_fast(lambda: make_handler(
-            etcd.endpoint, cacert=str(pki.ca), user=USER, password="wrong", request_timeout="1",
-        ))  # fmt: skip
+        error = _fails_fast(
+            lambda: make_handler(
+                etcd.endpoint,
+                cacert=str(pki.ca),
+                user=USER,
+                password="wrong",
+                request_timeout="1",
+            )
+        )
         assert "user/password" in str(error)
         assert etcd.endpoint in str(error)
 
@@ -219,10 +230,15 @@ def test_user_without_permission_on_the_prefix_fails_fast(
 ) -> None:
     with _server(_server_only_tls(pki), auth=True) as etcd:
         etcd.add_user("outsider", "outsider-secret")  # no role: may read and write nothing
-        error = _fails_fast(lambda: make_handler(
-            etcd.endpoint, cacert=str(pki.ca), user="outsider", password="outsider-secret",
-            request_timeout="1",
-        ))  # fmt: skip
+        error = _fails_fast(
+            lambda: make_handler(
+                etcd.endpoint,
+                cacert=str(pki.ca),
+                user="outsider",
+                password="outsider-secret",
+                request_timeout="1",
+            )
+        )
         assert "permission denied" in str(error)
 
 

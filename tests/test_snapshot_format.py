@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from worker import snapshot_format
-from worker.snapshot import SnapshotError, Snapshotter
-from worker.snapshot_format import CorruptSnapshot, NotPackable
+from kfp_elastic.worker import snapshot_format
+from kfp_elastic.worker.snapshot import SnapshotError, Snapshotter
+from kfp_elastic.worker.snapshot_format import CorruptSnapshot, NotPackable
 
 
 def _trained_state(optimizer_type: type[torch.optim.Optimizer], **options: object) -> dict:
@@ -20,8 +20,14 @@ def _trained_state(optimizer_type: type[torch.optim.Optimizer], **options: objec
     for _ in range(2):
         model(torch.randn(4, 5)).square().sum().backward()
         optimizer.step()
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 2,
-            "epoch": 0, "position": 8, "rng": torch.get_rng_state()}
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "step": 2,
+        "epoch": 0,
+        "position": 8,
+        "rng": torch.get_rng_state(),
+    }
 
 
 def _assert_same(a: object, b: object) -> None:
@@ -40,10 +46,13 @@ def _assert_same(a: object, b: object) -> None:
         assert a == b and type(a) is type(b)
 
 
-@pytest.mark.parametrize(("optimizer_type", "options"), [
-    (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
-    (torch.optim.Adam, {"lr": 1e-3, "betas": (0.9, 0.99)}),
-])
+@pytest.mark.parametrize(
+    ("optimizer_type", "options"),
+    [
+        (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+        (torch.optim.Adam, {"lr": 1e-3, "betas": (0.9, 0.99)}),
+    ],
+)
 def test_model_and_optimizer_state_round_trip_exactly(tmp_path: Path, optimizer_type, options):
     state = _trained_state(optimizer_type, **options)
     snapshot_format.pack(state).write_to(tmp_path / "s.pt")
@@ -58,9 +67,13 @@ def test_dtypes_shapes_and_containers_round_trip(tmp_path: Path) -> None:
     state = {
         "f64": torch.arange(6, dtype=torch.float64).reshape(2, 3),
         "bf16": torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
-        "i64": torch.tensor(7), "flags": torch.tensor([True, False]),
-        "empty": torch.empty(0, 4), "strided": torch.arange(12.0).reshape(3, 4).t(),
-        "by_int": {0: "a", 3: [1, 2.5, None]}, "pair": (1, "x"), "nan": float("inf"),
+        "i64": torch.tensor(7),
+        "flags": torch.tensor([True, False]),
+        "empty": torch.empty(0, 4),
+        "strided": torch.arange(12.0).reshape(3, 4).t(),
+        "by_int": {0: "a", 3: [1, 2.5, None]},
+        "pair": (1, "x"),
+        "nan": float("inf"),
         "$odd": "keys starting with $ survive",
     }
     snapshot_format.pack(state).write_to(tmp_path / "s.pt")
@@ -81,12 +94,15 @@ def test_the_buffer_is_reused_between_snapshots() -> None:
     assert second.buffer is first.buffer
 
 
-@pytest.mark.parametrize(("damage", "message"), [
-    (lambda data: data[:-10], "truncated"),
-    (lambda data: data[:-1] + bytes([data[-1] ^ 0x01]), "mismatch"),
-    (lambda data: data[:20], "header"),
-    (lambda data: b"PK\x03\x04" + data[4:], "bad magic"),
-])
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda data: data[:-10], "truncated"),
+        (lambda data: data[:-1] + bytes([data[-1] ^ 0x01]), "mismatch"),
+        (lambda data: data[:20], "header"),
+        (lambda data: b"PK\x03\x04" + data[4:], "bad magic"),
+    ],
+)
 def test_damaged_files_are_refused_with_the_reason(tmp_path: Path, damage, message) -> None:
     path = tmp_path / "s.pt"
     snapshot_format.pack({"w": torch.randn(256)}).write_to(path)
@@ -138,7 +154,7 @@ def test_snapshots_written_by_torch_save_still_load(tmp_path: Path) -> None:
 
 
 def test_old_snapshot_files_are_recycled_and_every_kept_one_reads_back(tmp_path: Path) -> None:
-    from worker.snapshot import KEEP
+    from kfp_elastic.worker.snapshot import KEEP
 
     snapshots = Snapshotter(tmp_path)
     names: list[str] = []
@@ -146,8 +162,9 @@ def test_old_snapshot_files_are_recycled_and_every_kept_one_reads_back(tmp_path:
     for step, size in enumerate(sizes):
         if step == KEEP:
             oldest_inode = (tmp_path / names[0]).stat().st_ino
-        snapshots.save(step, {"w": torch.full((size,), float(step)), "step": step},
-                       names.append, wait=True)
+        snapshots.save(
+            step, {"w": torch.full((size,), float(step)), "step": step}, names.append, wait=True
+        )
         if step == KEEP:
             assert (tmp_path / names[-1]).stat().st_ino == oldest_inode  # pages reused
     kept = sorted(p.name for p in tmp_path.glob("snapshot-*.pt"))

@@ -10,14 +10,15 @@ import pytest
 import torch.distributed as dist
 from pyetcd.client import Endpoint, MultiEndpointEtcd3Client
 
-from rendezvous.embedded_etcd import EmbeddedEtcd, free_port
-from rendezvous.store import EtcdStore
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, free_port
+from kfp_elastic.rendezvous.store import EtcdStore
 
 
 @pytest.fixture
 def client(etcd: EmbeddedEtcd):
     c = MultiEndpointEtcd3Client(
-        [Endpoint("127.0.0.1", etcd.client_port, secure=False, time_retry=0.5)], timeout=5,
+        [Endpoint("127.0.0.1", etcd.client_port, secure=False, time_retry=0.5)],
+        timeout=5,
         failover=True,
     )
     yield c
@@ -31,8 +32,9 @@ def store(client, run_id: str) -> EtcdStore:
 
 @pytest.fixture
 def tcp_store():
-    return dist.TCPStore("127.0.0.1", free_port(), 1, True, timedelta(seconds=5),
-                         wait_for_workers=False)
+    return dist.TCPStore(
+        "127.0.0.1", free_port(), 1, True, timedelta(seconds=5), wait_for_workers=False
+    )
 
 
 def test_set_get_and_raw_bytes(store: EtcdStore, client) -> None:
@@ -109,8 +111,9 @@ def test_torch_barrier_runs_on_the_store(client, run_id: str) -> None:
 
     stores = [EtcdStore(client, f"/kfp-elastic/{run_id}/store/9/") for _ in range(3)]
     started = time.monotonic()
-    threads = [threading.Thread(target=store_util.barrier, args=(s, 3, "exit/", 10))
-               for s in stores]
+    threads = [
+        threading.Thread(target=store_util.barrier, args=(s, 3, "exit/", 10)) for s in stores
+    ]
     [t.start() for t in threads]
     [t.join(15) for t in threads]
     assert not any(t.is_alive() for t in threads)

@@ -29,25 +29,45 @@ FORM_TIMEOUT = 90
 RECOVER_TIMEOUT = 60
 
 
-def start_agents(group: AgentGroup, etcd, run_id: str, events: Path, count: int,
-                 nnodes: str, steps: int, agent_options: dict | None = None,
-                 **conf: object) -> list[Agent]:
+def start_agents(
+    group: AgentGroup,
+    etcd,
+    run_id: str,
+    events: Path,
+    count: int,
+    nnodes: str,
+    steps: int,
+    agent_options: dict | None = None,
+    **conf: object,
+) -> list[Agent]:
     conf = {"last_call_timeout": 1, **conf}
     agents = []
     for index in range(count):
-        agents.append(group.start(
-            backend=BACKEND, endpoint=etcd.endpoint, run_id=run_id, nnodes=nnodes,
-            script_args=tiny_ddp_args(events, steps=steps, step_time=STEP_TIME,
-                                      state_dir=events.parent),
-            rdzv_conf=conf, name=f"node{index}", **(agent_options or {}),
-        ))
+        agents.append(
+            group.start(
+                backend=BACKEND,
+                endpoint=etcd.endpoint,
+                run_id=run_id,
+                nnodes=nnodes,
+                script_args=tiny_ddp_args(
+                    events, steps=steps, step_time=STEP_TIME, state_dir=events.parent
+                ),
+                rdzv_conf=conf,
+                name=f"node{index}",
+                **(agent_options or {}),
+            )
+        )
         time.sleep(0.3)  # registration order = node index, so node0 is rank 0
     return agents
 
 
 def world_reached(events: Path, world: int, after: float = 0.0):
-    return wait_for_events(events, lambda ev: first_step_with_world(ev, world, after),
-                           FORM_TIMEOUT, what=f"a step of world {world}")
+    return wait_for_events(
+        events,
+        lambda ev: first_step_with_world(ev, world, after),
+        FORM_TIMEOUT,
+        what=f"a step of world {world}",
+    )
 
 
 def finished_ok(group: AgentGroup, agents: list[Agent], timeout: float = 120) -> None:
@@ -62,8 +82,12 @@ def test_sigkill_of_a_node_leaves_survivors_training(tmp_path: Path, etcd, victi
         agents = start_agents(group, etcd, new_run_id(), events, 3, "2:3", steps=120)
         world_reached(events, 3)
         killed_at = agents[victim].sigkill_tree()
-        step = wait_for_events(events, lambda ev: first_step_with_world(ev, 2, killed_at),
-                               RECOVER_TIMEOUT, what="a step of the 2-node world")
+        step = wait_for_events(
+            events,
+            lambda ev: first_step_with_world(ev, 2, killed_at),
+            RECOVER_TIMEOUT,
+            what="a step of the 2-node world",
+        )
         assert step["t"] > killed_at
         survivors = [a for i, a in enumerate(agents) if i != victim]
         finished_ok(group, survivors)
@@ -79,12 +103,24 @@ def test_a_peer_loss_does_not_spend_a_restart(tmp_path: Path, etcd) -> None:
     # (gloo: peer reset) before it looks at num_nodes_waiting().
     events = tmp_path / "events.jsonl"
     with AgentGroup(tmp_path) as group:
-        agents = start_agents(group, etcd, new_run_id(), events, 3, "2:3", steps=150,
-                              agent_options={"max_restarts": 0, "monitor_interval": 2.0})
+        agents = start_agents(
+            group,
+            etcd,
+            new_run_id(),
+            events,
+            3,
+            "2:3",
+            steps=150,
+            agent_options={"max_restarts": 0, "monitor_interval": 2.0},
+        )
         world_reached(events, 3)
         killed_at = agents[2].sigkill_tree()
-        wait_for_events(events, lambda ev: first_step_with_world(ev, 2, killed_at),
-                        RECOVER_TIMEOUT, what="a step of the 2-node world")
+        wait_for_events(
+            events,
+            lambda ev: first_step_with_world(ev, 2, killed_at),
+            RECOVER_TIMEOUT,
+            what="a step of the 2-node world",
+        )
         finished_ok(group, agents[:2])
     # Which came first is a race: the worker's own crash (gloo: peer reset), or the agent's
     # monitor pass seeing the membership change and stopping it (exit -15). Whenever a worker
@@ -103,8 +139,12 @@ def test_a_node_joining_grows_the_world(tmp_path: Path, etcd) -> None:
         world_reached(events, 3)
         joined_at = time.time()
         agents += start_agents(group, etcd, run_id, events, 1, "2:4", steps=120)
-        wait_for_events(events, lambda ev: first_step_with_world(ev, 4, joined_at),
-                        RECOVER_TIMEOUT, what="a step of the 4-node world")
+        wait_for_events(
+            events,
+            lambda ev: first_step_with_world(ev, 4, joined_at),
+            RECOVER_TIMEOUT,
+            what="a step of the 4-node world",
+        )
         finished_ok(group, agents)
     # A new node's zygote is forked from its agent (torch already imported), not started cold.
     assert "forked from this agent" in agents[3].log_text(), agents[3].log_text()
@@ -116,13 +156,27 @@ def test_sigterm_leaves_gracefully(tmp_path: Path, etcd) -> None:
     events = tmp_path / "events.jsonl"
     with AgentGroup(tmp_path) as group:
         # A long lease and no probe: only the graceful leave can make survivors re-form fast.
-        agents = start_agents(group, etcd, new_run_id(), events, 3, "2:3", steps=120,
-                              lease_ttl=600, peer_probe="false", warm_start="false")
+        agents = start_agents(
+            group,
+            etcd,
+            new_run_id(),
+            events,
+            3,
+            "2:3",
+            steps=120,
+            lease_ttl=600,
+            peer_probe="false",
+            warm_start="false",
+        )
         world_reached(events, 3)
         terminated_at = agents[2].sigterm()
         agents[2].wait(60)
-        wait_for_events(events, lambda ev: first_step_with_world(ev, 2, terminated_at),
-                        RECOVER_TIMEOUT, what="a step of the 2-node world after SIGTERM")
+        wait_for_events(
+            events,
+            lambda ev: first_step_with_world(ev, 2, terminated_at),
+            RECOVER_TIMEOUT,
+            what="a step of the 2-node world after SIGTERM",
+        )
         assert "leaving run" in agents[2].log_text()
         finished_ok(group, agents[:2])
     starts = [e for e in read_events(events) if e["event"] == "start"]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from rendezvous.warm_start import SHIM_PATH, shim_command
-from rendezvous.zygote import PythonTarget, parse_python_command
-from rendezvous.zygote_shim import SOCKET_ENV
+from kfp_elastic.rendezvous.warm_start import SHIM_PATH, shim_command
+from kfp_elastic.rendezvous.zygote import PythonTarget, parse_python_command
+from kfp_elastic.rendezvous.zygote_shim import SOCKET_ENV
 from tests.harness import wait_for
 
 PY = sys.executable
@@ -49,17 +49,24 @@ WORKER = textwrap.dedent("""
 
 
 # --------------------------------------------------------------------------- pure parts
-@pytest.mark.parametrize(("argv", "expected"), [
-    ([PY, "-u", "train.py", "--lr", "1"], PythonTarget(("--lr", "1"), script="train.py",
-                                                      unbuffered=True)),
-    ([PY, "train.py"], PythonTarget((), script="train.py")),
-    ([PY, "-u", "-m", "worker", "--model-def", "m"], PythonTarget(("--model-def", "m"),
-                                                                module="worker", unbuffered=True)),
-    ([PY, "-X", "dev", "train.py"], None),
-    ([PY, "-c", "print(1)"], None),
-    ([PY, "-m"], None),
-    ([PY, "-u"], None),
-])
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            [PY, "-u", "train.py", "--lr", "1"],
+            PythonTarget(("--lr", "1"), script="train.py", unbuffered=True),
+        ),
+        ([PY, "train.py"], PythonTarget((), script="train.py")),
+        (
+            [PY, "-u", "-m", "kfp_elastic.worker", "--model-def", "m"],
+            PythonTarget(("--model-def", "m"), module="kfp_elastic.worker", unbuffered=True),
+        ),
+        ([PY, "-X", "dev", "train.py"], None),
+        ([PY, "-c", "print(1)"], None),
+        ([PY, "-m"], None),
+        ([PY, "-u"], None),
+    ],
+)
 def test_python_commands_warm_start_can_reproduce(argv, expected) -> None:
     assert parse_python_command(argv) == expected
 
@@ -79,10 +86,15 @@ def zygote(tmp_path: Path):
     path = str(directory / "sock")
     # The zygote checks its parent is the agent; here a shell stands in for the agent.
     process = subprocess.Popen(
-        [PY, "-c", "import subprocess, sys, os; sys.exit(subprocess.call("
-                   f"[sys.executable, '-m', 'rendezvous.zygote', '--socket', {path!r},"
-                   " '--parent-pid', str(os.getpid()), '--preload', 'json']))"],
-        start_new_session=True, cwd=Path(__file__).resolve().parents[1],
+        [
+            PY,
+            "-c",
+            "import subprocess, sys, os; sys.exit(subprocess.call("
+            f"[sys.executable, '-m', 'kfp_elastic.rendezvous.zygote', '--socket', {path!r},"
+            " '--parent-pid', str(os.getpid()), '--preload', 'json']))",
+        ],
+        start_new_session=True,
+        cwd=Path(__file__).resolve().parents[1],
     )
     wait_for(lambda: os.path.exists(path), 20, what="the zygote's socket")
     yield path, process
@@ -100,9 +112,16 @@ def worker_script(tmp_path: Path) -> Path:
 
 def run_shim(socket_path: str, args: list[str], tmp_path: Path, **popen) -> subprocess.Popen:
     env = {**os.environ, SOCKET_ENV: socket_path, "PROBE_VALUE": "from-the-shim"}
-    return subprocess.Popen([PY, "-S", SHIM_PATH, PY, "-u", *args], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, **popen)
+    return subprocess.Popen(
+        [PY, "-S", SHIM_PATH, PY, "-u", *args],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **popen,
+    )
 
 
 def worker_info(output: str) -> dict:
@@ -139,8 +158,7 @@ def test_module_targets_run_as_main(zygote, worker_script, tmp_path) -> None:
     assert info["path0"] == str(worker_script.parent)
 
 
-def test_exceptions_threads_and_atexit_behave_as_in_python(zygote, worker_script,
-                                                           tmp_path) -> None:
+def test_exceptions_threads_and_atexit_behave_as_in_python(zygote, worker_script, tmp_path) -> None:
     path, _ = zygote
     failing = run_shim(path, [str(worker_script), "raise"], tmp_path)
     _, err = failing.communicate(timeout=30)
@@ -162,8 +180,9 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_signals_reach_the_worker_and_its_death_reaches_torchrun(zygote, worker_script,
-                                                                  tmp_path) -> None:
+def test_signals_reach_the_worker_and_its_death_reaches_torchrun(
+    zygote, worker_script, tmp_path
+) -> None:
     path, _ = zygote
     shim = run_shim(path, [str(worker_script), "sleep"], tmp_path)
     pid = worker_info(shim.stdout.readline())["pid"]
@@ -200,13 +219,12 @@ def test_without_a_zygote_the_worker_starts_cold(worker_script, tmp_path) -> Non
 
 
 def test_the_zygote_refuses_what_it_cannot_reproduce(zygote, tmp_path) -> None:
-    from rendezvous.zygote_shim import recv_message, send_message
+    from kfp_elastic.rendezvous.zygote_shim import recv_message, send_message
 
     path, _ = zygote
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(path)
-        send_message(sock, {"argv": ["/bin/sh", "-c", "true"], "env": {}, "cwd": "/"},
-                     [0, 1, 2])
+        send_message(sock, {"argv": ["/bin/sh", "-c", "true"], "env": {}, "cwd": "/"}, [0, 1, 2])
         reply, _ = recv_message(sock)
     assert reply is not None and "not the zygote's" in reply["error"]
     started = time.monotonic()

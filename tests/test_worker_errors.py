@@ -9,35 +9,64 @@ from pathlib import Path
 
 import torch
 
-from rendezvous.embedded_etcd import free_port
-from rendezvous.etcd_client import connect_to
-from worker.data_plan import shards_for_length
-from worker.progress import Committed, Progress, manifest_from_shards
+from kfp_elastic.rendezvous.embedded_etcd import free_port
+from kfp_elastic.rendezvous.etcd_client import connect_to
+from kfp_elastic.worker.data_plan import shards_for_length
+from kfp_elastic.worker.progress import Committed, Progress, manifest_from_shards
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_worker(etcd_endpoint: str, run_id: str, *worker_args: str,
-               timeout: float = 120) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend=elastic-etcd",
-               f"--rdzv-endpoint={etcd_endpoint}", f"--rdzv-id={run_id}", "--nnodes=1",
-               "--nproc-per-node=1", "--max-restarts=0", "-m", "worker", *worker_args]
+def run_worker(
+    etcd_endpoint: str, run_id: str, *worker_args: str, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--rdzv-backend=elastic-etcd",
+        f"--rdzv-endpoint={etcd_endpoint}",
+        f"--rdzv-id={run_id}",
+        "--nnodes=1",
+        "--nproc-per-node=1",
+        "--max-restarts=0",
+        "-m",
+        "kfp_elastic.worker",
+        *worker_args,
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "COUNTING_SAMPLES": "40"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
-                          cwd=REPO)
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
+    )
 
 
 def test_unknown_model_def_is_named(etcd, run_id: str, tmp_path: Path) -> None:
-    result = run_worker(etcd.endpoint, run_id, "--model-def", "no_such.model_def",
-                        "--snapshot-dir", str(tmp_path), "--etcd", etcd.endpoint)
+    result = run_worker(
+        etcd.endpoint,
+        run_id,
+        "--model-def",
+        "no_such.model_def",
+        "--snapshot-dir",
+        str(tmp_path),
+        "--etcd",
+        etcd.endpoint,
+    )
     assert result.returncode != 0
     assert "--model-def no_such.model_def: module not found" in result.stdout + result.stderr
 
 
 def test_unreachable_etcd_for_progress_is_named(etcd, run_id: str, tmp_path: Path) -> None:
     dead = f"127.0.0.1:{free_port()}"
-    result = run_worker(etcd.endpoint, run_id, "--model-def", "tests.model_defs.counting",
-                        "--snapshot-dir", str(tmp_path), "--etcd", dead)
+    result = run_worker(
+        etcd.endpoint,
+        run_id,
+        "--model-def",
+        "tests.model_defs.counting",
+        "--snapshot-dir",
+        str(tmp_path),
+        "--etcd",
+        dead,
+    )
     assert result.returncode != 0
     assert f"cannot use etcd at {dead}" in result.stdout + result.stderr
 
@@ -45,27 +74,45 @@ def test_unreachable_etcd_for_progress_is_named(etcd, run_id: str, tmp_path: Pat
 def _committed_with_snapshots(etcd, run_id: str, snap: Path, good: bool) -> Progress:
     client = connect_to(etcd.endpoint)
     progress = Progress(client, f"/kfp-elastic/{run_id}")
-    manifest = progress.publish_manifest(
-        manifest_from_shards(shards_for_length(40, 10), epochs=1))
+    manifest = progress.publish_manifest(manifest_from_shards(shards_for_length(40, 10), epochs=1))
     snap.mkdir(parents=True, exist_ok=True)
     if good:  # an older, readable snapshot: step 1, nothing of epoch 0 consumed yet
         counts = torch.nn.Parameter(torch.zeros(40, dtype=torch.float64))
         optimizer = torch.optim.SGD([counts], lr=1.0)
-        torch.save({"model": {"counts": counts.detach()}, "optimizer": optimizer.state_dict(),
-                    "step": 1,
-                    "epoch": 0, "position": 0, "rng": torch.get_rng_state()},
-                   snap / "snapshot-000000001.pt")
+        torch.save(
+            {
+                "model": {"counts": counts.detach()},
+                "optimizer": optimizer.state_dict(),
+                "step": 1,
+                "epoch": 0,
+                "position": 0,
+                "rng": torch.get_rng_state(),
+            },
+            snap / "snapshot-000000001.pt",
+        )
     (snap / "snapshot-000000002.pt").write_bytes(b"garbage, not a torch file")
-    progress.commit(manifest, None, 0,
-                    Committed(step=2, epoch=0, position=16, snapshot="snapshot-000000002.pt"))
+    progress.commit(
+        manifest, None, 0, Committed(step=2, epoch=0, position=16, snapshot="snapshot-000000002.pt")
+    )
     return progress
 
 
 def test_corrupt_snapshot_rolls_back_to_an_older_one(etcd, run_id: str, tmp_path: Path) -> None:
     progress = _committed_with_snapshots(etcd, run_id, tmp_path / "snap", good=True)
-    result = run_worker(etcd.endpoint, run_id, "--model-def", "tests.model_defs.counting",
-                        "--snapshot-dir", str(tmp_path / "snap"), "--etcd", etcd.endpoint,
-                        "--batch-size", "8", "--output", str(tmp_path / "model.pt"))
+    result = run_worker(
+        etcd.endpoint,
+        run_id,
+        "--model-def",
+        "tests.model_defs.counting",
+        "--snapshot-dir",
+        str(tmp_path / "snap"),
+        "--etcd",
+        etcd.endpoint,
+        "--batch-size",
+        "8",
+        "--output",
+        str(tmp_path / "model.pt"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "snapshot-000000002.pt cannot be restored" in result.stderr
     counts = torch.load(tmp_path / "model.pt")["counts"]
@@ -74,12 +121,21 @@ def test_corrupt_snapshot_rolls_back_to_an_older_one(etcd, run_id: str, tmp_path
     assert record.complete
 
 
-def test_corrupt_snapshot_without_fallback_stops_and_keeps_state(etcd, run_id: str,
-                                                                 tmp_path: Path) -> None:
+def test_corrupt_snapshot_without_fallback_stops_and_keeps_state(
+    etcd, run_id: str, tmp_path: Path
+) -> None:
     progress = _committed_with_snapshots(etcd, run_id, tmp_path / "snap", good=False)
     before = progress.committed_record()
-    result = run_worker(etcd.endpoint, run_id, "--model-def", "tests.model_defs.counting",
-                        "--snapshot-dir", str(tmp_path / "snap"), "--etcd", etcd.endpoint)
+    result = run_worker(
+        etcd.endpoint,
+        run_id,
+        "--model-def",
+        "tests.model_defs.counting",
+        "--snapshot-dir",
+        str(tmp_path / "snap"),
+        "--etcd",
+        etcd.endpoint,
+    )
     assert result.returncode != 0
     assert "no older one is readable; nothing was overwritten" in result.stderr
     assert progress.committed_record() == before
@@ -87,11 +143,27 @@ def test_corrupt_snapshot_without_fallback_stops_and_keeps_state(etcd, run_id: s
 
 
 def test_bad_snapshot_schedule_is_named_before_anything_starts(tmp_path: Path) -> None:
-    for bad, reason in ((["--snapshot-every", "often"], "--snapshot-every must be a number"),
-                        (["--snapshot-every", "-2"], "--snapshot-every must be >= 1 or 'auto'"),
-                        (["--snapshot-overhead", "1.5"], "--snapshot-overhead must be in (0, 1)")):
+    for bad, reason in (
+        (["--snapshot-every", "often"], "--snapshot-every must be a number"),
+        (["--snapshot-every", "-2"], "--snapshot-every must be >= 1 or 'auto'"),
+        (["--snapshot-overhead", "1.5"], "--snapshot-overhead must be in (0, 1)"),
+    ):
         result = subprocess.run(
-            [sys.executable, "-m", "worker", "--model-def", "tests.model_defs.counting",
-             "--snapshot-dir", str(tmp_path), "--etcd", "127.0.0.1:1", *bad],
-            capture_output=True, text=True, timeout=60, cwd=REPO)
+            [
+                sys.executable,
+                "-m",
+                "kfp_elastic.worker",
+                "--model-def",
+                "tests.model_defs.counting",
+                "--snapshot-dir",
+                str(tmp_path),
+                "--etcd",
+                "127.0.0.1:1",
+                *bad,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
         assert result.returncode == 2 and reason in result.stderr, result.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.data_plan import (
+from kfp_elastic.worker.data_plan import (
     QueueState,
     epoch_order,
     queue_state,
@@ -13,15 +13,14 @@ from worker.data_plan import (
     step_ids,
     steps_left,
 )
-from worker.model_def import ModelDefError, load_model_def
-from worker.policy import BatchPolicy, step_shape
-from worker.progress import Committed, Manifest, manifest_from_shards
+from kfp_elastic.worker.model_def import ModelDefError, load_model_def
+from kfp_elastic.worker.policy import BatchPolicy, step_shape
+from kfp_elastic.worker.progress import Committed, Manifest, manifest_from_shards
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 8])
 def test_fixed_global_batch_keeps_the_global_batch(world: int) -> None:
-    shape = step_shape(BatchPolicy.FIXED_GLOBAL_BATCH, world, base_world_size=4,
-                       per_worker_batch=8)
+    shape = step_shape(BatchPolicy.FIXED_GLOBAL_BATCH, world, base_world_size=4, per_worker_batch=8)
     assert shape.global_batch == 32 and shape.lr_scale == 1.0
     assert shape.micro_batch * shape.accumulation * world >= 32
 
@@ -55,7 +54,7 @@ def test_every_sample_once_per_epoch_for_any_world_size(world: int) -> None:
     for _ in range(steps):
         for rank in range(world):
             seen += step_ids(order, position, 12, world, rank)
-        position += len(order[position:position + 12])
+        position += len(order[position : position + 12])
     assert sorted(seen) == list(range(50))
 
 
@@ -91,8 +90,11 @@ def test_empty_dataset_is_rejected() -> None:
 
 @pytest.mark.parametrize(
     ("name", "message"),
-    [("no.such.module", "module not found"), ("not a module", "not a module path"),
-     ("json", "lacks model(), loss(), dataset()")],
+    [
+        ("no.such.module", "module not found"),
+        ("not a module", "not a module path"),
+        ("json", "lacks model(), loss(), dataset()"),
+    ],
 )
 def test_bad_model_def_says_what_is_wrong(name: str, message: str) -> None:
     with pytest.raises(ModelDefError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -100,5 +102,5 @@ def test_bad_model_def_says_what_is_wrong(name: str, message: str) -> None:
 
 
 def test_example_model_defs_load() -> None:
-    assert load_model_def("worker.examples.digits").evaluate is not None
+    assert load_model_def("kfp_elastic.worker.examples.digits").evaluate is not None
     assert load_model_def("tests.model_defs.counting").loss_reduction == "sum"

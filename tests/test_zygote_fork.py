@@ -17,20 +17,20 @@ from pathlib import Path
 
 import pytest
 
-from rendezvous.warm_start import SHIM_PATH
-from rendezvous.zygote_shim import SOCKET_ENV
+from kfp_elastic.rendezvous.warm_start import SHIM_PATH
+from kfp_elastic.rendezvous.zygote_shim import SOCKET_ENV
 
 PY = sys.executable
 REPO = Path(__file__).resolve().parents[1]
 
 AGENT = textwrap.dedent("""
     import atexit, json, logging, os, signal, sys, threading, time
-    from rendezvous.warm_start import ZygoteProcess
-    from rendezvous.zygote_fork import ForkedZygote
+    from kfp_elastic.rendezvous.warm_start import ZygoteProcess
+    from kfp_elastic.rendezvous.zygote_fork import ForkedZygote
     marker, mode = sys.argv[1], sys.argv[2]
     read_end, write_end = os.pipe()  # held by the agent: must not stay open in workers
     signal.signal(signal.SIGTERM, lambda *_: None)
-    logging.getLogger("rendezvous").addHandler(logging.StreamHandler(sys.stdout))
+    logging.getLogger("kfp_elastic.rendezvous").addHandler(logging.StreamHandler(sys.stdout))
     if mode == "thread":
         threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
     zygote = ZygoteProcess(["json"])
@@ -56,7 +56,7 @@ PROBE = textwrap.dedent("""
         "warm": os.environ.get("KFP_ELASTIC_WARM_STARTED"), "fds": fds,
         "sigterm": str(signal.getsignal(signal.SIGTERM)),
         "sigint": str(signal.getsignal(signal.SIGINT)),
-        "rendezvous_handlers": len(logging.getLogger("rendezvous").handlers),
+        "rendezvous_handlers": len(logging.getLogger("kfp_elastic.rendezvous").handlers),
         "root_level": logging.root.level, "root_handlers": len(logging.root.handlers),
         "session_leader": os.getsid(0) == os.getpid(),
         "gc_enabled": gc.isenabled(),
@@ -69,10 +69,15 @@ def agent(tmp_path: Path, request):
     mode = getattr(request, "param", "plain")
     marker = tmp_path / "marker.txt"
     marker.write_text("")
-    process = subprocess.Popen([PY, "-c", AGENT, str(marker), mode], cwd=REPO, text=True,
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               env={**os.environ, "PYTHONPATH": str(REPO)},
-                               start_new_session=True)
+    process = subprocess.Popen(
+        [PY, "-c", AGENT, str(marker), mode],
+        cwd=REPO,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        start_new_session=True,
+    )
     try:
         info = json.loads(process.stdout.readline())
         yield process, info, marker
@@ -87,15 +92,19 @@ def agent(tmp_path: Path, request):
 def start_probe(socket_path: str, tmp_path: Path) -> dict:
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
-    shim = subprocess.run([PY, "-S", SHIM_PATH, PY, "-u", str(script)], cwd=tmp_path,
-                          env={**os.environ, SOCKET_ENV: socket_path}, capture_output=True,
-                          text=True, timeout=60)
+    shim = subprocess.run(
+        [PY, "-S", SHIM_PATH, PY, "-u", str(script)],
+        cwd=tmp_path,
+        env={**os.environ, SOCKET_ENV: socket_path},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shim.returncode == 0, shim.stderr
     return json.loads(shim.stdout.splitlines()[0])
 
 
-def test_the_zygote_is_forked_and_its_workers_keep_nothing_of_the_agent(agent,
-                                                                       tmp_path) -> None:
+def test_the_zygote_is_forked_and_its_workers_keep_nothing_of_the_agent(agent, tmp_path) -> None:
     process, info, marker = agent
     assert info["forked"], "no thread but the main one: the zygote is forked from the agent"
     first = start_probe(info["socket"], tmp_path)

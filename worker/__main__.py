@@ -1,4 +1,4 @@
-"""``torchrun ... -m worker --model-def pkg.module``: see :mod:`worker.runner`."""
+"""``torchrun ... -m kfp_elastic.worker --model-def pkg.module``: see :mod:`worker.runner`."""
 
 import sys
 

@@ -32,8 +32,10 @@ def shards_for_length(length: int, shard_size: int) -> list[Shard]:
         raise ValueError("the dataset is empty: nothing to train on")
     if shard_size < 1:
         raise ValueError(f"shard size must be >= 1, got {shard_size}")
-    return [Shard(i, start, min(start + shard_size, length))
-            for i, start in enumerate(range(0, length, shard_size))]
+    return [
+        Shard(i, start, min(start + shard_size, length))
+        for i, start in enumerate(range(0, length, shard_size))
+    ]
 
 
 def epoch_order(shards: Sequence[Shard], epoch: int, seed: int, shuffle: bool = True) -> list[int]:
@@ -60,10 +62,11 @@ def shard_order(shards: Sequence[Shard], epoch: int, seed: int, shuffle: bool = 
     return [s.shard_id for s in ordered]
 
 
-def step_ids(order: Sequence[int], position: int, global_batch: int, world_size: int,
-             rank: int) -> list[int]:
+def step_ids(
+    order: Sequence[int], position: int, global_batch: int, world_size: int, rank: int
+) -> list[int]:
     """The ids rank ``rank`` trains on in the step that starts at ``position``."""
-    batch = order[position:position + global_batch]
+    batch = order[position : position + global_batch]
     return list(batch[rank::world_size])
 
 

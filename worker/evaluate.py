@@ -1,6 +1,6 @@
 """Evaluate a trained model of a ``--model-def`` on its test split (accuracy, loss, confusion).
 
-    python -m worker.evaluate --model-def worker.examples.digits --model model.pt
+kfp-elastic evaluate --model-def kfp_elastic.worker.examples.digits --model model.pt
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ class Evaluation:
     confusion: list[list[int]] = field(default_factory=list)  # rows: true, columns: predicted
 
 
-def evaluate(model_def_name: str, model_path: str | Path, split: str = "test",
-             batch_size: int = 256) -> Evaluation:
+def evaluate(
+    model_def_name: str, model_path: str | Path, split: str = "test", batch_size: int = 256
+) -> Evaluation:
     model_def = load_model_def(model_def_name)
     path = Path(model_path)
     if not path.is_file():
@@ -35,8 +36,9 @@ def evaluate(model_def_name: str, model_path: str | Path, split: str = "test",
     try:
         model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     except Exception as error:  # noqa: BLE001 - any failure means "not this model's weights"
-        raise ValueError(f"{path} is not a state_dict of {model_def_name}.model(): {error}") \
-            from error
+        raise ValueError(
+            f"{path} is not a state_dict of {model_def_name}.model(): {error}"
+        ) from error
     model.eval()
     data = model_def.dataset(split)
     if len(data) == 0:
@@ -46,8 +48,9 @@ def evaluate(model_def_name: str, model_path: str | Path, split: str = "test",
     classes: set[int] = set()
     with torch.no_grad():
         for start in range(0, len(data), batch_size):
-            batch = model_def.collate([data[i] for i in range(start, min(len(data),
-                                                                      start + batch_size))])
+            batch = model_def.collate(
+                [data[i] for i in range(start, min(len(data), start + batch_size))]
+            )
             total_loss += float(model_def.loss(model, batch)) * _size(batch)
             count += _size(batch)
             if isinstance(batch, list | tuple) and len(batch) == 2:
@@ -60,8 +63,13 @@ def evaluate(model_def_name: str, model_path: str | Path, split: str = "test",
                 classes.update(range(logits.shape[1]))
     labels = sorted(classes)
     matrix = [[confusion.get((t, p), 0) for p in labels] for t in labels]
-    return Evaluation(count, total_loss / max(1, count), correct / max(1, count),
-                      [str(label) for label in labels], matrix)
+    return Evaluation(
+        count,
+        total_loss / max(1, count),
+        correct / max(1, count),
+        [str(label) for label in labels],
+        matrix,
+    )
 
 
 def _size(batch: object) -> int:
@@ -70,7 +78,9 @@ def _size(batch: object) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="kfp-elastic evaluate", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--model-def", required=True)
     parser.add_argument("--model", required=True, help="state_dict written by the trainer")
     parser.add_argument("--split", default="test")

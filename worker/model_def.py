@@ -1,12 +1,12 @@
 """Loading a user's model definition: a module with ``model()``, ``loss()`` and ``dataset()``.
 
-    def model() -> torch.nn.Module
-    def loss(model, batch) -> torch.Tensor          # mean over the batch (see LOSS_REDUCTION)
-    def dataset(split: str) -> Sequence             # "train", "test"; len() and [i]
-    def optimizer(params) -> torch.optim.Optimizer  # optional, default SGD(lr=--lr)
-    def collate(items: list) -> batch               # optional, default torch's default_collate
-    def evaluate(model, batch) -> dict[str, float]  # optional, metrics of one test batch
-    LOSS_REDUCTION = "mean"                         # optional: "sum" if loss() sums the batch
+def model() -> torch.nn.Module
+def loss(model, batch) -> torch.Tensor          # mean over the batch (see LOSS_REDUCTION)
+def dataset(split: str) -> Sequence             # "train", "test"; len() and [i]
+def optimizer(params) -> torch.optim.Optimizer  # optional, default SGD(lr=--lr)
+def collate(items: list) -> batch               # optional, default torch's default_collate
+def evaluate(model, batch) -> dict[str, float]  # optional, metrics of one test batch
+LOSS_REDUCTION = "mean"                         # optional: "sum" if loss() sums the batch
 """
 
 from __future__ import annotations
@@ -60,8 +60,12 @@ def load_model_def(name: str) -> ModelDef:
     if reduction not in ("mean", "sum"):
         raise ModelDefError(f"--model-def {name}: LOSS_REDUCTION must be 'mean' or 'sum'")
     return ModelDef(
-        name=name, model=module.model, loss=module.loss, dataset=module.dataset,
+        name=name,
+        model=module.model,
+        loss=module.loss,
+        dataset=module.dataset,
         optimizer=getattr(module, "optimizer", None),
         collate=getattr(module, "collate", default_collate),
-        evaluate=getattr(module, "evaluate", None), loss_reduction=reduction,
+        evaluate=getattr(module, "evaluate", None),
+        loss_reduction=reduction,
     )

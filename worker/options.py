@@ -1,4 +1,4 @@
-"""Command-line options of ``python -m worker`` (see ``docs/runtime.md``)."""
+"""Command-line options of ``python -m kfp_elastic.worker`` (see ``docs/runtime.md``)."""
 
 from __future__ import annotations
 
@@ -11,32 +11,53 @@ from .schedule import parse_snapshot_every
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m worker",
-        description="The elastic training loop behind torchrun ... -m worker --model-def M.")
+        prog="kfp-elastic worker",
+        description="The elastic training loop behind "
+        "torchrun ... -m kfp_elastic.worker --model-def M.",
+    )
     parser.add_argument("--model-def", required=True, help="module with model/loss/dataset")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32, help="per worker, at base size")
     parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--policy", default="fixed-global-batch",
-                        help="fixed-global-batch | linear | sqrt")
-    parser.add_argument("--base-world-size", type=int, default=0,
-                        help="world size the policy scales from (default: the first one)")
+    parser.add_argument(
+        "--policy", default="fixed-global-batch", help="fixed-global-batch | linear | sqrt"
+    )
+    parser.add_argument(
+        "--base-world-size",
+        type=int,
+        default=0,
+        help="world size the policy scales from (default: the first one)",
+    )
     parser.add_argument("--shard-size", type=int, default=0, help="samples per shard")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--snapshot-every", default="auto",
-                        help="steps between snapshots, or auto (0 = auto): as often as "
-                             "--snapshot-overhead allows")
-    parser.add_argument("--snapshot-overhead", type=float, default=0.01,
-                        help="auto: share of training time snapshots may cost")
-    parser.add_argument("--snapshot-max-interval", type=float, default=300.0,
-                        help="auto: seconds between snapshots at most")
-    parser.add_argument("--snapshot-dir", default=os.environ.get("KFP_ELASTIC_SNAPSHOT_DIR"),
-                        help="persisted snapshots (a PVC in a cluster)")
+    parser.add_argument(
+        "--snapshot-every",
+        default="auto",
+        help="steps between snapshots, or auto (0 = auto): as often as --snapshot-overhead allows",
+    )
+    parser.add_argument(
+        "--snapshot-overhead",
+        type=float,
+        default=0.01,
+        help="auto: share of training time snapshots may cost",
+    )
+    parser.add_argument(
+        "--snapshot-max-interval",
+        type=float,
+        default=300.0,
+        help="auto: seconds between snapshots at most",
+    )
+    parser.add_argument(
+        "--snapshot-dir",
+        default=os.environ.get("KFP_ELASTIC_SNAPSHOT_DIR"),
+        help="persisted snapshots (a PVC in a cluster)",
+    )
     parser.add_argument("--local-snapshot-dir", default=None, help="fast node-local copy")
     parser.add_argument("--output", help="write the final model state_dict here")
     parser.add_argument("--etcd", default=os.environ.get("KFP_ELASTIC_ETCD_ENDPOINT"))
-    parser.add_argument("--key-prefix",
-                        default=os.environ.get("KFP_ELASTIC_KEY_PREFIX", "/kfp-elastic"))
+    parser.add_argument(
+        "--key-prefix", default=os.environ.get("KFP_ELASTIC_KEY_PREFIX", "/kfp-elastic")
+    )
     parser.add_argument("--step-time", type=float, default=0.0, help="min seconds per step")
     args = parser.parse_args(argv)
     if not args.etcd:
@@ -46,8 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if min(args.epochs, args.batch_size) < 1:
         parser.error("--epochs and --batch-size must be >= 1")
     try:
-        args.snapshot_every = (None if args.snapshot_every.strip() == "0"
-                               else parse_snapshot_every(args.snapshot_every))
+        args.snapshot_every = (
+            None
+            if args.snapshot_every.strip() == "0"
+            else parse_snapshot_every(args.snapshot_every)
+        )
     except ValueError as error:
         parser.error(str(error))
     if not 0 < args.snapshot_overhead < 1 or args.snapshot_max_interval <= 0:

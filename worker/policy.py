@@ -39,8 +39,9 @@ class StepShape:
     lr_scale: float  # multiply each parameter group's base learning rate by this
 
 
-def step_shape(policy: BatchPolicy, world_size: int, base_world_size: int,
-               per_worker_batch: int) -> StepShape:
+def step_shape(
+    policy: BatchPolicy, world_size: int, base_world_size: int, per_worker_batch: int
+) -> StepShape:
     if world_size < 1 or base_world_size < 1 or per_worker_batch < 1:
         raise ValueError("world sizes and batch size must be >= 1")
     if policy is BatchPolicy.FIXED_GLOBAL_BATCH:

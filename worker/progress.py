@@ -41,14 +41,24 @@ class Manifest:
         return sum(s.size for s in self.shards)
 
     def to_json(self) -> str:
-        return json.dumps({"shards": [[s.shard_id, s.start, s.end] for s in self.shards],
-                           "epochs": self.epochs, "seed": self.seed, "shuffle": self.shuffle})
+        return json.dumps(
+            {
+                "shards": [[s.shard_id, s.start, s.end] for s in self.shards],
+                "epochs": self.epochs,
+                "seed": self.seed,
+                "shuffle": self.shuffle,
+            }
+        )
 
     @classmethod
     def from_json(cls, text: bytes | str) -> Manifest:
         data = json.loads(text)
-        return cls(tuple(Shard(*row) for row in data["shards"]), int(data["epochs"]),
-                   int(data.get("seed", 0)), bool(data.get("shuffle", True)))
+        return cls(
+            tuple(Shard(*row) for row in data["shards"]),
+            int(data["epochs"]),
+            int(data.get("seed", 0)),
+            bool(data.get("shuffle", True)),
+        )
 
     def visit_order(self, epoch: int) -> list[int]:
         return shard_order(self.shards, epoch, self.seed, self.shuffle)
@@ -124,7 +134,8 @@ class Progress:
         tx = self._client.transactions
         self._client.transaction(
             compare=[tx.version(self.keys.manifest) == 0],
-            success=[tx.put(self.keys.manifest, manifest.to_json())], failure=[],
+            success=[tx.put(self.keys.manifest, manifest.to_json())],
+            failure=[],
         )
         stored = self.manifest()
         assert stored is not None
@@ -137,10 +148,10 @@ class Progress:
         tx = self._client.transactions
         ops = []
         for shard in manifest.shards:
-            keys = [self.keys.queue(epoch, state, shard.shard_id)
-                    for state in ("todo", "doing", "done")]
-            ops.append(([tx.version(k) == 0 for k in keys],
-                        [tx.put(keys[0], "{}")]))
+            keys = [
+                self.keys.queue(epoch, state, shard.shard_id) for state in ("todo", "doing", "done")
+            ]
+            ops.append(([tx.version(k) == 0 for k in keys], [tx.put(keys[0], "{}")]))
         for compare, success in ops:  # one small txn per shard: idempotent, never too big
             self._client.transaction(compare=compare, success=success, failure=[])
 
@@ -156,29 +167,37 @@ class Progress:
             return None, 0
         return Committed.from_json(value), meta.mod_revision
 
-    def commit(self, manifest: Manifest, previous: Committed | None, previous_revision: int,
-               new: Committed) -> int:
+    def commit(
+        self, manifest: Manifest, previous: Committed | None, previous_revision: int, new: Committed
+    ) -> int:
         """Move from ``previous`` to ``new`` if nobody else committed since; queues follow.
 
         Returns the new record's mod revision (for the next compare-and-swap), 0 if the swap
         lost: read back in the same transaction, which saves a request per snapshot."""
         tx = self._client.transactions
-        guard = (tx.mod(self.keys.committed) == previous_revision if previous_revision
-                 else tx.version(self.keys.committed) == 0)
+        guard = (
+            tx.mod(self.keys.committed) == previous_revision
+            if previous_revision
+            else tx.version(self.keys.committed) == 0
+        )
         moves = self._queue_moves(manifest, previous or INITIAL, new)
-        first, rest = moves[:MAX_TXN_OPS - 2], moves[MAX_TXN_OPS - 2:]
+        first, rest = moves[: MAX_TXN_OPS - 2], moves[MAX_TXN_OPS - 2 :]
         ok, responses = self._client.transaction(
             compare=[guard],
-            success=[tx.put(self.keys.committed, new.to_json()), *first,
-                     tx.get(self.keys.committed)],
+            success=[
+                tx.put(self.keys.committed, new.to_json()),
+                *first,
+                tx.get(self.keys.committed),
+            ],
             failure=[],
         )
         if not ok:
             return 0
         for start in range(0, len(rest), MAX_TXN_OPS):
-            self._client.transaction(compare=[], success=rest[start:start + MAX_TXN_OPS],
-                                     failure=[])
-        (_, metadata), = responses[-1]
+            self._client.transaction(
+                compare=[], success=rest[start : start + MAX_TXN_OPS], failure=[]
+            )
+        ((_, metadata),) = responses[-1]
         return int(metadata.mod_revision)
 
     def reconcile_queues(self, manifest: Manifest, at: Committed) -> int:
@@ -192,8 +211,7 @@ class Progress:
         epoch = _epoch_of(at, manifest.epochs - 1)
         epochs = range(max(0, epoch - 1), epoch + 1)
         expected = {}
-        for (number, shard_id), (state, consumed) in self._placement(manifest, at,
-                                                                      epochs).items():
+        for (number, shard_id), (state, consumed) in self._placement(manifest, at, epochs).items():
             expected[self.keys.queue(number, state, shard_id)] = _queue_value(state, consumed)
         actual: dict[str, str] = {}
         for number in epochs:
@@ -203,8 +221,9 @@ class Progress:
         ops = [tx.delete(key) for key in actual if key not in expected]
         ops += [tx.put(key, value) for key, value in expected.items() if actual.get(key) != value]
         for start in range(0, len(ops), MAX_TXN_OPS):
-            self._client.transaction(compare=[], success=ops[start:start + MAX_TXN_OPS],
-                                     failure=[])
+            self._client.transaction(
+                compare=[], success=ops[start : start + MAX_TXN_OPS], failure=[]
+            )
         return len(ops)
 
     def _queue_moves(self, manifest: Manifest, old: Committed, new: Committed) -> list:
@@ -226,12 +245,14 @@ class Progress:
                 continue
             if old_state[0] != state:
                 ops.append(tx.delete(self.keys.queue(epoch, old_state[0], shard_id)))
-            ops.append(tx.put(self.keys.queue(epoch, state, shard_id),
-                              _queue_value(state, consumed)))
+            ops.append(
+                tx.put(self.keys.queue(epoch, state, shard_id), _queue_value(state, consumed))
+            )
         return ops
 
-    def _placement(self, manifest: Manifest, at: Committed,
-                   epochs: range) -> dict[tuple[int, int], tuple]:
+    def _placement(
+        self, manifest: Manifest, at: Committed, epochs: range
+    ) -> dict[tuple[int, int], tuple]:
         """(epoch, shard) → (queue, samples consumed) for ``epochs``."""
         sizes = {s.shard_id: s.size for s in manifest.shards}
         placement: dict[tuple[int, int], tuple] = {}
@@ -263,17 +284,20 @@ class Progress:
     def base_world_size(self, proposed: int) -> int:
         """The world size the batch policy scales from: the first proposal wins, for good."""
         tx = self._client.transactions
-        self._client.transaction(compare=[tx.version(self.keys.base_world_size) == 0],
-                                 success=[tx.put(self.keys.base_world_size, str(proposed))],
-                                 failure=[])
+        self._client.transaction(
+            compare=[tx.version(self.keys.base_world_size) == 0],
+            success=[tx.put(self.keys.base_world_size, str(proposed))],
+            failure=[],
+        )
         value, _ = self._client.get(self.keys.base_world_size)
         return int(value)
 
     def queue_counts(self, epoch: int) -> dict[str, int]:
         counts = {}
         for state in ("todo", "doing", "done"):
-            response = self._client.get_prefix_response(self.keys.queue(epoch, state),
-                                                        keys_only=True, count_only=True)
+            response = self._client.get_prefix_response(
+                self.keys.queue(epoch, state), keys_only=True, count_only=True
+            )
             counts[state] = int(response.count)
         return counts
 
@@ -287,8 +311,9 @@ def _epoch_of(at: Committed, last_epoch: int) -> int:
     return last_epoch if at.complete else min(at.epoch, last_epoch)
 
 
-def manifest_from_shards(shards: Sequence[Shard], epochs: int, seed: int = 0,
-                         shuffle: bool = True) -> Manifest:
+def manifest_from_shards(
+    shards: Sequence[Shard], epochs: int, seed: int = 0, shuffle: bool = True
+) -> Manifest:
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     if not shards or sum(s.size for s in shards) == 0:

@@ -1,4 +1,4 @@
-"""The elastic training loop behind ``torchrun ... -m worker --model-def pkg.module``.
+"""The elastic training loop behind ``torchrun ... -m kfp_elastic.worker --model-def pkg.module``.
 
 Every (re)start restores a whole state (model, optimizer, data position, RNG): the newest
 survivor's rescue (``rescue.py``) or else the committed snapshot, so a membership change moves
@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset, default_collate
 
-from rendezvous.etcd_client import TRANSIENT_ERRORS, connect_to
+from kfp_elastic.rendezvous.etcd_client import TRANSIENT_ERRORS, connect_to
 
 from .data_plan import epoch_order, shards_for_length
 from .model_def import ModelDef, load_model_def
@@ -36,7 +36,7 @@ from .rescue import Rescues, best_holder
 from .schedule import SnapshotPolicy, next_sync_step
 from .snapshot import SnapshotError, Snapshotter
 
-log = logging.getLogger("worker")
+log = logging.getLogger("kfp_elastic.worker")
 EXIT_PREEMPTED = 143  # what a process killed by SIGTERM reports; never "success" mid-job
 COMMIT_RETRY_S = 60.0  # how long a commit waits out an unavailable etcd
 
@@ -61,22 +61,27 @@ class Trainer:
             self.progress = Progress(client, f"{args.key_prefix.rstrip('/')}/{run_id}")
         self.snapshots = Snapshotter(args.snapshot_dir, args.local_snapshot_dir)
         self.rescues = Rescues(args.local_snapshot_dir or args.snapshot_dir, run_id)
-        self.snapshot_policy = SnapshotPolicy(args.snapshot_every, args.snapshot_overhead,
-                                              args.snapshot_max_interval)
+        self.snapshot_policy = SnapshotPolicy(
+            args.snapshot_every, args.snapshot_overhead, args.snapshot_max_interval
+        )
         self.train_set = model_def.dataset("train")
         self.stop_requested = False
         signal.signal(signal.SIGTERM, self._on_sigterm)
         self.manifest: Manifest = _shared(self._manifest() if self.rank == 0 else None)
         base = args.base_world_size or self.world
         self.base_world: int = _shared(
-            self.progress.base_world_size(base) if self.progress else None)
+            self.progress.base_world_size(base) if self.progress else None
+        )
         self.committed: Committed
         self.committed_revision = 0
         self.start: tuple[int, int, int] = (0, 0, 0)  # (step, epoch, position) restored
         self.losses: list[float] = []
         self.model = model_def.model()
-        self.optimizer = (model_def.optimizer(self.model.parameters()) if model_def.optimizer
-                          else torch.optim.SGD(self.model.parameters(), lr=args.lr))
+        self.optimizer = (
+            model_def.optimizer(self.model.parameters())
+            if model_def.optimizer
+            else torch.optim.SGD(self.model.parameters(), lr=args.lr)
+        )
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self._restore()
         self.ddp = DistributedDataParallel(self.model)
@@ -97,11 +102,16 @@ class Trainer:
         if existing is None:
             length = len(self.train_set)
             shard_size = self.args.shard_size or max(1, length // 64)
-            existing = self.progress.publish_manifest(manifest_from_shards(
-                shards_for_length(length, shard_size), self.args.epochs, self.args.seed))
+            existing = self.progress.publish_manifest(
+                manifest_from_shards(
+                    shards_for_length(length, shard_size), self.args.epochs, self.args.seed
+                )
+            )
         if existing.num_samples != len(self.train_set):
-            raise ValueError(f"shard manifest covers {existing.num_samples} samples but "
-                             f"dataset('train') of {self.md.name} has {len(self.train_set)}")
+            raise ValueError(
+                f"shard manifest covers {existing.num_samples} samples but "
+                f"dataset('train') of {self.md.name} has {len(self.train_set)}"
+            )
         return existing
 
     def _restore(self) -> None:
@@ -117,7 +127,8 @@ class Trainer:
             source = f"rescue of rank {holder}"
         else:
             committed, revision, state = _shared(
-                self._load_committed(committed, revision) if self.rank == 0 else None)
+                self._load_committed(committed, revision) if self.rank == 0 else None
+            )
             source = f"snapshot {committed.snapshot or '-'}"
         self.committed, self.committed_revision = committed, revision
         self.start = (committed.step, committed.epoch, committed.position)
@@ -126,16 +137,26 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
             torch.set_rng_state(state["rng"])
             self.start = (state["step"], state["epoch"], state["position"])
-        log.info("restored rank=%d world=%d step=%d epoch=%d position=%d from=%s",
-                 self.rank, self.world, *self.start, source)
+        log.info(
+            "restored rank=%d world=%d step=%d epoch=%d position=%d from=%s",
+            self.rank,
+            self.world,
+            *self.start,
+            source,
+        )
         if holder is not None:
             assert state is not None
             # Persist + commit it like any snapshot (in the background): until that lands the
             # rescue files stay, so another failure meanwhile finds them again.
             self.losses = list(state.get("losses", ()))
-            self._commit(*self.start, state.get("global_batch", 0), state.get("lr", 0.0),
-                         complete=self.start[1] >= self.manifest.epochs,
-                         world=state.get("world_size", self.world), rescued=True)
+            self._commit(
+                *self.start,
+                state.get("global_batch", 0),
+                state.get("lr", 0.0),
+                complete=self.start[1] >= self.manifest.epochs,
+                world=state.get("world_size", self.world),
+                rescued=True,
+            )
 
     def _committed_head(self) -> tuple[Committed, int]:
         assert self.progress is not None
@@ -146,8 +167,9 @@ class Trainer:
                 log.warning("repaired %d shard queue keys left by an interrupted commit", fixed)
         return committed or INITIAL, revision
 
-    def _load_committed(self, committed: Committed,
-                        revision: int) -> tuple[Committed, int, dict | None]:
+    def _load_committed(
+        self, committed: Committed, revision: int
+    ) -> tuple[Committed, int, dict | None]:
         assert self.progress is not None
         if not committed.snapshot:
             return committed, revision, None
@@ -162,8 +184,13 @@ class Trainer:
                 state = self.snapshots.load(name)
             except SnapshotError:
                 continue
-            older = Committed(step=state["step"], epoch=state["epoch"],
-                              position=state["position"], snapshot=name, world_size=self.world)
+            older = Committed(
+                step=state["step"],
+                epoch=state["epoch"],
+                position=state["position"],
+                snapshot=name,
+                world_size=self.world,
+            )
             if not self.progress.commit(self.manifest, committed, revision, older):
                 raise SnapshotError("another process committed while rolling back; restart")
             log.warning("rolled back to older snapshot=%s step=%d", name, older.step)
@@ -171,25 +198,48 @@ class Trainer:
         raise SnapshotError(
             f"committed snapshot {committed.snapshot} is corrupt or missing in "
             f"{self.args.snapshot_dir} and no older one is readable; nothing was overwritten: "
-            "restore the file or delete the run's progress keys to start over")
+            "restore the file or delete the run's progress keys to start over"
+        )
 
-    def _commit(self, step: int, epoch: int, position: int, shape_batch: int, lr: float,
-                complete: bool = False, wait: bool = False, world: int = 0,
-                rescued: bool = False) -> None:
+    def _commit(
+        self,
+        step: int,
+        epoch: int,
+        position: int,
+        shape_batch: int,
+        lr: float,
+        complete: bool = False,
+        wait: bool = False,
+        world: int = 0,
+        rescued: bool = False,
+    ) -> None:
         losses, self.losses = tuple(self.losses), []
         if self.rank != 0:
             return
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "step": step, "epoch": epoch, "position": position, "rng": torch.get_rng_state()}
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": step,
+            "epoch": epoch,
+            "position": position,
+            "rng": torch.get_rng_state(),
+        }
         world = world or self.world
 
         def commit(name: str) -> None:
-            new = Committed(step, epoch, position, name, world, shape_batch, lr, complete,
-                            losses, rescued)
+            new = Committed(
+                step, epoch, position, name, world, shape_batch, lr, complete, losses, rescued
+            )
             self._commit_with_retry(new)
             self.rescues.discard_up_to(step)
-            log.info("committed step=%d epoch=%d position=%d snapshot=%s world=%d", step, epoch,
-                     position, name, world)
+            log.info(
+                "committed step=%d epoch=%d position=%d snapshot=%s world=%d",
+                step,
+                epoch,
+                position,
+                name,
+                world,
+            )
 
         self.snapshots.save(step, state, commit, wait=wait)
 
@@ -200,13 +250,15 @@ class Trainer:
         delay = 0.1
         while True:
             try:
-                revision = self.progress.commit(self.manifest, self.committed,
-                                                self.committed_revision, new)
+                revision = self.progress.commit(
+                    self.manifest, self.committed, self.committed_revision, new
+                )
                 if not revision:
                     current, revision = self.progress.committed_record()
                     if current != new:  # an earlier attempt of ours did not land either
-                        raise RuntimeError(f"commit of step {new.step} lost a race; another "
-                                           "rank 0 exists")
+                        raise RuntimeError(
+                            f"commit of step {new.step} lost a race; another rank 0 exists"
+                        )
                     # Ours landed but its answer was lost: its follow-up queue moves may not.
                     self.progress.reconcile_queues(self.manifest, new)
                 break
@@ -253,11 +305,12 @@ class Trainer:
         # stalled node (or a benchmark's SIGSTOP) must not make the loop look slower.
         recent: collections.deque[float] = collections.deque(maxlen=8)
         while epoch < self.manifest.epochs and not self.committed.complete:
-            order = epoch_order(self.manifest.shards, epoch, self.manifest.seed,
-                                self.manifest.shuffle)
+            order = epoch_order(
+                self.manifest.shards, epoch, self.manifest.seed, self.manifest.shuffle
+            )
             while position < total:
                 began = time.monotonic()
-                ids = order[position:position + shape.global_batch]
+                ids = order[position : position + shape.global_batch]
                 self._train_step(ids, shape.accumulation)
                 step, position = step + 1, position + len(ids)
                 if position >= total:
@@ -276,18 +329,27 @@ class Trainer:
                             recent.append((time.monotonic() - synced_at) / (step - synced_step))
                         step_time = min(recent, default=None)
                         trained_s = (step - snapshot_step) * (step_time or 0.0)
-                        due = self.snapshot_policy.due(step, position == 0, trained_s,
-                                                       self.snapshots.last_cost_s)
+                        due = self.snapshot_policy.due(
+                            step, position == 0, trained_s, self.snapshots.last_cost_s
+                        )
                         proposal = (int(due), next_sync_step(step, step_time, every))
                     stop, snapshot, sync_at = self._sync(*proposal)
                     if snapshot or stop or done:
-                        self._commit(step, epoch, position, shape.global_batch, lr,
-                                     complete=done, wait=stop or done)
+                        self._commit(
+                            step,
+                            epoch,
+                            position,
+                            shape.global_batch,
+                            lr,
+                            complete=done,
+                            wait=stop or done,
+                        )
                         snapshot_step = step
                     synced_at, synced_step = time.monotonic(), step
                 if stop:
-                    log.warning("stopping on SIGTERM rank=%d step=%d (snapshot committed)",
-                                self.rank, step)
+                    log.warning(
+                        "stopping on SIGTERM rank=%d step=%d (snapshot committed)", self.rank, step
+                    )
                     return True
                 if position == 0:
                     break  # a new epoch: its own order
@@ -298,23 +360,41 @@ class Trainer:
         world (``worker/rescue.py``), unless it broke halfway through an optimizer step."""
         step, epoch, position = self._finished
         if self._stepping:
-            log.error("training failed inside optimizer.step() rank=%d step=%d: no rescue, "
-                      "the next world restores the committed snapshot", self.rank, step + 1)
+            log.error(
+                "training failed inside optimizer.step() rank=%d step=%d: no rescue, "
+                "the next world restores the committed snapshot",
+                self.rank,
+                step + 1,
+            )
             return
         batch, lr = self._interval_shape
         # Losses of steps not yet agreed are this rank's estimate of the global-batch mean.
         pending = [round(total * self.world / max(1, n), 6) for total, n in self._pending_losses]
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "step": step, "epoch": epoch, "position": position,
-                 "rng": self._rng_after_step, "world_size": self.world, "global_batch": batch,
-                 "lr": lr, "losses": [*self.losses, *pending]}
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": step,
+            "epoch": epoch,
+            "position": position,
+            "rng": self._rng_after_step,
+            "world_size": self.world,
+            "global_batch": batch,
+            "lr": lr,
+            "losses": [*self.losses, *pending],
+        }
         try:
             path = self.rescues.write(step, self.rank, state)
         except Exception as error:  # noqa: BLE001 - the original failure is what matters
             log.error("rescue not written rank=%d step=%d error=%r", self.rank, step, error)
             return
-        log.warning("training broke; rescued rank=%d step=%d epoch=%d position=%d path=%s",
-                    self.rank, step, epoch, position, path)
+        log.warning(
+            "training broke; rescued rank=%d step=%d epoch=%d position=%d path=%s",
+            self.rank,
+            step,
+            epoch,
+            position,
+            path,
+        )
 
     def _fetch(self, ids: list[int]) -> Any:
         """One batch: a dataset's own batched fetch when it has one, else item by item."""
@@ -330,26 +410,31 @@ class Trainer:
         """Agree on "stop" (SIGTERM on any rank), learn rank 0's decisions (snapshot now, the
         next sync step) and gather the mean loss of each step since the last sync: one small
         allreduce instead of one per step. Only rank 0 passes non-zero decisions."""
-        local = torch.tensor([float(self.stop_requested), float(snapshot), float(next_sync)]
-                             + [loss for loss, _ in self._pending_losses], dtype=torch.float64)
+        local = torch.tensor(
+            [float(self.stop_requested), float(snapshot), float(next_sync)]
+            + [loss for loss, _ in self._pending_losses],
+            dtype=torch.float64,
+        )
         dist.all_reduce(local)
         counts = [count for _, count in self._pending_losses]
-        self.losses.extend(round(float(total) / max(1, n), 6)
-                           for total, n in zip(local[3:].tolist(), counts, strict=True))
+        self.losses.extend(
+            round(float(total) / max(1, n), 6)
+            for total, n in zip(local[3:].tolist(), counts, strict=True)
+        )
         self._pending_losses = []
         return bool(local[0] > 0), bool(local[1] > 0), int(local[2])
 
     def _train_step(self, ids: list[int], accumulation: int) -> None:
         """One optimizer step over the global batch ``ids``."""
-        mine = ids[self.rank::self.world]
+        mine = ids[self.rank :: self.world]
         chunk = -(-len(mine) // accumulation) if mine else 0
         loss_sum = 0.0
         for micro in range(accumulation):
-            part = mine[micro * chunk:(micro + 1) * chunk] if chunk else []
+            part = mine[micro * chunk : (micro + 1) * chunk] if chunk else []
             last = micro == accumulation - 1
             if not part and not last:
                 continue
-            with (self.ddp.no_sync() if not last else contextlib.nullcontext()):
+            with self.ddp.no_sync() if not last else contextlib.nullcontext():
                 if part:
                     loss = self.md.loss(self.ddp, self._fetch(part))
                     summed = self.md.loss_reduction == "sum"
@@ -368,8 +453,10 @@ class Trainer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("KFP_ELASTIC_LOG_LEVEL", "INFO"),
-                        format="[%(asctime)s] worker %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("KFP_ELASTIC_LOG_LEVEL", "INFO"),
+        format="[%(asctime)s] worker %(levelname)s %(message)s",
+    )
     args = parse_args(argv)
     model_def = load_model_def(args.model_def)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -378,4 +465,3 @@ def main(argv: list[str] | None = None) -> int:
         return Trainer(args, model_def).run()
     finally:
         dist.destroy_process_group()
-

@@ -36,7 +36,8 @@ def parse_snapshot_every(text: str) -> int | None:
         steps = int(text)
     except ValueError:
         raise ValueError(
-            f"--snapshot-every must be a number of steps or 'auto', got {text!r}") from None
+            f"--snapshot-every must be a number of steps or 'auto', got {text!r}"
+        ) from None
     if steps < 1:
         raise ValueError(f"--snapshot-every must be >= 1 or 'auto', got {steps}")
     return steps
@@ -60,8 +61,7 @@ class SnapshotPolicy:
     overhead: float = 0.01  # auto: share of training time snapshots may cost
     max_interval_s: float = 300.0  # auto: never longer between snapshots
 
-    def due(self, step: int, epoch_end: bool, trained_s: float,
-            last_cost_s: float | None) -> bool:
+    def due(self, step: int, epoch_end: bool, trained_s: float, last_cost_s: float | None) -> bool:
         """Should rank 0 snapshot at this sync (after ``step``, ``trained_s`` seconds of
         training since the last snapshot)?"""
         if self.every is not None:
@@ -75,6 +75,7 @@ class SnapshotPolicy:
     def describe(self) -> str:
         if self.every is not None:
             return f"every {self.every} steps"
-        limit = ("" if math.isinf(self.max_interval_s)
-                 else f", at most {self.max_interval_s:g} s apart")
+        limit = (
+            "" if math.isinf(self.max_interval_s) else f", at most {self.max_interval_s:g} s apart"
+        )
         return f"auto ({self.overhead:.1%} of training time{limit})"

@@ -60,8 +60,9 @@ def _to_cpu(value: Any) -> Any:
 
 
 class Snapshotter:
-    def __init__(self, persist_dir: str | os.PathLike[str],
-                 local_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, persist_dir: str | os.PathLike[str], local_dir: str | os.PathLike[str] | None = None
+    ) -> None:
         self.persist_dir = Path(persist_dir)
         self.local_dir = Path(local_dir) if local_dir else None
         for directory in self._dirs():
@@ -81,8 +82,13 @@ class Snapshotter:
     def _dirs(self) -> list[Path]:
         return [d for d in (self.local_dir, self.persist_dir) if d is not None]
 
-    def save(self, step: int, state: dict[str, Any],
-             on_persisted: Callable[[str], None], wait: bool = False) -> None:
+    def save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        on_persisted: Callable[[str], None],
+        wait: bool = False,
+    ) -> None:
         """Write ``state`` as the snapshot of ``step``; ``on_persisted(name)`` after it is safe.
 
         At most one snapshot is in flight: this first waits for the previous one."""
@@ -100,8 +106,9 @@ class Snapshotter:
             packed = _to_cpu(state)
         self._sync_part_s = time.perf_counter() - began
         if self._thread is None:  # one long-lived writer: starting threads costs the loop
-            self._thread = threading.Thread(target=self._writer, daemon=True,
-                                            name="snapshot-writer")
+            self._thread = threading.Thread(
+                target=self._writer, daemon=True, name="snapshot-writer"
+            )
             self._thread.start()
         self._idle.clear()
         self._queue.put((step, packed, on_persisted))
@@ -129,8 +136,9 @@ class Snapshotter:
                 self.last_cost_s = self._sync_part_s + time.thread_time() - began
                 self._idle.set()
 
-    def _write(self, step: int, state: Packed | dict[str, Any],
-               on_persisted: Callable[[str], None]) -> None:
+    def _write(
+        self, step: int, state: Packed | dict[str, Any], on_persisted: Callable[[str], None]
+    ) -> None:
         name = snapshot_name(step)
         try:
             first, *others = self._dirs()

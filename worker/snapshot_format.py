@@ -31,6 +31,7 @@ import torch
 try:  # hardware CRC32C (SSE4.2/ARMv8): ~12 GB/s against zlib's ~1.5 GB/s
     from google_crc32c import extend as _crc32c_extend
     from google_crc32c import value as _crc32c
+
     CHECKSUM = "crc32c"
 except ImportError:  # pragma: no cover - the package is a dependency; zlib keeps it working
     _crc32c = _crc32c_extend = None
@@ -56,7 +57,7 @@ def checksum(data: memoryview | bytes | bytearray, kind: str = CHECKSUM) -> int:
         # still beat zlib's CRC32 on the whole buffer.
         view, crc = memoryview(data), 0
         for start in range(0, len(view), CRC_PIECE):
-            crc = _crc32c_extend(crc, bytes(view[start:start + CRC_PIECE]))
+            crc = _crc32c_extend(crc, bytes(view[start : start + CRC_PIECE]))
         return crc
     if kind == "crc32":
         return zlib.crc32(data)
@@ -79,9 +80,17 @@ class Packed:
     def header(self) -> bytes:
         if self._header is None:
             payload = memoryview(self.buffer)[: self.size]
-            header = json.dumps({"format": 1, "state": self.tree, "tensors": self.table,
-                                 "payload": self.size, "checksum": CHECKSUM,
-                                 "sum": checksum(payload)}, separators=(",", ":")).encode()
+            header = json.dumps(
+                {
+                    "format": 1,
+                    "state": self.tree,
+                    "tensors": self.table,
+                    "payload": self.size,
+                    "checksum": CHECKSUM,
+                    "sum": checksum(payload),
+                },
+                separators=(",", ":"),
+            ).encode()
             # Pad so that the payload starts ALIGN-aligned in the file (and in the buffer it
             # is read into): tensors are then viewed in place.
             header += b" " * (-(len(MAGIC) + _LENGTH.size + len(header)) % ALIGN)
@@ -123,8 +132,11 @@ def _tree(value: Any, tensors: list[torch.Tensor]) -> Any:
         return value
     if isinstance(value, dict):
         metadata = getattr(value, "_metadata", None)  # a state_dict's module versions
-        if (metadata is None and all(isinstance(k, str) for k in value)
-                and not any(k.startswith("$") for k in value)):
+        if (
+            metadata is None
+            and all(isinstance(k, str) for k in value)
+            and not any(k.startswith("$") for k in value)
+        ):
             return {k: _tree(v, tensors) for k, v in value.items()}
         if all(isinstance(k, str | int) and not isinstance(k, bool) for k in value):
             tree = {"$d": [[k, _tree(v, tensors)] for k, v in value.items()]}
@@ -146,8 +158,14 @@ def pack(state: dict[str, Any], reuse: bytearray | None = None) -> Packed:
     table, offset = [], 0
     for tensor in tensors:
         nbytes = tensor.numel() * tensor.element_size()
-        table.append({"dtype": str(tensor.dtype).removeprefix("torch."),
-                      "shape": list(tensor.shape), "offset": offset, "nbytes": nbytes})
+        table.append(
+            {
+                "dtype": str(tensor.dtype).removeprefix("torch."),
+                "shape": list(tensor.shape),
+                "offset": offset,
+                "nbytes": nbytes,
+            }
+        )
         offset += -(-nbytes // ALIGN) * ALIGN
     buffer = reuse if reuse is not None and len(reuse) >= offset else bytearray(offset)
     if offset:
@@ -155,7 +173,7 @@ def pack(state: dict[str, Any], reuse: bytearray | None = None) -> Packed:
         for tensor, entry in zip(tensors, table, strict=True):
             if entry["nbytes"]:
                 source = tensor.contiguous().reshape(-1).view(torch.uint8)
-                flat[entry["offset"]: entry["offset"] + entry["nbytes"]].copy_(source)
+                flat[entry["offset"] : entry["offset"] + entry["nbytes"]].copy_(source)
     return Packed(tree, table, buffer, offset)
 
 
@@ -192,24 +210,31 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CorruptSnapshot("truncated header")
     (header_length,) = _LENGTH.unpack_from(data, len(MAGIC))
     try:
-        header = json.loads(bytes(data[start: start + header_length]))
+        header = json.loads(bytes(data[start : start + header_length]))
     except ValueError as error:
         raise CorruptSnapshot(f"unreadable header ({error})") from None
-    payload = memoryview(data)[start + header_length:]
+    payload = memoryview(data)[start + header_length :]
     if len(payload) != header["payload"]:
-        raise CorruptSnapshot(f"payload has {len(payload)} bytes, header says {header['payload']}"
-                              " (truncated or appended to)")
+        raise CorruptSnapshot(
+            f"payload has {len(payload)} bytes, header says {header['payload']}"
+            " (truncated or appended to)"
+        )
     if checksum(payload, header["checksum"]) != header["sum"]:
         raise CorruptSnapshot(f"{header['checksum']} mismatch: the tensor bytes were altered")
-    flat = (torch.frombuffer(data, dtype=torch.uint8, offset=start + header_length,
-                             count=len(payload)) if len(payload)
-            else torch.empty(0, dtype=torch.uint8))
+    flat = (
+        torch.frombuffer(data, dtype=torch.uint8, offset=start + header_length, count=len(payload))
+        if len(payload)
+        else torch.empty(0, dtype=torch.uint8)
+    )
     tensors = []
     for entry in header["tensors"]:
         dtype = getattr(torch, entry["dtype"])
-        raw = flat[entry["offset"]: entry["offset"] + entry["nbytes"]]
+        raw = flat[entry["offset"] : entry["offset"] + entry["nbytes"]]
         # Own storage per tensor (a copy): a view would keep, and torch.save would write, the
         # whole payload for any one tensor of it.
-        tensors.append(raw.view(dtype).reshape(entry["shape"]).clone() if entry["nbytes"]
-                       else torch.empty(entry["shape"], dtype=dtype))
+        tensors.append(
+            raw.view(dtype).reshape(entry["shape"]).clone()
+            if entry["nbytes"]
+            else torch.empty(entry["shape"], dtype=dtype)
+        )
     return _untree(header["state"], tensors)

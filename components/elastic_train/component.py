@@ -5,7 +5,7 @@ from typing import NamedTuple
 from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output
 
-from components import BASE_IMAGE
+from kfp_elastic.components import BASE_IMAGE
 
 # Forwarded from the task (kfp-kubernetes settings) to the worker pods the master creates.
 # Volumes also apply to this task's own pod: it reads the final model from the shared volume.
@@ -17,15 +17,16 @@ PASSTHROUGHS = [
 ]
 
 
-@dsl.component(base_image=BASE_IMAGE, install_kfp_package=False,
-               task_config_passthroughs=PASSTHROUGHS)
+@dsl.component(
+    base_image=BASE_IMAGE, install_kfp_package=False, task_config_passthroughs=PASSTHROUGHS
+)
 def elastic_train(
     shard_manifest: Input[Dataset],
     model: Output[Model],
     metrics: Output[Metrics],
     report: Output[HTML],
     task_config: dsl.TaskConfig,
-    model_def: str = "worker.examples.digits",
+    model_def: str = "kfp_elastic.worker.examples.digits",
     min_workers: int = 1,
     max_workers: int = 2,
     nproc_per_worker: int = 1,
@@ -51,8 +52,9 @@ def elastic_train(
     max_failures: int = 3,
     run_id: str = "",
     log_level: str = "WARNING",
-) -> NamedTuple("Outputs", [("final_loss", float), ("steps", int), ("restarts", int),
-                            ("goodput", float)]):
+) -> NamedTuple(
+    "Outputs", [("final_loss", float), ("steps", int), ("restarts", int), ("goodput", float)]
+):
     """Train ``model_def`` on the shards of ``shard_manifest`` with min..max elastic workers.
 
     The master runs in this task: under kfp.local (or ``launcher="local"``) the workers are
@@ -89,10 +91,10 @@ def elastic_train(
     import os
     from collections import namedtuple
 
-    from components.common import normalize_run_id
-    from components.elastic_train import run_job
-    from components.elastic_train.report import render
-    from components.elastic_train.summary import summarize
+    from kfp_elastic.components.common import normalize_run_id
+    from kfp_elastic.components.elastic_train import run_job
+    from kfp_elastic.components.elastic_train.report import render
+    from kfp_elastic.components.elastic_train.summary import summarize
 
     run_job.quiet_logs(log_level)
     rid = normalize_run_id(run_id)
@@ -108,50 +110,93 @@ def elastic_train(
         snapshot_dir = os.path.join(mounts[0]["mountPath"], "snapshots")
     owner = None
     if os.environ.get("KFP_ELASTIC_MASTER_POD_UID"):
-        owner = {"apiVersion": "v1", "kind": "Pod",
-                 "name": os.environ["KFP_ELASTIC_MASTER_POD"],
-                 "uid": os.environ["KFP_ELASTIC_MASTER_POD_UID"]}
+        owner = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": os.environ["KFP_ELASTIC_MASTER_POD"],
+            "uid": os.environ["KFP_ELASTIC_MASTER_POD_UID"],
+        }
     request = run_job.TrainRequest(
-        run_id=rid, model_def=model_def, manifest_path=shard_manifest.path,
-        min_workers=min_workers, max_workers=max_workers, nproc_per_worker=nproc_per_worker,
-        epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
-        batch_policy=batch_policy, snapshot_every=snapshot_every, step_time=step_time,
-        seed=seed, launcher=launcher,
+        run_id=rid,
+        model_def=model_def,
+        manifest_path=shard_manifest.path,
+        min_workers=min_workers,
+        max_workers=max_workers,
+        nproc_per_worker=nproc_per_worker,
+        epochs=epochs,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        batch_policy=batch_policy,
+        snapshot_every=snapshot_every,
+        step_time=step_time,
+        seed=seed,
+        launcher=launcher,
         etcd_endpoint=etcd_endpoint or os.environ.get("KFP_ELASTIC_RDZV_ENDPOINT", ""),
-        workdir=os.path.join(os.path.dirname(report.path), "job"), snapshot_dir=snapshot_dir,
-        inject_faults=inject_faults, max_wait_s=max_wait_s, max_failures=max_failures,
+        workdir=os.path.join(os.path.dirname(report.path), "job"),
+        snapshot_dir=snapshot_dir,
+        inject_faults=inject_faults,
+        max_wait_s=max_wait_s,
+        max_failures=max_failures,
         image=image,
         priority_class=priority_class or os.environ.get("KFP_ELASTIC_WORKER_PRIORITY_CLASS", ""),
-        service_account=service_account
-        or os.environ.get("KFP_ELASTIC_WORKER_SERVICE_ACCOUNT", ""),
-        namespace=namespace, worker_cpu=worker_cpu, worker_memory=worker_memory,
-        worker_gpus=worker_gpus, pod_overrides=overrides, owner_reference=owner)
-    print(f"elastic_train: run {rid}, {min_workers}..{max_workers} workers, launcher "
-          f"{request.resolved_launcher()}, model {model_def}", flush=True)
+        service_account=service_account or os.environ.get("KFP_ELASTIC_WORKER_SERVICE_ACCOUNT", ""),
+        namespace=namespace,
+        worker_cpu=worker_cpu,
+        worker_memory=worker_memory,
+        worker_gpus=worker_gpus,
+        pod_overrides=overrides,
+        owner_reference=owner,
+    )
+    print(
+        f"elastic_train: run {rid}, {min_workers}..{max_workers} workers, launcher "
+        f"{request.resolved_launcher()}, model {model_def}",
+        flush=True,
+    )
     result = run_job.run(request, say=lambda line: print(line, flush=True))
-    summary = summarize(result.events, result.end_t,
-                        [(i.t, i.fault.action, i.target) for i in result.injected])
+    summary = summarize(
+        result.events, result.end_t, [(i.t, i.fault.action, i.target) for i in result.injected]
+    )
     start = float(result.events[0]["t"]) if result.events else result.end_t
-    settings = {"run_id": rid, "model_def": model_def, "workers": f"{min_workers}..{max_workers}",
-                "nproc_per_worker": nproc_per_worker, "epochs": epochs,
-                "batch_size": batch_size, "batch_policy": batch_policy,
-                "snapshot_every": snapshot_every, "launcher": request.resolved_launcher(),
-                "inject_faults": inject_faults or "-"}
+    settings = {
+        "run_id": rid,
+        "model_def": model_def,
+        "workers": f"{min_workers}..{max_workers}",
+        "nproc_per_worker": nproc_per_worker,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "batch_policy": batch_policy,
+        "snapshot_every": snapshot_every,
+        "launcher": request.resolved_launcher(),
+        "inject_faults": inject_faults or "-",
+    }
     local = request.resolved_launcher() == "local"
     with open(report.path, "w") as stream:
-        stream.write(render(summary, title=f"Elastic training {rid}", settings=settings,
-                            injected=[(i.t - start, i.fault.text, i.target)
-                                      for i in result.injected],
-                            log_dir=str(result.workdir / "workers") if local else ""))
+        stream.write(
+            render(
+                summary,
+                title=f"Elastic training {rid}",
+                settings=settings,
+                injected=[(i.t - start, i.fault.text, i.target) for i in result.injected],
+                log_dir=str(result.workdir / "workers") if local else "",
+            )
+        )
     for name, value in summary.metrics().items():
         metrics.log_metric(name, value)
-    print("elastic_train: " + ", ".join(f"{k}={v}" for k, v in summary.metrics().items()),
-          flush=True)
+    print(
+        "elastic_train: " + ", ".join(f"{k}={v}" for k, v in summary.metrics().items()), flush=True
+    )
     if result.state != "succeeded":
         where = f"; worker logs in {result.workdir / 'workers'}" if local else ""
         raise RuntimeError(f"elastic training {rid} {result.state}: {result.message}{where}")
     run_job.export_model(result, model.path)
-    model.metadata.update({"model_def": model_def, "framework": "pytorch",
-                           "format": "state_dict", "run_id": rid, "steps": summary.steps})
+    model.metadata.update(
+        {
+            "model_def": model_def,
+            "framework": "pytorch",
+            "format": "state_dict",
+            "run_id": rid,
+            "steps": summary.steps,
+        }
+    )
     outputs = namedtuple("Outputs", ["final_loss", "steps", "restarts", "goodput"])
     return outputs(summary.final_loss, summary.steps, summary.restarts, summary.goodput)

@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ACTIONS = ("preempt", "kill")
-_ITEM = re.compile(r"(?P<action>[a-z]+):worker-(?P<index>\d+)@(?:(?P<step>step\d+)|"
-                   r"(?P<seconds>\d+(?:\.\d+)?)s?)")
+_ITEM = re.compile(
+    r"(?P<action>[a-z]+):worker-(?P<index>\d+)@(?:(?P<step>step\d+)|"
+    r"(?P<seconds>\d+(?:\.\d+)?)s?)"
+)
 SYNTAX = "ACTION:worker-N@WHEN with ACTION preempt|kill and WHEN like 20s or step10"
 
 
@@ -48,11 +50,15 @@ def parse_faults(spec: str, max_workers: int | None = None) -> tuple[Fault, ...]
             raise ValueError(f"inject_faults: cannot parse {item!r}; expected {SYNTAX}")
         action, index = match["action"], int(match["index"])
         if action not in ACTIONS:
-            raise ValueError(f"inject_faults: unknown action {action!r} in {item!r}; "
-                             f"use one of {', '.join(ACTIONS)}")
+            raise ValueError(
+                f"inject_faults: unknown action {action!r} in {item!r}; "
+                f"use one of {', '.join(ACTIONS)}"
+            )
         if max_workers is not None and index >= max_workers:
-            raise ValueError(f"inject_faults: {item!r} names worker-{index} but workers are "
-                             f"worker-0 .. worker-{max_workers - 1} (max_workers={max_workers})")
+            raise ValueError(
+                f"inject_faults: {item!r} names worker-{index} but workers are "
+                f"worker-0 .. worker-{max_workers - 1} (max_workers={max_workers})"
+            )
         if match["step"]:
             faults.append(Fault(action, index, at_step=int(match["step"][4:]), text=item))
         else:
@@ -91,8 +97,12 @@ def pick_target(workers: Sequence[Any], index: int) -> str | None:
     for status in workers:
         phase = getattr(getattr(status, "phase", None), "value", getattr(status, "phase", None))
         taken = getattr(status, "reason", None) is not None  # already being stopped
-        if (status.worker_index == index and phase == "Running" and not taken
-                and not getattr(status, "ended", False)):
+        if (
+            status.worker_index == index
+            and phase == "Running"
+            and not taken
+            and not getattr(status, "ended", False)
+        ):
             return status.name
     return None
 

@@ -1,7 +1,7 @@
 """Runs one elastic job through the master, in this process: the only module of the components
 that knows the master's Python API (``master.job``, ``master.state``, the launchers).
 
-The master (``ElasticJob``) runs in-process rather than as ``python -m master`` so that the
+The master (``ElasticJob``) runs in-process rather than as ``kfp-elastic master`` so that the
 fault injector can reach the launcher it created, and so that etcd (embedded when no endpoint is
 given) outlives the master: the timeline is read after the job for the report. While the job
 runs, a thread tails the timeline, prints one line per event and fires due faults.
@@ -21,16 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components import BASE_IMAGE
-from components.common import (
+from kfp_elastic.components import BASE_IMAGE
+from kfp_elastic.components.common import (
     in_cluster,
     load_kubernetes_config,
     pod_namespace,
     reap_local_processes,
 )
-from components.elastic_train.faults import Fault, FaultInjector, Injected, parse_faults
-from components.elastic_train.summary import describe
-from components.shard_dataset.shard import read_manifest
+from kfp_elastic.components.elastic_train.faults import Fault, FaultInjector, Injected, parse_faults
+from kfp_elastic.components.elastic_train.summary import describe
+from kfp_elastic.components.shard_dataset.shard import read_manifest
 
 KEY_PREFIX = "/kfp-elastic"
 LAUNCHERS = ("local", "kubernetes")
@@ -98,19 +98,21 @@ class TrainResult:
 
 def validate(request: TrainRequest) -> tuple[Fault, ...]:
     """Check every input before anything starts; ``ValueError`` names the input at fault."""
-    from worker.policy import BatchPolicy
+    from kfp_elastic.worker.policy import BatchPolicy
 
     if request.min_workers < 1:
         raise ValueError(f"min_workers must be >= 1, got {request.min_workers}")
     if request.min_workers > request.max_workers:
-        raise ValueError(f"min_workers={request.min_workers} is more than "
-                         f"max_workers={request.max_workers}")
+        raise ValueError(
+            f"min_workers={request.min_workers} is more than max_workers={request.max_workers}"
+        )
     for name in ("nproc_per_worker", "epochs", "batch_size"):
         if getattr(request, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(request, name)}")
     if request.snapshot_every < 0:
-        raise ValueError(f"snapshot_every must be >= 1, or 0 for auto; got "
-                         f"{request.snapshot_every}")
+        raise ValueError(
+            f"snapshot_every must be >= 1, or 0 for auto; got {request.snapshot_every}"
+        )
     if request.learning_rate <= 0 or request.step_time < 0 or request.max_wait_s <= 0:
         raise ValueError("learning_rate and max_wait_s must be > 0 and step_time >= 0")
     if request.max_failures < 0 or request.worker_gpus < 0:
@@ -120,38 +122,63 @@ def validate(request: TrainRequest) -> tuple[Fault, ...]:
         raise ValueError(f"launcher must be auto, local or kubernetes, got {request.launcher!r}")
     if request.resolved_launcher() == "kubernetes":
         if not request.etcd_endpoint:
-            raise ValueError("the kubernetes launcher needs etcd_endpoint (worker pods cannot "
-                             "reach an embedded etcd); deploy manifests/ and use its "
-                             "kfp-elastic-config ConfigMap, or pass etcd_endpoint")
+            raise ValueError(
+                "the kubernetes launcher needs etcd_endpoint (worker pods cannot "
+                "reach an embedded etcd); deploy manifests/ and use its "
+                "kfp-elastic-config ConfigMap, or pass etcd_endpoint"
+            )
         if not request.snapshot_dir:
-            raise ValueError("the kubernetes launcher needs a snapshot_dir on a volume that "
-                             "every worker pod mounts (mount a ReadWriteMany PVC on the task)")
+            raise ValueError(
+                "the kubernetes launcher needs a snapshot_dir on a volume that "
+                "every worker pod mounts (mount a ReadWriteMany PVC on the task)"
+            )
     return parse_faults(request.inject_faults, request.max_workers)
 
 
 def preflight(request: TrainRequest) -> int:
     """The model definition loads and its train split matches the manifest; returns the
     number of samples."""
-    from worker.model_def import load_model_def
+    from kfp_elastic.worker.model_def import load_model_def
 
     shards, document = read_manifest(request.manifest_path)
     total = sum(s.size for s in shards)
     model_def = load_model_def(request.model_def)
     length = len(model_def.dataset("train"))
     if length != total:
-        raise ValueError(f"the shard manifest covers {total} samples (source "
-                         f"{document.get('source', '?')}) but dataset('train') of "
-                         f"{request.model_def} has {length}: shard the dataset the model "
-                         "definition trains on")
+        raise ValueError(
+            f"the shard manifest covers {total} samples (source "
+            f"{document.get('source', '?')}) but dataset('train') of "
+            f"{request.model_def} has {length}: shard the dataset the model "
+            "definition trains on"
+        )
     return total
 
 
 def worker_entry(request: TrainRequest, snapshot_dir: Path) -> list[str]:
-    return ["-m", "worker", "--model-def", request.model_def, "--epochs", str(request.epochs),
-            "--batch-size", str(request.batch_size), "--lr", str(request.learning_rate),
-            "--policy", request.batch_policy, "--seed", str(request.seed),
-            "--snapshot-every", str(request.snapshot_every), "--snapshot-dir", str(snapshot_dir),
-            "--output", str(snapshot_dir / "model.pt"), "--step-time", str(request.step_time)]
+    return [
+        "-m",
+        "kfp_elastic.worker",
+        "--model-def",
+        request.model_def,
+        "--epochs",
+        str(request.epochs),
+        "--batch-size",
+        str(request.batch_size),
+        "--lr",
+        str(request.learning_rate),
+        "--policy",
+        request.batch_policy,
+        "--seed",
+        str(request.seed),
+        "--snapshot-every",
+        str(request.snapshot_every),
+        "--snapshot-dir",
+        str(snapshot_dir),
+        "--output",
+        str(snapshot_dir / "model.pt"),
+        "--step-time",
+        str(request.step_time),
+    ]
 
 
 class LauncherHolder:
@@ -160,18 +187,33 @@ class LauncherHolder:
     launcher: Any = None
 
 
-def local_factory(request: TrainRequest, endpoint: str, entry: Sequence[str], workdir: Path,
-                  holder: LauncherHolder) -> tuple[Factory, Act]:
-    from master.local_launcher import LocalLauncher
+def local_factory(
+    request: TrainRequest,
+    endpoint: str,
+    entry: Sequence[str],
+    workdir: Path,
+    holder: LauncherHolder,
+) -> tuple[Factory, Act]:
+    from kfp_elastic.master.local_launcher import LocalLauncher
 
-    env = {"KFP_ELASTIC_ETCD_ENDPOINT": endpoint, "KFP_ELASTIC_RUN_ID": request.run_id,
-           "KFP_ELASTIC_KEY_PREFIX": KEY_PREFIX}
+    env = {
+        "KFP_ELASTIC_ETCD_ENDPOINT": endpoint,
+        "KFP_ELASTIC_RUN_ID": request.run_id,
+        "KFP_ELASTIC_KEY_PREFIX": KEY_PREFIX,
+    }
 
     def factory(state: Any) -> Any:
         holder.launcher = LocalLauncher(
-            run_id=request.run_id, endpoint=endpoint, min_workers=request.min_workers,
-            max_workers=request.max_workers, entry=entry, workdir=workdir,
-            nproc_per_worker=request.nproc_per_worker, env=env, registry=state)
+            run_id=request.run_id,
+            endpoint=endpoint,
+            min_workers=request.min_workers,
+            max_workers=request.max_workers,
+            entry=entry,
+            workdir=workdir,
+            nproc_per_worker=request.nproc_per_worker,
+            env=env,
+            registry=state,
+        )
         return holder.launcher
 
     def act(action: str, name: str) -> None:
@@ -180,33 +222,50 @@ def local_factory(request: TrainRequest, endpoint: str, entry: Sequence[str], wo
     return factory, act
 
 
-def kubernetes_factory(request: TrainRequest, endpoint: str, entry: Sequence[str],
-                       holder: LauncherHolder) -> tuple[Factory, Act]:
+def kubernetes_factory(
+    request: TrainRequest, endpoint: str, entry: Sequence[str], holder: LauncherHolder
+) -> tuple[Factory, Act]:
     from kubernetes import client
 
-    from master.k8s_launcher import KubernetesLauncher
-    from master.pod_spec import WorkerPodSpec
+    from kfp_elastic.master.k8s_launcher import KubernetesLauncher
+    from kfp_elastic.master.pod_spec import WorkerPodSpec
 
     load_kubernetes_config()
     namespace = pod_namespace(request.namespace)
     overrides = dict(request.pod_overrides)
-    optional = {k: v for k, v in {
-        "priority_class": request.priority_class, "service_account": request.service_account,
-        "cpu": request.worker_cpu or None, "memory": request.worker_memory or None}.items()
-        if v}
+    optional = {
+        k: v
+        for k, v in {
+            "priority_class": request.priority_class,
+            "service_account": request.service_account,
+            "cpu": request.worker_cpu or None,
+            "memory": request.worker_memory or None,
+        }.items()
+        if v
+    }
     template = WorkerPodSpec(
-        job_name=request.run_id, run_id=request.run_id,
+        job_name=request.run_id,
+        run_id=request.run_id,
         image=request.image or os.environ.get("KFP_ELASTIC_WORKER_IMAGE") or BASE_IMAGE,
-        entrypoint="worker", module=True, entrypoint_args=tuple(entry[2:]),
-        rdzv_endpoint=endpoint, min_nodes=request.min_workers, max_nodes=request.max_workers,
-        nproc_per_node=request.nproc_per_worker, max_restarts=100, gpu=request.worker_gpus,
+        entrypoint="worker",
+        module=True,
+        entrypoint_args=tuple(entry[2:]),
+        rdzv_endpoint=endpoint,
+        min_nodes=request.min_workers,
+        max_nodes=request.max_workers,
+        nproc_per_node=request.nproc_per_worker,
+        max_restarts=100,
+        gpu=request.worker_gpus,
         env={"KFP_ELASTIC_ETCD_ENDPOINT": endpoint, "KFP_ELASTIC_KEY_PREFIX": KEY_PREFIX},
-        namespace=namespace, owner_reference=request.owner_reference,
+        namespace=namespace,
+        owner_reference=request.owner_reference,
         tolerations=tuple(overrides.get("tolerations") or ()),
         node_selector=dict(overrides.get("node_selector") or {}),
         affinity=overrides.get("affinity") or None,
         volumes=tuple(overrides.get("volumes") or ()),
-        volume_mounts=tuple(overrides.get("volume_mounts") or ()), **optional)
+        volume_mounts=tuple(overrides.get("volume_mounts") or ()),
+        **optional,
+    )
     api = client.ApiClient()
     core = client.CoreV1Api(api)
 
@@ -215,8 +274,9 @@ def kubernetes_factory(request: TrainRequest, endpoint: str, entry: Sequence[str
         return holder.launcher
 
     def act(action: str, name: str) -> None:  # a pod deleted by "someone else", like eviction
-        core.delete_namespaced_pod(name, namespace,
-                                   grace_period_seconds=0 if action == "kill" else None)
+        core.delete_namespaced_pod(
+            name, namespace, grace_period_seconds=0 if action == "kill" else None
+        )
 
     return factory, act
 
@@ -225,7 +285,7 @@ class TimelineTail:
     """New timeline events since the last call (reads only keys after the last sequence)."""
 
     def __init__(self, client: Any, run_prefix: str) -> None:
-        from master.state import MasterKeys
+        from kfp_elastic.master.state import MasterKeys
 
         self._client = client
         self._keys = MasterKeys(run_prefix)
@@ -237,8 +297,9 @@ class TimelineTail:
 
         start = self._keys.event(self.events[-1]["seq"] + 1) if self.events else self._keys.events
         new = []
-        for value, meta in self._client.get_range(start, self._end, sort_order="ascend",
-                                                  sort_target="key"):
+        for value, meta in self._client.get_range(
+            start, self._end, sort_order="ascend", sort_target="key"
+        ):
             with contextlib.suppress(ValueError):
                 event = json.loads(value)
                 event["seq"] = int(meta.key.decode().rsplit("/", 1)[1])
@@ -247,8 +308,7 @@ class TimelineTail:
         return new
 
 
-def _watch(tail: TimelineTail, injector: FaultInjector, stop: threading.Event,
-           say: Say) -> None:
+def _watch(tail: TimelineTail, injector: FaultInjector, stop: threading.Event, say: Say) -> None:
     start: float | None = None
     while True:
         finished = stop.is_set()
@@ -260,8 +320,10 @@ def _watch(tail: TimelineTail, injector: FaultInjector, stop: threading.Event,
                     say(line)
             for record in injector.poll(tail.events):
                 offset = record.t - (start or record.t)
-                say(f"[{offset:7.1f}s] fault injected: {record.fault.action} {record.target} "
-                    f"({record.fault.text})")
+                say(
+                    f"[{offset:7.1f}s] fault injected: {record.fault.action} {record.target} "
+                    f"({record.fault.text})"
+                )
         except Exception as error:  # noqa: BLE001 - progress must never break the job
             say(f"(progress: {error!r})")
         if finished:
@@ -271,9 +333,9 @@ def _watch(tail: TimelineTail, injector: FaultInjector, stop: threading.Event,
 
 def run(request: TrainRequest, say: Say = print) -> TrainResult:
     """Run the job to its end; returns the result (the caller decides what a failure means)."""
-    from master.job import ElasticJob, JobSpec
-    from rendezvous.embedded_etcd import EmbeddedEtcd
-    from rendezvous.etcd_client import connect_to
+    from kfp_elastic.master.job import ElasticJob, JobSpec
+    from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+    from kfp_elastic.rendezvous.etcd_client import connect_to
 
     say = _safe(say)
     faults = validate(request)
@@ -283,8 +345,9 @@ def run(request: TrainRequest, say: Say = print) -> TrainResult:
     workdir.mkdir(parents=True, exist_ok=True)
     snapshot_dir = Path(request.snapshot_dir or workdir / "snapshots") / request.run_id
     entry = worker_entry(request, snapshot_dir)
-    embedded = EmbeddedEtcd(data_dir=workdir / "etcd").start() \
-        if not request.etcd_endpoint else None
+    embedded = (
+        EmbeddedEtcd(data_dir=workdir / "etcd").start() if not request.etcd_endpoint else None
+    )
     stop = threading.Event()
     holder = LauncherHolder()
     client = None
@@ -301,37 +364,62 @@ def run(request: TrainRequest, say: Say = print) -> TrainResult:
         else:
             factory, act = kubernetes_factory(request, endpoint, entry, holder)
         spec = JobSpec(
-            run_id=request.run_id, min_workers=request.min_workers,
-            max_workers=request.max_workers, nproc_per_worker=request.nproc_per_worker,
-            epochs=request.epochs, max_wait_s=request.max_wait_s,
-            max_failures=request.max_failures, shard_manifest=request.manifest_path,
-            seed=request.seed, entry=tuple(entry), key_prefix=KEY_PREFIX, launcher=launcher,
+            run_id=request.run_id,
+            min_workers=request.min_workers,
+            max_workers=request.max_workers,
+            nproc_per_worker=request.nproc_per_worker,
+            epochs=request.epochs,
+            max_wait_s=request.max_wait_s,
+            max_failures=request.max_failures,
+            shard_manifest=request.manifest_path,
+            seed=request.seed,
+            entry=tuple(entry),
+            key_prefix=KEY_PREFIX,
+            launcher=launcher,
             finish_grace_s=request.finish_grace_s,
-            extra={"workdir": str(workdir), "component": "elastic_train"})
+            extra={"workdir": str(workdir), "component": "elastic_train"},
+        )
         job = ElasticJob(spec, client, factory)
-        injector = FaultInjector(faults, lambda: holder.launcher.list_workers()
-                                 if holder.launcher else [], act)
-        watcher = threading.Thread(target=_watch, name="timeline",
-                                   args=(TimelineTail(client, request.run_prefix), injector,
-                                         stop, say), daemon=True)
+        injector = FaultInjector(
+            faults, lambda: holder.launcher.list_workers() if holder.launcher else [], act
+        )
+        watcher = threading.Thread(
+            target=_watch,
+            name="timeline",
+            args=(TimelineTail(client, request.run_prefix), injector, stop, say),
+            daemon=True,
+        )
         watcher.start()
         if threading.current_thread() is threading.main_thread():
             # Embedded etcd dies with us: nobody could take over, so any signal cancels.
             # Otherwise SIGTERM steps down (a KFP retry of this task adopts the workers).
             term = embedded is not None or launcher == "local"
-            restore = {sig: signal.signal(sig, handler) for sig, handler in (
-                (signal.SIGINT, lambda *_: job.request_stop(cancel=True)),
-                (signal.SIGTERM, lambda *_: job.request_stop(cancel=term)))}
+            restore = {
+                sig: signal.signal(sig, handler)
+                for sig, handler in (
+                    (signal.SIGINT, lambda *_: job.request_stop(cancel=True)),
+                    (signal.SIGTERM, lambda *_: job.request_stop(cancel=term)),
+                )
+            }
         result = job.run()
         stop.set()
         watcher.join(10)
-        from master.state import read_timeline
+        from kfp_elastic.master.state import read_timeline
 
         events = read_timeline(client, request.run_prefix)
-        model_path = _final_model(client, request, snapshot_dir) \
-            if result.state == "succeeded" else None
-        return TrainResult(result.state, result.message, events, model_path, workdir,
-                           snapshot_dir, list(injector.done), time.time())
+        model_path = (
+            _final_model(client, request, snapshot_dir) if result.state == "succeeded" else None
+        )
+        return TrainResult(
+            result.state,
+            result.message,
+            events,
+            model_path,
+            workdir,
+            snapshot_dir,
+            list(injector.done),
+            time.time(),
+        )
     finally:
         stop.set()
         if watcher is not None:
@@ -370,8 +458,8 @@ def _final_model(client: Any, request: TrainRequest, snapshot_dir: Path) -> Path
         return written
     import torch
 
-    from worker.progress import Progress
-    from worker.snapshot import Snapshotter
+    from kfp_elastic.worker.progress import Progress
+    from kfp_elastic.worker.snapshot import Snapshotter
 
     committed, _ = Progress(client, request.run_prefix).committed_record()
     if committed is None or not committed.snapshot:
@@ -389,7 +477,8 @@ def export_model(result: TrainResult, destination: str) -> None:
 
 def quiet_logs(level: str) -> None:
     """The master's own logs (stderr) at ``level``; progress lines are printed anyway."""
-    logging.basicConfig(level=logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     for name in ("master", "rendezvous", "worker"):
         logging.getLogger(name).setLevel(level.upper())

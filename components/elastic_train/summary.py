@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from master.metrics import TimelineStats
+from kfp_elastic.master.metrics import TimelineStats
 
 Event = Mapping[str, Any]
 DISRUPTIONS = {"preempted", "evicted", "node_lost", "rejected", "deleted_externally"}
@@ -57,24 +57,36 @@ class Summary:
 
     def metrics(self) -> dict[str, float]:
         """What the Metrics artifact shows (numbers only)."""
-        return {"final_loss": round(self.final_loss, 6), "steps": self.steps,
-                "restarts": self.restarts, "lost_steps": self.lost_steps,
-                "goodput": round(self.goodput, 4), "workers_lost": self.workers_lost,
-                "disruptions": self.disruptions, "worker_failures": self.failures,
-                "epochs": self.epochs_done, "max_world_size": self.max_world_size,
-                "duration_s": round(self.duration_s, 1)}
+        return {
+            "final_loss": round(self.final_loss, 6),
+            "steps": self.steps,
+            "restarts": self.restarts,
+            "lost_steps": self.lost_steps,
+            "goodput": round(self.goodput, 4),
+            "workers_lost": self.workers_lost,
+            "disruptions": self.disruptions,
+            "worker_failures": self.failures,
+            "epochs": self.epochs_done,
+            "max_world_size": self.max_world_size,
+            "duration_s": round(self.duration_s, 1),
+        }
 
 
-def summarize(events: Sequence[Event], end_t: float | None = None,
-              injected: Sequence[tuple[float, str, str]] = ()) -> Summary:
+def summarize(
+    events: Sequence[Event],
+    end_t: float | None = None,
+    injected: Sequence[tuple[float, str, str]] = (),
+) -> Summary:
     """Fold ``events`` (oldest first, as ``master.state.read_timeline`` returns them).
 
     ``injected``: faults injected by this component, (unix time, action, worker name); they
     show among the events before the restart they caused."""
     if not events:
         return Summary()
-    faults = [{"kind": "fault_injected", "t": t, "action": action, "name": name}
-              for t, action, name in injected]
+    faults = [
+        {"kind": "fault_injected", "t": t, "action": action, "name": name}
+        for t, action, name in injected
+    ]
     events = sorted([*events, *faults], key=lambda e: float(e.get("t", 0.0)))
     start = float(events[0].get("t", 0.0))
     last_t = float(events[-1].get("t", start)) if end_t is None else end_t
@@ -94,8 +106,15 @@ def summarize(events: Sequence[Event], end_t: float | None = None,
         if kind == "round_formed":
             size = int(event.get("world_size", 0))
             if rounds_seen:
-                restarts.append(Restart(round(t, 2), int(event.get("round", 0)), world, size,
-                                        tuple(causes) or ("(no worker event)",)))
+                restarts.append(
+                    Restart(
+                        round(t, 2),
+                        int(event.get("round", 0)),
+                        world,
+                        size,
+                        tuple(causes) or ("(no worker event)",),
+                    )
+                )
             rounds_seen += 1
             causes, world = [], size
             world_series.append((t, size))
@@ -127,36 +146,55 @@ def summarize(events: Sequence[Event], end_t: float | None = None,
     world_series.append((max(last_t - start, world_series[-1][0]), world))
     lost = stats.lost_steps
     return Summary(
-        steps=steps, final_loss=final_loss, restarts=stats.restarts, lost_steps=lost,
-        goodput=steps / (steps + lost) if steps else 0.0, workers_lost=counts["lost"],
-        disruptions=counts["disruptions"], failures=counts["failures"], epochs_done=epochs,
-        max_world_size=max(size for _, size in world_series), final_world_size=world,
-        duration_s=max(0.0, last_t - start), world_size=tuple(world_series),
-        losses=tuple(losses), restart_rows=tuple(restarts), lost_rows=tuple(lost_rows),
-        end_state=end_state, end_message=end_message)
+        steps=steps,
+        final_loss=final_loss,
+        restarts=stats.restarts,
+        lost_steps=lost,
+        goodput=steps / (steps + lost) if steps else 0.0,
+        workers_lost=counts["lost"],
+        disruptions=counts["disruptions"],
+        failures=counts["failures"],
+        epochs_done=epochs,
+        max_world_size=max(size for _, size in world_series),
+        final_world_size=world,
+        duration_s=max(0.0, last_t - start),
+        world_size=tuple(world_series),
+        losses=tuple(losses),
+        restart_rows=tuple(restarts),
+        lost_rows=tuple(lost_rows),
+        end_state=end_state,
+        end_message=end_message,
+    )
 
 
 def describe(event: Event, start: float) -> str | None:
     """One progress line for an event (None: not worth a line)."""
     kind, t = event.get("kind"), float(event.get("t", start)) - start
     text = {
-        "master_started": lambda e: (f"master started: {e.get('min_workers')}.."
-                                     f"{e.get('max_workers')} workers x "
-                                     f"{e.get('nproc_per_worker')} processes, launcher "
-                                     f"{e.get('launcher')}"),
+        "master_started": lambda e: (
+            f"master started: {e.get('min_workers')}.."
+            f"{e.get('max_workers')} workers x "
+            f"{e.get('nproc_per_worker')} processes, launcher "
+            f"{e.get('launcher')}"
+        ),
         "master_recovered": lambda e: f"master recovered, adopted {e.get('workers')}",
         "worker_launched": lambda e: f"{e.get('name')} launched",
-        "worker_lost": lambda e: (f"{e.get('name')} lost: {e.get('cause')}"
-                                  + (f" ({e.get('message')})" if e.get("message") else "")),
+        "worker_lost": lambda e: (
+            f"{e.get('name')} lost: {e.get('cause')}"
+            + (f" ({e.get('message')})" if e.get("message") else "")
+        ),
         "worker_completed": lambda e: f"{e.get('name')} completed",
-        "launch_failed": lambda e: f"launch of worker {e.get('index')} failed: "
-                                   f"{e.get('message')}",
-        "round_formed": lambda e: (f"round {e.get('round')} formed: world size "
-                                   f"{e.get('world_size')} ({e.get('nodes')} workers)"),
-        "committed": lambda e: (f"step {e.get('step')} committed (epoch {e.get('epoch')}, "
-                                f"world {e.get('world_size')}"
-                                + (f", loss {e['losses'][-1]:.4f}" if e.get("losses") else "")
-                                + ")"),
+        "launch_failed": lambda e: f"launch of worker {e.get('index')} failed: {e.get('message')}",
+        "round_formed": lambda e: (
+            f"round {e.get('round')} formed: world size "
+            f"{e.get('world_size')} ({e.get('nodes')} workers)"
+        ),
+        "committed": lambda e: (
+            f"step {e.get('step')} committed (epoch {e.get('epoch')}, "
+            f"world {e.get('world_size')}"
+            + (f", loss {e['losses'][-1]:.4f}" if e.get("losses") else "")
+            + ")"
+        ),
         "epoch_end": lambda e: f"epoch {e.get('epoch')} done at step {e.get('step')}",
         "job_done": lambda e: f"job succeeded: {e.get('message')}",
         "job_failed": lambda e: f"job failed: {e.get('message')}",

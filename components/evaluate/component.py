@@ -3,7 +3,7 @@
 from kfp import dsl
 from kfp.dsl import ClassificationMetrics, Input, Metrics, Model, Output
 
-from components import BASE_IMAGE
+from kfp_elastic.components import BASE_IMAGE
 
 
 @dsl.component(base_image=BASE_IMAGE, install_kfp_package=False)
@@ -27,7 +27,7 @@ def evaluate(
     Returns:
         The accuracy (use it in a ``dsl.If`` to gate a deployment step).
     """
-    from worker.evaluate import evaluate as run_evaluation
+    from kfp_elastic.worker.evaluate import evaluate as run_evaluation
 
     name = model_def or model.metadata.get("model_def", "")
     if not name:
@@ -38,6 +38,9 @@ def evaluate(
     metrics.log_metric("samples", result.samples)
     if result.labels:
         classification.log_confusion_matrix(result.labels, result.confusion)
-    print(f"evaluate: {name} on {split}: accuracy={result.accuracy:.4f} loss={result.loss:.4f} "
-          f"samples={result.samples}", flush=True)
+    print(
+        f"evaluate: {name} on {split}: accuracy={result.accuracy:.4f} loss={result.loss:.4f} "
+        f"samples={result.samples}",
+        flush=True,
+    )
     return float(result.accuracy)

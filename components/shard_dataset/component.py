@@ -3,14 +3,14 @@
 from kfp import dsl
 from kfp.dsl import Dataset, Output
 
-from components import BASE_IMAGE
+from kfp_elastic.components import BASE_IMAGE
 
 
 @dsl.component(base_image=BASE_IMAGE, install_kfp_package=False)
 def shard_dataset(
     manifest: Output[Dataset],
     dataset: str = "",
-    model_def: str = "worker.examples.digits",
+    model_def: str = "kfp_elastic.worker.examples.digits",
     split: str = "train",
     num_shards: int = 0,
     shard_size: int = 0,
@@ -28,13 +28,20 @@ def shard_dataset(
     """
     import json
 
-    from components.shard_dataset.shard import build_manifest
+    from kfp_elastic.components.shard_dataset.shard import build_manifest
 
     document = build_manifest(dataset, model_def, split, num_shards, shard_size)
     with open(manifest.path, "w") as stream:
         json.dump(document, stream)
-    manifest.metadata.update({key: document[key] for key in (
-        "num_samples", "num_shards", "source", "source_kind", "split")})
-    print(f"shard manifest: {document['num_samples']} samples of {document['source']} "
-          f"({split}) in {document['num_shards']} shards -> {manifest.path}", flush=True)
+    manifest.metadata.update(
+        {
+            key: document[key]
+            for key in ("num_samples", "num_shards", "source", "source_kind", "split")
+        }
+    )
+    print(
+        f"shard manifest: {document['num_samples']} samples of {document['source']} "
+        f"({split}) in {document['num_shards']} shards -> {manifest.path}",
+        flush=True,
+    )
     return int(document["num_samples"])

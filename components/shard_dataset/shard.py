@@ -5,7 +5,7 @@ A dataset is named by one string:
 | form | samples |
 |---|---|
 | ``""`` (empty) | ``dataset(split)`` of the ``model_def`` module (what the workers train on) |
-| ``example:digits`` | the built-in example (8x8 digits, ``worker.examples.digits``) |
+| ``example:digits`` | the built-in example (8x8 digits, ``kfp_elastic.worker.examples.digits``) |
 | ``model-def:pkg.module`` | ``dataset(split)`` of that module |
 | ``/path/dir`` | one sample per regular file below it (recursive, hidden files skipped) |
 | ``/path/f.jsonl``, ``.ndjson``, ``.txt`` | one sample per non-empty line |
@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from worker.data_plan import Shard
+from kfp_elastic.worker.data_plan import Shard
 
 MANIFEST_FORMAT = "kfp-elastic/shard-manifest/v1"
 DEFAULT_NUM_SHARDS = 16
-EXAMPLES = {"digits": "worker.examples.digits"}
+EXAMPLES = {"digits": "kfp_elastic.worker.examples.digits"}
 _LINES = {".jsonl", ".ndjson", ".txt"}
 _TABLES = {".csv", ".tsv"}
 _TORCH = {".pt", ".pth"}
@@ -41,14 +41,18 @@ def resolve(dataset: str, model_def: str) -> tuple[str, str]:
     text = (dataset or "").strip()
     if not text:
         if not (model_def or "").strip():
-            raise ValueError("dataset is empty and no model_def is given: name a dataset "
-                             "(a path, example:digits or model-def:pkg.module)")
+            raise ValueError(
+                "dataset is empty and no model_def is given: name a dataset "
+                "(a path, example:digits or model-def:pkg.module)"
+            )
         return "model-def", model_def.strip()
     if text.startswith("example:"):
         name = text.split(":", 1)[1]
         if name not in EXAMPLES:
-            raise ValueError(f"unknown example dataset {name!r}; built-in: "
-                             f"{', '.join('example:' + n for n in EXAMPLES)}")
+            raise ValueError(
+                f"unknown example dataset {name!r}; built-in: "
+                f"{', '.join('example:' + n for n in EXAMPLES)}"
+            )
         return "model-def", EXAMPLES[name]
     if text.startswith("model-def:"):
         return "model-def", text.split(":", 1)[1].strip()
@@ -56,15 +60,17 @@ def resolve(dataset: str, model_def: str) -> tuple[str, str]:
     if parsed.scheme == "file":
         return "path", parsed.path
     if len(parsed.scheme) > 1:  # one letter: a Windows drive, not a scheme
-        raise ValueError(f"dataset {text!r}: {parsed.scheme}:// is not read directly; mount it "
-                         "(a PVC, or gcsfuse's /gcs/...) and give the local path")
+        raise ValueError(
+            f"dataset {text!r}: {parsed.scheme}:// is not read directly; mount it "
+            "(a PVC, or gcsfuse's /gcs/...) and give the local path"
+        )
     return "path", text
 
 
 def count_samples(dataset: str, model_def: str = "", split: str = "train") -> int:
     kind, where = resolve(dataset, model_def)
     if kind == "model-def":
-        from worker.model_def import load_model_def
+        from kfp_elastic.worker.model_def import load_model_def
 
         return len(load_model_def(where).dataset(split))
     return count_path(Path(where))
@@ -74,9 +80,11 @@ def count_path(path: Path) -> int:
     if not path.exists():
         raise ValueError(f"dataset path {path} does not exist")
     if path.is_dir():
-        return sum(1 for p in path.rglob("*")
-                   if p.is_file() and not any(part.startswith(".")
-                                              for part in p.relative_to(path).parts))
+        return sum(
+            1
+            for p in path.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
     suffix = path.suffix.lower()
     if suffix in _LINES | _TABLES:
         with path.open("rb") as stream:
@@ -91,8 +99,10 @@ def count_path(path: Path) -> int:
 
         return _length(torch.load(path, map_location="cpu", weights_only=True), path)
     known = sorted(_LINES | _TABLES | _TORCH | {".npy"})
-    raise ValueError(f"dataset file {path}: cannot count samples of {suffix or 'no suffix'!r} "
-                     f"files; use a directory or one of {', '.join(known)}")
+    raise ValueError(
+        f"dataset file {path}: cannot count samples of {suffix or 'no suffix'!r} "
+        f"files; use a directory or one of {', '.join(known)}"
+    )
 
 
 def _length(value: Any, path: Path) -> int:
@@ -115,13 +125,14 @@ def plan_shards(length: int, num_shards: int = 0, shard_size: int = 0) -> list[S
     if length < 1:
         raise ValueError("the dataset is empty: nothing to train on")
     if num_shards < 0 or shard_size < 0:
-        raise ValueError(f"num_shards and shard_size must be >= 0, got {num_shards}, "
-                         f"{shard_size}")
+        raise ValueError(f"num_shards and shard_size must be >= 0, got {num_shards}, {shard_size}")
     if num_shards and shard_size:
         raise ValueError("give num_shards or shard_size, not both")
     if shard_size:
-        return [Shard(i, start, min(start + shard_size, length))
-                for i, start in enumerate(range(0, length, shard_size))]
+        return [
+            Shard(i, start, min(start + shard_size, length))
+            for i, start in enumerate(range(0, length, shard_size))
+        ]
     count = num_shards or min(DEFAULT_NUM_SHARDS, length)
     if count > length:
         raise ValueError(f"num_shards={count} is more than the {length} samples of the dataset")
@@ -129,19 +140,32 @@ def plan_shards(length: int, num_shards: int = 0, shard_size: int = 0) -> list[S
     return [Shard(i, bounds[i], bounds[i + 1]) for i in range(count)]
 
 
-def build_manifest(dataset: str, model_def: str = "", split: str = "train",
-                   num_shards: int = 0, shard_size: int = 0) -> dict[str, Any]:
-    """The manifest ``python -m master --shard-manifest`` reads (``shards``) plus what it was
+def build_manifest(
+    dataset: str,
+    model_def: str = "",
+    split: str = "train",
+    num_shards: int = 0,
+    shard_size: int = 0,
+) -> dict[str, Any]:
+    """The manifest ``kfp-elastic master --shard-manifest`` reads (``shards``) plus what it was
     made from."""
     kind, where = resolve(dataset, model_def)
     length = count_samples(dataset, model_def, split)
     if length < 1:
-        raise ValueError(f"dataset {dataset or model_def!r} (split {split!r}) has no samples: "
-                         "nothing to train on")
+        raise ValueError(
+            f"dataset {dataset or model_def!r} (split {split!r}) has no samples: "
+            "nothing to train on"
+        )
     shards = plan_shards(length, num_shards, shard_size)
-    return {"format": MANIFEST_FORMAT, "shards": [[s.shard_id, s.start, s.end] for s in shards],
-            "num_samples": length, "num_shards": len(shards), "source": where,
-            "source_kind": kind, "split": split}
+    return {
+        "format": MANIFEST_FORMAT,
+        "shards": [[s.shard_id, s.start, s.end] for s in shards],
+        "num_samples": length,
+        "num_shards": len(shards),
+        "source": where,
+        "source_kind": kind,
+        "split": split,
+    }
 
 
 def read_manifest(path: str | Path) -> tuple[list[Shard], dict[str, Any]]:
@@ -163,8 +187,9 @@ def check_shards(shards: Sequence[Shard]) -> None:
     position = 0
     for start, end in covered:
         if start != position or end <= start:
-            raise ValueError(f"shard [{start}, {end}) leaves a gap, overlaps or is empty: "
-                             "shards must tile 0..N")
+            raise ValueError(
+                f"shard [{start}, {end}) leaves a gap, overlaps or is empty: shards must tile 0..N"
+            )
         position = end
     if len({s.shard_id for s in shards}) != len(shards):
         raise ValueError("shard ids in the manifest are not unique")

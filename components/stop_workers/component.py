@@ -2,7 +2,7 @@
 
 from kfp import dsl
 
-from components import BASE_IMAGE
+from kfp_elastic.components import BASE_IMAGE
 
 
 @dsl.component(base_image=BASE_IMAGE, install_kfp_package=False)
@@ -27,7 +27,7 @@ def stop_workers(
     Returns:
         What was stopped, one line.
     """
-    from components.common import (
+    from kfp_elastic.components.common import (
         delete_run_pods,
         in_cluster,
         normalize_run_id,
@@ -38,9 +38,12 @@ def stop_workers(
         print("stop_workers: no run_id given, nothing to stop", flush=True)
         return "nothing stopped"
     rid = normalize_run_id(run_id)
-    print(f"stop_workers: pipeline {status.state}"
-          + (f" ({status.error_message})" if status.error_message else "")
-          + f", run {rid}", flush=True)
+    print(
+        f"stop_workers: pipeline {status.state}"
+        + (f" ({status.error_message})" if status.error_message else "")
+        + f", run {rid}",
+        flush=True,
+    )
     kubernetes = launcher == "kubernetes" or (launcher == "auto" and in_cluster())
     if kubernetes:
         try:

@@ -1,4 +1,6 @@
-"""Handwritten digits (scikit-learn's bundled 8x8 images): ``--model-def worker.examples.digits``.
+"""Handwritten digits (scikit-learn's bundled 8x8 images).
+
+``--model-def kfp_elastic.worker.examples.digits``.
 
 1,797 images ship inside scikit-learn, so this trains offline; a small MLP reaches about 95 %
 test accuracy on a CPU in well under a minute.
@@ -49,5 +51,8 @@ def optimizer(params) -> torch.optim.Optimizer:  # noqa: ANN001 - torch's own ty
 def evaluate(model: nn.Module, batch: list[torch.Tensor]) -> dict[str, float]:
     features, labels = batch
     logits = model(features)
-    return {"loss": float(nn.functional.cross_entropy(logits, labels)),
-            "correct": float((logits.argmax(dim=1) == labels).sum()), "count": len(labels)}
+    return {
+        "loss": float(nn.functional.cross_entropy(logits, labels)),
+        "correct": float((logits.argmax(dim=1) == labels).sum()),
+        "count": len(labels),
+    }
