@@ -10,7 +10,7 @@ of an agent is found by a tag in the environment (inherited by the workers) and 
         a = group.start(backend="c10d", endpoint=ep, run_id="r1", nnodes="2", script_args=[...])
         ...
 
-``tests/harness.py`` re-exports this module for the tests.
+``tests/helpers.py`` re-exports this module for the tests.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from kfp_elastic.rendezvous.etcd_client import connect_to
-from kfp_elastic.rendezvous.local_agents import AgentGroup, new_run_id, wait_for
 from kfp_elastic.worker.progress import Progress
+from tests.helpers import AgentGroup, new_run_id, wait_for
 
 EPOCHS = 3
 SAMPLES = 480

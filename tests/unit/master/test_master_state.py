@@ -16,7 +16,7 @@ from pyetcd.client import MultiEndpointEtcd3Client
 from kfp_elastic.master.state import MasterState, NotLeaderError, read_timeline
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.rendezvous.etcd_client import connect_to
-from kfp_elastic.rendezvous.local_agents import REPO_ROOT
+from tests.helpers import REPO_ROOT
 
 
 @pytest.fixture

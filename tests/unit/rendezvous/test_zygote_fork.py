@@ -19,9 +19,9 @@ import pytest
 
 from kfp_elastic.rendezvous.warm_start import SHIM_PATH
 from kfp_elastic.rendezvous.zygote_shim import SOCKET_ENV
+from tests.helpers import REPO_ROOT
 
 PY = sys.executable
-REPO = Path(__file__).resolve().parents[1]
 
 AGENT = textwrap.dedent("""
     import atexit, json, logging, os, signal, sys, threading, time
@@ -71,11 +71,11 @@ def agent(tmp_path: Path, request):
     marker.write_text("")
     process = subprocess.Popen(
         [PY, "-c", AGENT, str(marker), mode],
-        cwd=REPO,
+        cwd=REPO_ROOT,
         text=True,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         start_new_session=True,
     )
     try:

@@ -15,8 +15,8 @@ import torch
 
 from kfp_elastic.master.state import MasterState, read_timeline
 from kfp_elastic.rendezvous.etcd_client import connect_to
-from kfp_elastic.rendezvous.local_agents import REPO_ROOT, sigkill_process_tree, wait_for
 from kfp_elastic.worker.progress import Progress
+from tests.helpers import REPO_ROOT, sigkill_process_tree, wait_for
 
 EPOCHS, SAMPLES = 3, 480
 

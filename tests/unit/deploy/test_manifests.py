@@ -21,11 +21,12 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import REPO_ROOT
+
 yaml = pytest.importorskip("yaml")
 
-ROOT = Path(__file__).resolve().parents[1]
-MANIFESTS = ROOT / "manifests"
-IMAGES = ROOT / "images"
+MANIFESTS = REPO_ROOT / "manifests"
+IMAGES = REPO_ROOT / "images"
 
 # kustomization folder -> expected etcd members
 TARGETS = {"base": 3, "overlays/local-kind": 1, "overlays/production": 3}
@@ -74,7 +75,7 @@ def _hadolint() -> str | None:
     return shutil.which("hadolint")
 
 
-def _run(cmd: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def _run(cmd: list[str], cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, KUBECONFIG=os.devnull)  # kustomize is offline; never read a kubeconfig
     return subprocess.run(
         cmd,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from kfp_elastic.rendezvous.etcd_client import connect_to
-from kfp_elastic.rendezvous.local_agents import AgentGroup, new_run_id, wait_for
 from kfp_elastic.worker.evaluate import evaluate
 from kfp_elastic.worker.progress import Progress
+from tests.helpers import AgentGroup, new_run_id, wait_for
 
 MODEL_DEF = "kfp_elastic.worker.examples.digits"
 

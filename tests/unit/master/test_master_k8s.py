@@ -1,4 +1,5 @@
-"""ElasticJob with the Kubernetes launcher built by the CLI, against tests/fake_k8s.py: Pending
+"""ElasticJob with the Kubernetes launcher built by the CLI, against
+tests/fakes/fake_k8s.py: Pending
 pods keep their slot, a preempted pod is replaced, succeeded pods end the job."""
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from kfp_elastic.master.job import ElasticJob, JobResult
 from kfp_elastic.master.state import MasterState, read_timeline
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.rendezvous.etcd_client import connect_to
-from kfp_elastic.rendezvous.local_agents import wait_for
-from tests.fake_k8s import FakeKubernetes
+from tests.fakes.fake_k8s import FakeKubernetes
+from tests.helpers import wait_for
 
 NS = "kfp-elastic"
 UNSCHEDULABLE = [

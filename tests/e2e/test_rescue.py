@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from kfp_elastic.rendezvous.etcd_client import connect_to
-from kfp_elastic.rendezvous.local_agents import AgentGroup, new_run_id, read_events, wait_for
 from kfp_elastic.worker.progress import Progress
 from kfp_elastic.worker.rescue import Rescues, best_holder, rescue_name
+from tests.helpers import AgentGroup, new_run_id, read_events, wait_for
 
 EPOCHS = 2
 SAMPLES = 480

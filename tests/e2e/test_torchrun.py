@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import (
+from tests.helpers import (
     Agent,
     AgentGroup,
     first_step_with_world,

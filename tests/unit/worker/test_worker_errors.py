@@ -13,8 +13,7 @@ from kfp_elastic.rendezvous.embedded_etcd import free_port
 from kfp_elastic.rendezvous.etcd_client import connect_to
 from kfp_elastic.worker.data_plan import shards_for_length
 from kfp_elastic.worker.progress import Committed, Progress, manifest_from_shards
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO_ROOT
 
 
 def run_worker(
@@ -34,9 +33,9 @@ def run_worker(
         "kfp_elastic.worker",
         *worker_args,
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COUNTING_SAMPLES": "40"}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COUNTING_SAMPLES": "40"}
     return subprocess.run(
-        command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
+        command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO_ROOT
     )
 
 
@@ -164,6 +163,6 @@ def test_bad_snapshot_schedule_is_named_before_anything_starts(tmp_path: Path) -
             capture_output=True,
             text=True,
             timeout=60,
-            cwd=REPO,
+            cwd=REPO_ROOT,
         )
         assert result.returncode == 2 and reason in result.stderr, result.stderr

@@ -6,14 +6,12 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from kfp_elastic.rendezvous.embedded_etcd import free_port
-from tests.harness import TINY_DDP
+from tests.helpers import REPO_ROOT, TINY_DDP
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 # A hang would be the bug; 10 s is the promise to users, the subprocess limit only a backstop.
 PROMISED_S = 10
 

@@ -1,4 +1,4 @@
-"""elastic_train's and stop_workers' Kubernetes side against tests/fake_k8s.py (real client,
+"""elastic_train's and stop_workers' Kubernetes side against tests/fakes/fake_k8s.py (real client,
 real HTTP): the worker pods carry what the task forwarded, faults delete pods, the exit
 handler deletes a run's pods. No pod runs here: training in pods needs a cluster.
 """
@@ -20,7 +20,7 @@ from kfp_elastic.components.elastic_train.run_job import (
     validate,
     worker_entry,
 )
-from tests.fake_k8s import FakeKubernetes
+from tests.fakes.fake_k8s import FakeKubernetes
 
 NS = "ml"
 RUN = "kfp-1234abcd"

@@ -1,7 +1,7 @@
 """Warm start: the zygote forks workers that behave like fresh ``python script.py`` processes.
 
 The zygote here preloads only ``json`` (fast); torchrun runs with the real preload are in
-tests/test_torchrun.py.
+tests/e2e/test_torchrun.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 from kfp_elastic.rendezvous.warm_start import SHIM_PATH, shim_command
 from kfp_elastic.rendezvous.zygote import PythonTarget, parse_python_command
 from kfp_elastic.rendezvous.zygote_shim import SOCKET_ENV
-from tests.harness import wait_for
+from tests.helpers import REPO_ROOT, wait_for
 
 PY = sys.executable
 
@@ -94,7 +94,7 @@ def zygote(tmp_path: Path):
             " '--parent-pid', str(os.getpid()), '--preload', 'json']))",
         ],
         start_new_session=True,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=REPO_ROOT,
     )
     wait_for(lambda: os.path.exists(path), 20, what="the zygote's socket")
     yield path, process

@@ -20,7 +20,7 @@ import uuid
 from collections import deque
 from typing import Any
 
-from tests.fake_k8s_wire import (
+from tests.fakes.fake_k8s_wire import (
     ApiError,
     Handler,
     Server,

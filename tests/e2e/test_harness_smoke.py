@@ -7,10 +7,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from tests.harness import AgentGroup, free_port, read_events, tiny_ddp_args
-except ImportError:  # pytest's rootdir-relative import of tests/ without __init__.py
-    from harness import AgentGroup, free_port, read_events, tiny_ddp_args  # type: ignore[no-redef]
+from tests.helpers import AgentGroup, free_port, read_events, tiny_ddp_args
 
 STEPS = 5
 

@@ -1,4 +1,4 @@
-"""The API machinery of the fake Kubernetes API server (``tests/fake_k8s.py``) that is not pod
+"""The API machinery of the fake Kubernetes API server (``tests/fakes/fake_k8s.py``) that is not pod
 storage: Status errors, label selectors, merge patches, and the HTTP transport (routing, JSON
 replies, chunked watch streams, connections closed on stop).
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 if TYPE_CHECKING:
-    from tests.fake_k8s import FakeKubernetes
+    from tests.fakes.fake_k8s import FakeKubernetes
 
 _PATH = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+)(?P<sub>/status)?)?")
 _REQUIREMENT = re.compile(

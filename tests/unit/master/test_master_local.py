@@ -28,9 +28,9 @@ from kfp_elastic.master.local_launcher import LocalLauncher
 from kfp_elastic.master.state import MasterState, read_timeline
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.rendezvous.etcd_client import connect_to
-from kfp_elastic.rendezvous.local_agents import REPO_ROOT, read_events, wait_for
+from tests.helpers import REPO_ROOT, WORKER_ENTRY, read_events, wait_for
 
-ENTRY = str(Path(__file__).with_name("master_worker_entry.py"))
+ENTRY = str(WORKER_ENTRY)
 RDZV = {"last_call_timeout": "0.5"}
 
 

@@ -1,4 +1,5 @@
-"""KubernetesLauncher through the real ``kubernetes`` client against tests/fake_k8s.py (HTTP on
+"""KubernetesLauncher through the real ``kubernetes`` client against tests/fakes/fake_k8s.py
+(HTTP on
 127.0.0.1): launch, classify preemption vs failure, resume watches after stream end and 410."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from kfp_elastic.master.k8s_launcher import KubernetesLauncher, LaunchError
 from kfp_elastic.master.launcher import Reason, WorkerEvent, WorkerHandle, WorkerPhase
 from kfp_elastic.master.pod_spec import JOB_LABEL, WorkerPodSpec, build_pod
 from kfp_elastic.master.pod_status import classify
-from tests.fake_k8s import FakeKubernetes
+from tests.fakes.fake_k8s import FakeKubernetes
 
 NS = "kfp-elastic"
 TEMPLATE = WorkerPodSpec(

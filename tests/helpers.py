@@ -1,0 +1,61 @@
+"""The tests' one helpers module: paths, polling, and the local torchrun agents harness.
+
+The harness itself lives in :mod:`kfp_elastic.rendezvous.local_agents` (benchmarks and the demo
+use it too); it is re-exported here so tests import everything from one place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kfp_elastic.rendezvous.local_agents import (
+    TINY_DDP,
+    Agent,
+    AgentGroup,
+    first_step_with_world,
+    free_port,
+    new_run_id,
+    read_events,
+    sigkill_process_tree,
+    steps_by_world,
+    tiny_ddp_args,
+    wait_for,
+    wait_for_events,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TESTS_ROOT = REPO_ROOT / "tests"
+# A stand-in worker (tests/fakes/worker_entry.py) that the master's launchers start.
+WORKER_ENTRY = TESTS_ROOT / "fakes" / "worker_entry.py"
+
+
+def eventually(predicate: Callable[[], object], timeout: float = 10.0, poll: float = 0.02) -> bool:
+    """Poll ``predicate`` until it is truthy or ``timeout`` seconds passed; its last answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll)
+    return bool(predicate())
+
+
+__all__ = [
+    "REPO_ROOT",
+    "TESTS_ROOT",
+    "TINY_DDP",
+    "WORKER_ENTRY",
+    "Agent",
+    "AgentGroup",
+    "eventually",
+    "first_step_with_world",
+    "free_port",
+    "new_run_id",
+    "read_events",
+    "sigkill_process_tree",
+    "steps_by_world",
+    "tiny_ddp_args",
+    "wait_for",
+    "wait_for_events",
+]
