@@ -141,7 +141,7 @@ class ElasticJob:
         self._cache_lock = threading.Lock()
         self._table: dict[str, dict[str, Any]] = {}
         self._deleted_at: dict[str, float] = {}
-        self._worker_errors: dict[str, str] = {}  # name -> the error its agent left in etcd
+        self._worker_errors: dict[str, tuple[str, int]] = {}  # name -> (error, errors counted)
 
     # -- control from outside ----------------------------------------------------------------
     def request_stop(self, cancel: bool) -> None:
@@ -347,20 +347,25 @@ class ElasticJob:
         return workers
 
     def _with_worker_error(self, status: WorkerStatus, recorded: set[str]) -> WorkerStatus:
-        """A worker that ended with an error, with the error its agent left in etcd
-        (``RunKeys.worker_error``): what the job's result, timeline and report then show."""
+        """A worker that ended with an error, with what its agent left in etcd
+        (``RunKeys.worker_error``): the error (for the job's result, timeline and report) and
+        how many failed starts it counted (worker errors against ``--max-failures``)."""
         if status.reason != Reason.ERROR or status.name in recorded:
             return status
         if status.name not in self._worker_errors:
             value, _ = self.client.get(RunKeys(self.spec.run_prefix).worker_error(status.name))
             try:
-                self._worker_errors[status.name] = str(json.loads(value)["error"]) if value else ""
-            except (ValueError, KeyError, TypeError):
-                self._worker_errors[status.name] = ""
-        error = self._worker_errors[status.name]
+                record = json.loads(value) if value else {}
+                self._worker_errors[status.name] = (
+                    str(record.get("error", "")),
+                    int(record.get("failures", 1)),
+                )
+            except (ValueError, TypeError, AttributeError):
+                self._worker_errors[status.name] = ("", 1)
+        error, count = self._worker_errors[status.name]
         if not error:
             return status
-        return replace(status, message=f"{status.message}; worker error: {error}")
+        return replace(status, message=f"{status.message}; worker error: {error}", errors=count)
 
     def _record_ended(self, decision: Decision, failures: int) -> None:
         for outcome in decision.ended:

@@ -224,6 +224,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             "round": round_number,
             "verdict": verdict.value,
             "repeats": self._restarts.repeats,
+            "failures": self._restarts.counted,
             "error": text,
         }
         try:

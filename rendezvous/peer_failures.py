@@ -20,7 +20,9 @@ seconds, what the failure looked like) and asks :class:`RestartPolicy`:
   left of ``--max-restarts``; the master counts a worker error (``--max-failures``).
 
 Counted failures and the give-up leave the error (exception line and traceback tail, from
-torchrun's error file) in etcd for the master (``RunKeys.worker_error``).
+torchrun's error file) and how many failures the agent counted in etcd for the master
+(``RunKeys.worker_error``): when the agent fails, the master counts that many worker errors
+against ``--max-failures``, so a failure that repeats at every start ends the job at once.
 """
 
 from __future__ import annotations
@@ -104,11 +106,17 @@ class RestartPolicy:
     _free_at: deque[float] = field(default_factory=deque)
     _last_signature: str | None = None
     _repeats: int = 0
+    _counted: int = 0
 
     @property
     def repeats(self) -> int:
         """How many counted failures in a row had the latest signature."""
         return self._repeats
+
+    @property
+    def counted(self) -> int:
+        """Failures counted (not free) so far: the worker errors this agent saw."""
+        return self._counted
 
     def decide(self, change: MembershipChange | None, signature: str, now: float) -> Verdict:
         """``change``: what happened to the round (None: nothing seen); ``signature``: what the
@@ -119,6 +127,7 @@ class RestartPolicy:
             if len(self._free_at) < self.max_free_restarts:
                 self._free_at.append(now)
                 return Verdict.FREE
+        self._counted += 1
         self._repeats = self._repeats + 1 if signature == self._last_signature else 1
         self._last_signature = signature
         if self.max_repeated_failures and self._repeats >= self.max_repeated_failures:
@@ -158,12 +167,14 @@ def error_text(failures: Mapping[int, Any]) -> str:
     """One line for people: the first failed rank's error and traceback tail, bounded."""
     if not failures:
         return "no failure details"
+    # The root cause: a rank that says what went wrong, then the earliest (torch's choice).
     rank, failure = min(
-        failures.items(), key=lambda item: (getattr(item[1], "timestamp", 0), item[0])
+        failures.items(),
+        key=lambda item: (not _headline(item[1]), getattr(item[1], "timestamp", 0), item[0]),
     )
     code = getattr(failure, "exitcode", "?")
     headline = _headline(failure) or "the worker wrote no error file"
-    text = f"{headline} (local_rank={rank} exit code {code})"
+    text = f"{headline} (rank {rank}, exit code {code})"
     tail = _traceback_tail(failure)
     if tail:
         text += "; traceback tail: " + " | ".join(tail)
