@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +141,7 @@ class ElasticJob:
         self._cache_lock = threading.Lock()
         self._table: dict[str, dict[str, Any]] = {}
         self._deleted_at: dict[str, float] = {}
+        self._worker_errors: dict[str, tuple[str, int]] = {}  # name -> (error, errors counted)
 
     # -- control from outside ----------------------------------------------------------------
     def request_stop(self, cancel: bool) -> None:
@@ -332,7 +333,7 @@ class ElasticJob:
                     status.worker_index,
                 )
             if not (name in recorded and status.phase == WorkerPhase.DELETED):
-                workers.append(status)
+                workers.append(self._with_worker_error(status, recorded))
         for name, record in self._table.items():
             if name not in cache and name not in recorded:  # launched, not reported yet
                 workers.append(
@@ -344,6 +345,27 @@ class ElasticJob:
                     )
                 )
         return workers
+
+    def _with_worker_error(self, status: WorkerStatus, recorded: set[str]) -> WorkerStatus:
+        """A worker that ended with an error, with what its agent left in etcd
+        (``RunKeys.worker_error``): the error (for the job's result, timeline and report) and
+        how many failed starts it counted (worker errors against ``--max-failures``)."""
+        if status.reason != Reason.ERROR or status.name in recorded:
+            return status
+        if status.name not in self._worker_errors:
+            value, _ = self.client.get(RunKeys(self.spec.run_prefix).worker_error(status.name))
+            try:
+                record = json.loads(value) if value else {}
+                self._worker_errors[status.name] = (
+                    str(record.get("error", "")),
+                    int(record.get("failures", 1)),
+                )
+            except (ValueError, TypeError, AttributeError):
+                self._worker_errors[status.name] = ("", 1)
+        error, count = self._worker_errors[status.name]
+        if not error:
+            return status
+        return replace(status, message=f"{status.message}; worker error: {error}", errors=count)
 
     def _record_ended(self, decision: Decision, failures: int) -> None:
         for outcome in decision.ended:

@@ -9,7 +9,8 @@ The policy, as :func:`decide` applies it on every reconcile of the master:
   harder" (they would only queue behind the Pending ones).
 - **Replace what ended.** A worker that was preempted, evicted, lost with its node or deleted by
   someone else is replaced without counting a failure (a *disruption*). A worker that exited
-  non-zero is replaced too, and counts against ``max_failures``.
+  non-zero is replaced too, and counts against ``max_failures``: as many worker errors as its
+  agent counted failed starts (a failure that repeats at every start spends them at once).
 - **Give up** when failures exceed ``max_failures``, or when fewer than MIN workers have been
   Running for longer than ``max_wait_s`` (measured on the caller's monotonic clock).
 - **Finishing.** Once the job is complete (a worker exited 0 or the committed progress says so)
@@ -72,6 +73,7 @@ class Outcome:
     failure: bool  # counts against max_failures
     exit_code: int | None
     message: str
+    errors: int = 1  # worker errors it stands for (its agent's counted failures), if a failure
 
     @property
     def completed(self) -> bool:
@@ -109,7 +111,13 @@ def outcome_of(status: WorkerStatus) -> Outcome:
         f"exit code {status.exit_code}" if status.exit_code is not None else cause
     )
     return Outcome(
-        status.name, status.worker_index, cause, cause == "failed", status.exit_code, message
+        status.name,
+        status.worker_index,
+        cause,
+        cause == "failed",
+        status.exit_code,
+        message,
+        max(1, status.errors or 1),
     )
 
 
@@ -133,7 +141,7 @@ def decide(
     finishing = finishing or any(o.completed for o in ended)
     if finishing:  # e.g. a late replacement that found the finished run closed: not a failure
         ended = tuple(replace(o, failure=False) for o in ended)
-    failures += sum(o.failure for o in ended)
+    failures += sum(o.errors for o in ended if o.failure)
     delete = tuple(w.name for w in workers if w.ended and w.phase != WorkerPhase.DELETED)
     active = [w for w in workers if is_active(w)]
     running = [w for w in active if w.phase == WorkerPhase.RUNNING]

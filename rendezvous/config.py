@@ -58,9 +58,16 @@ class RendezvousConfig:
     request_timeout: float = 5.0
     # Detect a dead peer at once through a TCP probe connection (lease expiry is the fallback).
     peer_probe: bool = True
-    # A worker failure within this long of a membership change (a peer died) restarts the
-    # workers without spending one of --max-restarts; 0 counts every failure, as torch does.
+    # A worker failure within this long of a participant's death or leave restarts the workers
+    # without spending one of --max-restarts (rendezvous/peer_failures.py); 0 counts every
+    # failure, as torch does.
     peer_failure_grace: float = 1.0
+    # At most this many such free restarts per free_restart_window seconds; more are counted.
+    max_free_restarts: int = 10
+    free_restart_window: float = 300.0
+    # The agent gives up (whatever is left of --max-restarts) when its workers fail the same way
+    # this many times in a row; 0: only --max-restarts ends it.
+    max_repeated_failures: int = 2
     # Close the run for everyone when a failing agent shuts down (torch's behaviour).
     close_on_failure: bool = False
     # How many ring successors each node probes.
@@ -137,6 +144,13 @@ class RendezvousConfig:
             raise ConfigError(
                 f"--rdzv-conf peer_failure_grace={self.peer_failure_grace} must be >= 0"
             )
+        for name in ("max_free_restarts", "max_repeated_failures"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--rdzv-conf {name}={getattr(self, name)} must be >= 0")
+        if self.free_restart_window <= 0:
+            raise ConfigError(
+                f"--rdzv-conf free_restart_window={self.free_restart_window} must be > 0"
+            )
         if self.lease_ttl < 2:
             raise ConfigError(
                 f"--rdzv-conf lease_ttl={self.lease_ttl} is below etcd's minimum of 2 seconds"
@@ -173,8 +187,9 @@ _FLOAT_KEYS = {
     "lease_ttl",
     "request_timeout",
     "peer_failure_grace",
+    "free_restart_window",
 }
-_INT_KEYS = {"probe_fanout"}
+_INT_KEYS = {"probe_fanout", "max_free_restarts", "max_repeated_failures"}
 _BOOL_KEYS = {"peer_probe", "close_on_failure", "warm_start"}
 _STR_KEYS = {"key_prefix", "cacert", "cert", "key", "user", "password", "warm_start_preload"}
 _MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")

@@ -9,6 +9,7 @@ torchrun finds it through the ``torchrun.handlers`` entry point ``elastic-etcd``
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import socket
@@ -16,7 +17,9 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
 
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
@@ -34,9 +37,18 @@ from .config import RendezvousConfig, config_from_torch_params
 from .etcd_client import EtcdConnectionError, connect
 from .keys import RunKeys
 from .membership import Membership
+from .peer_failures import (
+    MembershipChange,
+    RestartPolicy,
+    Verdict,
+    error_text,
+    failure_signature,
+    membership_change,
+)
 from .round_formation import (
     LastCallClock,
     MasterRecord,
+    NodeRecord,
     RoundRecord,
     decide,
     is_admitted,
@@ -60,6 +72,8 @@ LEADER_GRACE_S = 0.1
 BROKEN_CHECK_S = 0.2
 # How often a failed worker's agent looks for the membership change that explains the failure.
 MEMBERSHIP_POLL_S = 0.02
+# Which worker an agent runs, in the master's words (local launcher; pods: the pod's name).
+WORKER_NAME_VARS = ("KFP_ELASTIC_WORKER_NAME", "POD_NAME")
 
 
 def _advertised_addr(local_addr: str | None) -> str:
@@ -87,12 +101,16 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             raise RendezvousConnectionError(str(error)) from error
         self._membership = Membership(self._client, self._keys, config, self.node_id, self._addr)
         self._round: RoundRecord | None = None
+        # Participants' leases as first seen in the current round (a new lease = a lost one).
+        self._round_leases: dict[str, int] = {}
+        self._restarts = RestartPolicy(
+            config.max_free_restarts, config.free_restart_window, config.max_repeated_failures
+        )
         self._waiting_memo: tuple[int, int, int] | None = None  # (revision, round, answer)
         self._left = threading.Event()
         self._lock = threading.Lock()
         leave_hook.register(self)
-        if config.peer_failure_grace > 0:
-            peer_failures.install(config.peer_failure_grace)
+        peer_failures.install()
         atexit.register(self.leave, "process exit")
         log.info(
             "elastic-etcd handler ready node=%s run=%s endpoints=%s nnodes=%d:%d",
@@ -135,20 +153,84 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         if memo is not None and memo[:2] == (revision, current_round.number):
             return memo[2]  # polled often (monitor loop, store waits): O(N) once per change
         live, latest = self._membership.view()
+        self._remember_leases(live, current_round)
         count = nodes_waiting_count(live, latest, self._config.max_nodes)
         if latest.number != current_round.number:
             count = max(1, count)
         self._waiting_memo = (revision, current_round.number, count)
         return count
 
-    def wait_for_membership_change(self, timeout: float) -> bool:
-        """Whether the current round loses or gains a member within ``timeout`` seconds."""
+    def membership_change(self) -> MembershipChange | None:
+        """How the current round's membership changed (None: not a member, or no full view)."""
+        current_round = self._round
+        if current_round is None or self._left.is_set():
+            return None
+        if self._membership.node_lease_lost:
+            return MembershipChange(lost=(self.node_id,))  # peers declared us dead
+        if not self._membership.follows_all:
+            return None
+        live, _ = self._membership.view()
+        self._remember_leases(live, current_round)
+        return membership_change(live, current_round, self._round_leases)
+
+    def _remember_leases(self, live: list[NodeRecord], current_round: RoundRecord) -> None:
+        if not self._round_leases:  # the first full view of this round
+            self._round_leases = {
+                n.node_id: n.lease for n in live if n.node_id in current_round.participants
+            }
+
+    def wait_for_peer_loss(self, timeout: float) -> MembershipChange | None:
+        """The round's membership change once a participant is lost, or as it is after
+        ``timeout`` seconds (a re-round alone is no loss: a peer's lease may go a moment later
+        than that peer's own workers' failure made it re-round)."""
         deadline = time.monotonic() + timeout
-        while self.num_nodes_waiting() == 0:
-            if time.monotonic() >= deadline:
-                return False
+        while True:
+            change = self.membership_change()
+            if (change is not None and change.peer_lost) or time.monotonic() >= deadline:
+                return change
             time.sleep(MEMBERSHIP_POLL_S)
-        return True
+
+    def on_worker_failure(self, failures: Mapping[int, Any]) -> Verdict:
+        """torchrun's agent saw our workers fail: restart for free, count it, or give up
+        (``peer_failures.RestartPolicy``); a counted failure leaves its error in etcd."""
+        change = (
+            self.wait_for_peer_loss(self._config.peer_failure_grace)
+            if self._config.peer_failure_grace > 0
+            else None
+        )
+        signature = failure_signature(failures)
+        verdict = self._restarts.decide(change, signature, time.monotonic())
+        text = error_text(failures)
+        round_number = self._round.number if self._round else 0
+        log.log(
+            logging.INFO if verdict == Verdict.FREE else logging.WARNING,
+            "worker failure node=%s round=%d verdict=%s repeats=%d change=%s error=%s",
+            self.node_id,
+            round_number,
+            verdict.value,
+            self._restarts.repeats,
+            change.describe() if change is not None else "unknown",
+            text,
+        )
+        if verdict != Verdict.FREE:
+            self._record_worker_error(round_number, verdict, text)
+        return verdict
+
+    def _record_worker_error(self, round_number: int, verdict: Verdict, text: str) -> None:
+        worker = next((os.environ[v] for v in WORKER_NAME_VARS if os.environ.get(v)), None)
+        record = {
+            "worker": worker or self.node_id,
+            "node": self.node_id,
+            "round": round_number,
+            "verdict": verdict.value,
+            "repeats": self._restarts.repeats,
+            "failures": self._restarts.counted,
+            "error": text,
+        }
+        try:
+            self._client.put(self._keys.worker_error(worker or self.node_id), json.dumps(record))
+        except Exception as error:  # noqa: BLE001 - the error still reaches the agent's log
+            log.warning("could not record worker error node=%s error=%r", self.node_id, error)
 
     def next_rendezvous(self) -> RendezvousInfo:
         if self._left.is_set():
@@ -302,6 +384,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         assert rank is not None
         membership = self._membership
         self._round = current
+        self._round_leases = {}
         membership.keep_run_lease(current.run_lease)
         if rank == 0 and membership.master(current.number) is None:
             membership.publish_master(current)  # first: every other node waits for it

@@ -9,10 +9,13 @@
 | ``{run}/rdzv/leader``                 | JSON leader record            | leader's lease |
 | ``{run}/rdzv/rank0``                  | JSON MASTER_ADDR/PORT of a round | run lease   |
 | ``{run}/store/{round}/{key}``         | bytes given by torch          | run lease      |
+| ``{run}/errors/{worker}``             | JSON last counted worker error | none          |
 
 The run lease is created by the leader of the first round and, once it exists, kept alive by
 every live node; once the last node has left it expires after ``close_timeout`` and takes every
-key of the run with it. Values we write are JSON, never pickle.
+key of the run with it. Values we write are JSON, never pickle. ``errors/{worker}`` (written by
+an agent whose workers failed, ``peer_failures.py``; ``{worker}`` is the master's worker name)
+is not bound to a lease: the master reads it after the agent is gone.
 Issue-3 parts (master, shards, events) add their own sub-prefixes next to ``rdzv/`` and ``store/``.
 """
 
@@ -64,6 +67,9 @@ class RunKeys:
 
     def store(self, round_number: int) -> str:
         return f"{self.store_root}{round_number}/"
+
+    def worker_error(self, worker: str) -> str:
+        return f"{self.run_prefix}/errors/{worker}"
 
 
 def prefix_range_end(prefix: str) -> str:

@@ -137,6 +137,17 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _why_it_failed(summary: Summary) -> list[str]:
+    """The master's verdict and the errors the failed workers left (exception, traceback tail)."""
+    if summary.end_state != "failed":
+        return []
+    errors = [(t, w, message) for t, w, cause, message in summary.lost_rows if cause == "failed"]
+    parts = ["<h2>Why it failed</h2>", f"<pre>{escape(summary.end_message or 'unknown')}</pre>"]
+    if errors:
+        parts.append(_table(("t (s)", "worker", "error"), errors))
+    return parts
+
+
 def render(
     summary: Summary,
     *,
@@ -175,6 +186,7 @@ def render(
         f'<p class="state {escape(state)}">Job {escape(state)}'
         + (f": {escape(summary.end_message)}" if summary.end_message else "")
         + "</p>",
+        *_why_it_failed(summary),
         "<h2>Metrics</h2>",
         _table(("metric", "value"), metric_rows),
         "<h2>World size over time</h2>",

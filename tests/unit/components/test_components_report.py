@@ -161,3 +161,26 @@ def test_progress_lines() -> None:
     assert "worker-1-0 lost: preempted (terminated by SIGTERM)" in lines[6]
     assert lines[-1].endswith("job succeeded: committed progress is complete")
     assert describe({"kind": "unknown", "t": T0}, T0) is None
+
+
+def test_a_failed_job_says_why_with_the_workers_errors() -> None:
+    error = "RuntimeError: broken <on purpose> (rank 0, exit code 1); traceback tail: ..."
+    events = [
+        {"t": T0, "kind": "master_started"},
+        {
+            "t": T0 + 3,
+            "kind": "worker_lost",
+            "name": "worker-0-0",
+            "cause": "failed",
+            "failure": True,
+            "message": f"exit code 1; worker error: {error}",
+        },
+        {"t": T0 + 4, "kind": "worker_lost", "name": "worker-1-0", "cause": "preempted"},
+        {"t": T0 + 5, "kind": "job_failed", "message": f"2 worker failures ...: {error}"},
+    ]
+    html = render(summarize(events), title="t", settings={})
+    why = html.split("<h2>Why it failed</h2>")[1].split("<h2>")[0]
+    assert "2 worker failures" in why and "broken &lt;on purpose&gt;" in why
+    assert "worker-0-0" in why and "worker-1-0" not in why  # only errors, not disruptions
+    succeeded = render(summarize(timeline()), title="t", settings={})
+    assert "Why it failed" not in succeeded

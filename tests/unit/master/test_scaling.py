@@ -135,3 +135,13 @@ def test_outcome_of_unknown_reasons() -> None:
 def test_bad_policies_fail_with_the_option_named(policy: ScalingPolicy, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         policy.validate()
+
+
+def test_a_worker_counts_the_failed_starts_its_agent_reported() -> None:
+    # Its agent gave up after the same failure twice: two worker errors, the budget is spent.
+    failed = WorkerStatus("w-1-0", F, Reason.ERROR, "exit code 1", 1, 1, 0, errors=2)
+    d = decide(POLICY, [w(0), failed, w(2)], set(), 0, None, now=1.0)
+    assert d.failures == 2 and d.give_up is not None and d.launch == ()
+    assert outcome_of(failed).errors == 2
+    preempted = WorkerStatus("w-1-0", F, Reason.PREEMPTED, "", 143, 1, 0, errors=2)
+    assert decide(POLICY, [w(0), preempted, w(2)], set(), 0, None, now=1.0).failures == 0
