@@ -39,7 +39,7 @@ from kfp_elastic.master.pod_spec_checks import (  # noqa: F401 - names callers i
 class WorkerPodSpec:
     """Everything that makes one worker pod. Quantities use Kubernetes notation ("500m", "4Gi").
 
-    ``rdzv_endpoint`` may be a kubelet reference such as ``$(KFP_ELASTIC_RDZV_ENDPOINT)`` when
+    ``rdzv_endpoint`` may be a kubelet reference such as ``$(KFP_ELASTIC_ETCD_ENDPOINTS)`` when
     the variable comes from ``env`` or ``env_from_config_maps`` (e.g. ``kfp-elastic-config``).
     """
 

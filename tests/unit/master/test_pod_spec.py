@@ -40,7 +40,7 @@ FULL = WorkerPodSpec(
     entrypoint="trainer.main",
     module=True,
     entrypoint_args=("--epochs", "3", "--snapshot", "/snapshots/resnet"),
-    rdzv_endpoint="$(KFP_ELASTIC_RDZV_ENDPOINT)",
+    rdzv_endpoint="$(KFP_ELASTIC_ETCD_ENDPOINTS)",
     min_nodes=1,
     max_nodes=8,
     nproc_per_node="gpu",
@@ -151,7 +151,7 @@ def test_defaults_make_a_preemptible_never_restarting_worker() -> None:
 def test_args_are_what_torchrun_itself_parses() -> None:
     args = get_args_parser().parse_args(container(build_pod(FULL))["args"])
     assert (args.nnodes, args.nproc_per_node, args.rdzv_backend) == ("1:8", "gpu", "elastic-etcd")
-    assert args.rdzv_endpoint == "$(KFP_ELASTIC_RDZV_ENDPOINT)" and args.rdzv_id == "resnet-run.7"
+    assert args.rdzv_endpoint == "$(KFP_ELASTIC_ETCD_ENDPOINTS)" and args.rdzv_id == "resnet-run.7"
     assert args.rdzv_conf == "join_timeout=120,lease_ttl=10"  # etcd settings come from env
     assert args.max_restarts == 5 and args.monitor_interval == 1.0
     assert args.local_addr == "$(POD_IP)"
