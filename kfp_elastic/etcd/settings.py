@@ -22,7 +22,7 @@ import argparse
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_PORT = 2379
@@ -133,9 +133,6 @@ class EtcdSettings:
             return self.origins[name]
         setting = BY_NAME[name]
         return f"{setting.flag} ({setting.env})"
-
-    def with_endpoints(self, text: str) -> EtcdSettings:
-        return replace(self, endpoints=parse_endpoints(text, self.origin("endpoints")))
 
     def validate(self) -> None:
         """Raise ``ConfigError`` naming the flag/variable of the first unusable setting."""
