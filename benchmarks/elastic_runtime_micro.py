@@ -25,7 +25,7 @@ from kfp_elastic.rendezvous.local_agents import new_run_id
 def bench_micro(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path) -> dict[str, Any]:
     import torch
 
-    from kfp_elastic.rendezvous.etcd_client import connect_to
+    from kfp_elastic.etcd.client import connect
     from kfp_elastic.worker import snapshot_format
     from kfp_elastic.worker.data_plan import shards_for_length
     from kfp_elastic.worker.progress import Committed, Progress, manifest_from_shards
@@ -119,7 +119,7 @@ def bench_micro(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path) ->
         )
         * 1e3,
     }
-    client = connect_to(etcd.endpoint)
+    client = connect(etcd.client_settings())
     try:
         shards = shards_for_length(TRAIN_SAMPLES, max(1, TRAIN_SAMPLES // 64))
         for epochs in sorted({1, 10, args.epochs, 100}):

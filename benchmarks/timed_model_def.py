@@ -36,14 +36,17 @@ _FILE = os.environ.get("TIMED_STEPS_FILE")
 _NUMBERS = os.environ.get("TIMED_STEP_NUMBERS", "1") != "0"
 
 if os.environ.get("TIMED_ETCD_REQUEST_TIMEOUT"):
-    from kfp_elastic.rendezvous.etcd_client import connect_to as _connect_to
+    import dataclasses
+
+    from kfp_elastic.etcd.client import connect as _connect
     from kfp_elastic.worker import runner as _runner
 
-    def _patient_connect_to(endpoint: str, **conf: object):  # noqa: ANN202
-        conf.setdefault("request_timeout", float(os.environ["TIMED_ETCD_REQUEST_TIMEOUT"]))
-        return _connect_to(endpoint, **conf)
+    def _patient_connect(settings):  # noqa: ANN001,ANN202
+        timeout = float(os.environ["TIMED_ETCD_REQUEST_TIMEOUT"])
+        return _connect(dataclasses.replace(settings, request_timeout=timeout))
 
-    _runner.connect_to = _patient_connect_to
+    # Only the runtime's client: the agents' rendezvous keeps its own request timeout.
+    _runner.connect = _patient_connect
 
 LOSS_REDUCTION = _inner.loss_reduction
 model = _inner.model

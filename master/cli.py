@@ -23,15 +23,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kfp_elastic.master.job import DEFAULT_KEY_PREFIX, ElasticJob, JobSpec, LauncherFactory
+from kfp_elastic.etcd import settings as etcd_settings
+from kfp_elastic.etcd.settings import ConfigError, EtcdSettings
+from kfp_elastic.master.job import ElasticJob, JobSpec, LauncherFactory
 from kfp_elastic.master.launcher import Launcher
+from kfp_elastic.master.local_launcher import LocalLauncher
+from kfp_elastic.master.pod_spec_checks import PASSWORD_SECRET_ENV, TLS_SECRET_ENV
 from kfp_elastic.master.state import MasterState
-from kfp_elastic.rendezvous.config import ConfigError
+from kfp_elastic.rendezvous.config import ETCD_KEYS
 
 log = logging.getLogger("kfp_elastic.master")
 
 _MODULE_FLAGS = ("-m", "--module", "--no-python", "--no_python")
-_TLS_KEYS = ("cacert", "cert", "key", "user", "password", "request_timeout")
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -67,18 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--run-id", required=True, help="torchrun --rdzv-id; names every etcd key")
-    p.add_argument(
-        "--etcd",
-        required=True,
-        help="HOST:PORT[,HOST:PORT...], or 'embedded' for a throw-away local etcd",
+    etcd_settings.add_arguments(
+        p,
+        endpoints_help="etcd as HOST:PORT[,HOST:PORT...] (https:// for TLS), or 'embedded' "
+        "for a throw-away local etcd; every worker gets the same etcd settings",
     )
     p.add_argument(
-        "--etcd-conf",
-        help="TLS/auth for etcd: cacert=,cert=,key=,user=,password= "
-        "(the workers get the same through --rdzv-conf)",
+        "--rdzv-conf",
+        help="more --rdzv-conf keys for the workers, KEY=VALUE,... (not the etcd connection: "
+        "the workers get the master's)",
     )
-    p.add_argument("--rdzv-conf", help="more --rdzv-conf keys for the workers, KEY=VALUE,...")
-    p.add_argument("--key-prefix", default=DEFAULT_KEY_PREFIX)
     p.add_argument("--min-workers", type=int, required=True)
     p.add_argument("--max-workers", type=int, required=True)
     p.add_argument("--nproc-per-worker", type=int, default=1, help="torchrun --nproc-per-node")
@@ -132,11 +133,23 @@ def build_parser() -> argparse.ArgumentParser:
     k8s.add_argument("--memory")
     k8s.add_argument("--gpu", type=int, default=0)
     k8s.add_argument("--job-name", help="pod name prefix (DNS label; default: the run id)")
+    k8s.add_argument(
+        "--etcd-tls-secret",
+        default=os.environ.get(TLS_SECRET_ENV) or None,
+        help="Secret (ca.crt, tls.crt, tls.key) that worker pods mount for etcd TLS "
+        f"[env {TLS_SECRET_ENV}]",
+    )
+    k8s.add_argument(
+        "--etcd-password-secret",
+        default=os.environ.get(PASSWORD_SECRET_ENV) or None,
+        help="Secret whose key 'password' worker pods mount as their etcd password file "
+        f"[env {PASSWORD_SECRET_ENV}]",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
 
-def make_spec(args: argparse.Namespace, entry: Sequence[str]) -> JobSpec:
+def make_spec(args: argparse.Namespace, entry: Sequence[str], etcd: EtcdSettings) -> JobSpec:
     extra = {
         k: v
         for k, v in vars(args).items()
@@ -156,7 +169,7 @@ def make_spec(args: argparse.Namespace, entry: Sequence[str]) -> JobSpec:
         seed=args.seed,
         shuffle=not args.no_shuffle,
         entry=tuple(entry),
-        key_prefix=args.key_prefix,
+        key_prefix=etcd.key_prefix,
         launcher=args.launcher,
         finish_grace_s=args.finish_grace,
         leader_ttl_s=args.leader_ttl,
@@ -165,66 +178,61 @@ def make_spec(args: argparse.Namespace, entry: Sequence[str]) -> JobSpec:
 
 
 def worker_rdzv_conf(args: argparse.Namespace) -> dict[str, str]:
-    conf = {k: v for k, v in parse_conf(args.etcd_conf, "--etcd-conf").items() if k in _TLS_KEYS}
-    if args.key_prefix != DEFAULT_KEY_PREFIX:
-        conf["key_prefix"] = args.key_prefix
-    conf.update(parse_conf(args.rdzv_conf, "--rdzv-conf"))
+    conf = parse_conf(args.rdzv_conf, "--rdzv-conf")
+    etcd_keys = sorted(set(conf) & {*ETCD_KEYS, "password"})
+    if etcd_keys:
+        raise ValueError(
+            f"--rdzv-conf {etcd_keys}: give the etcd connection with the --etcd-* flags "
+            "(or KFP_ELASTIC_ETCD_* variables); the master hands it to every worker"
+        )
     return conf
 
 
 def make_launcher_factory(
-    args: argparse.Namespace, spec: JobSpec, endpoint: str
+    args: argparse.Namespace, spec: JobSpec, etcd: EtcdSettings
 ) -> LauncherFactory:
     conf = worker_rdzv_conf(args)
-    env = {
-        "KFP_ELASTIC_ETCD_ENDPOINT": endpoint,
-        "KFP_ELASTIC_RUN_ID": spec.run_id,
-        "KFP_ELASTIC_KEY_PREFIX": spec.key_prefix,
-    }
-    if args.launcher == "local":
-        from kfp_elastic.master.local_launcher import LocalLauncher
+    endpoint = etcd.endpoint_text
+    if args.launcher == "kubernetes":
+        return _kubernetes_factory(args, spec, etcd, conf)
+    # Local workers share this machine's files: they get the very same settings.
+    env = {**etcd.to_env(), "KFP_ELASTIC_RUN_ID": spec.run_id}
+    workdir = args.workdir or tempfile.mkdtemp(prefix=f"kfp-elastic-{spec.run_id}-")
+    # The worker runtime's --snapshot-dir default; local workers share the filesystem.
+    env.setdefault(
+        "KFP_ELASTIC_SNAPSHOT_DIR",
+        os.environ.get("KFP_ELASTIC_SNAPSHOT_DIR") or str(Path(workdir).resolve() / "snapshots"),
+    )
 
-        workdir = args.workdir or tempfile.mkdtemp(prefix=f"kfp-elastic-{spec.run_id}-")
-        # The worker runtime's --snapshot-dir default; local workers share the filesystem.
-        env.setdefault(
-            "KFP_ELASTIC_SNAPSHOT_DIR",
-            os.environ.get("KFP_ELASTIC_SNAPSHOT_DIR")
-            or str(Path(workdir).resolve() / "snapshots"),
+    def local(state: MasterState) -> Launcher:
+        return LocalLauncher(
+            run_id=spec.run_id,
+            endpoint=endpoint,
+            min_workers=spec.min_workers,
+            max_workers=spec.max_workers,
+            entry=spec.entry,
+            workdir=workdir,
+            nproc_per_worker=spec.nproc_per_worker,
+            rdzv_conf=conf,
+            env=env,
+            registry=state,
+            capacity=args.local_capacity,
         )
 
-        def local(state: MasterState) -> Launcher:
-            return LocalLauncher(
-                run_id=spec.run_id,
-                endpoint=endpoint,
-                min_workers=spec.min_workers,
-                max_workers=spec.max_workers,
-                entry=spec.entry,
-                workdir=workdir,
-                nproc_per_worker=spec.nproc_per_worker,
-                rdzv_conf=conf,
-                env=env,
-                registry=state,
-                capacity=args.local_capacity,
-            )
-
-        return local
-    return _kubernetes_factory(args, spec, endpoint, conf, env)
+    return local
 
 
 def _kubernetes_factory(
-    args: argparse.Namespace,
-    spec: JobSpec,
-    endpoint: str,
-    conf: dict[str, str],
-    env: dict[str, str],
+    args: argparse.Namespace, spec: JobSpec, etcd: EtcdSettings, conf: dict[str, str]
 ) -> LauncherFactory:
     from kubernetes import client, config
 
     from kfp_elastic.master.k8s_launcher import KubernetesLauncher
-    from kfp_elastic.master.pod_spec import RESERVED_ENV, WorkerPodSpec
+    from kfp_elastic.master.pod_spec import WorkerPodSpec, etcd_pod_fields
 
     if not args.image:
         raise ValueError("--launcher kubernetes needs --image")
+    etcd_fields = etcd_pod_fields(etcd, args.etcd_tls_secret, args.etcd_password_secret)
     entry = list(spec.entry)
     if entry[0] in ("--no-python", "--no_python"):
         raise ValueError("--no-python entries are not supported by the kubernetes launcher")
@@ -240,7 +248,7 @@ def _kubernetes_factory(
         entrypoint=script,
         module=module,
         entrypoint_args=tuple(script_args),
-        rdzv_endpoint=endpoint,
+        rdzv_endpoint=etcd.endpoint_text,
         min_nodes=spec.min_workers,
         max_nodes=spec.max_workers,
         nproc_per_node=spec.nproc_per_worker,
@@ -252,7 +260,7 @@ def _kubernetes_factory(
         memory=args.memory,
         gpu=args.gpu,
         namespace=namespace,
-        env={k: v for k, v in env.items() if k not in RESERVED_ENV},
+        **etcd_fields,
     )
 
     class OwnClientLauncher(KubernetesLauncher):
@@ -284,30 +292,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    try:
-        spec = make_spec(args, entry)
-        spec.validate()
-        etcd_conf = parse_conf(args.etcd_conf, "--etcd-conf")
-    except ValueError as error:
-        parser.exit(2, f"kfp-elastic master: error: {error}\n")
     embedded = None
     try:
-        endpoint = args.etcd
-        if endpoint == "embedded":
+        if args.etcd == "embedded":
             from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 
             embedded = EmbeddedEtcd().start()
-            endpoint = embedded.endpoint
+            args.etcd = embedded.endpoint
             log.warning(
                 "embedded etcd endpoint=%s: it stops with this master, so a restarted "
                 "master cannot recover this run",
-                endpoint,
+                args.etcd,
             )
-        from kfp_elastic.rendezvous.etcd_client import connect_to
+        from kfp_elastic.etcd.client import connect
 
         try:
-            client = connect_to(endpoint, **_conf_values(etcd_conf))
-            factory = make_launcher_factory(args, spec, endpoint)
+            etcd = etcd_settings.from_args(args)
+            spec = make_spec(args, entry, etcd)
+            spec.validate()
+            factory = make_launcher_factory(args, spec, etcd)
+            client = connect(etcd)
         except (ConfigError, ValueError) as error:
             parser.exit(2, f"kfp-elastic master: error: {error}\n")
         job = ElasticJob(
@@ -322,16 +326,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if embedded is not None:
             embedded.stop()
-
-
-def _conf_values(conf: dict[str, str]) -> dict[str, Any]:
-    values: dict[str, Any] = {k: v for k, v in conf.items() if k in _TLS_KEYS}
-    if "request_timeout" in values:
-        values["request_timeout"] = float(values["request_timeout"])
-    unknown = sorted(set(conf) - set(_TLS_KEYS))
-    if unknown:
-        raise ValueError(f"--etcd-conf: unknown keys {unknown}; allowed: {list(_TLS_KEYS)}")
-    return values
 
 
 if __name__ == "__main__":

@@ -21,12 +21,12 @@ from typing import Any
 
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.etcd.client import TRANSIENT_ERRORS
 from kfp_elastic.master.launcher import Launcher, Reason, WorkerPhase, WorkerStatus
 from kfp_elastic.master.metrics import Metrics, TimelineStats
 from kfp_elastic.master.observer import Observer
 from kfp_elastic.master.scaling import Decision, ScalingPolicy, decide, is_active
 from kfp_elastic.master.state import MasterState, NotLeaderError, read_timeline
-from kfp_elastic.rendezvous.etcd_client import TRANSIENT_ERRORS
 from kfp_elastic.rendezvous.keys import RunKeys
 from kfp_elastic.worker.data_plan import Shard, shards_for_length
 from kfp_elastic.worker.progress import Manifest, manifest_from_shards

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.master.pod_spec_checks import (  # noqa: F401 - names callers import from here
     _FIXED_LABELS,
     ATTEMPT_LABEL,
@@ -19,12 +20,16 @@ from kfp_elastic.master.pod_spec_checks import (  # noqa: F401 - names callers i
     CONTAINER_NAME,
     DEFAULT_PRIORITY_CLASS,
     DEFAULT_SERVICE_ACCOUNT,
+    ETCD_AUTH_MOUNT,
+    ETCD_PASSWORD_KEY,
     ETCD_TLS_MOUNT,
     INDEX_LABEL,
     JOB_LABEL,
     LABEL_PREFIX,
+    PASSWORD_SECRET_ENV,
     RESERVED_ENV,
     RUN_ID_LABEL,
+    TLS_SECRET_ENV,
     parse_quantity,
     validate,
 )
@@ -34,7 +39,7 @@ from kfp_elastic.master.pod_spec_checks import (  # noqa: F401 - names callers i
 class WorkerPodSpec:
     """Everything that makes one worker pod. Quantities use Kubernetes notation ("500m", "4Gi").
 
-    ``rdzv_endpoint`` may be a kubelet reference such as ``$(KFP_ELASTIC_RDZV_ENDPOINT)`` when
+    ``rdzv_endpoint`` may be a kubelet reference such as ``$(KFP_ELASTIC_ETCD_ENDPOINTS)`` when
     the variable comes from ``env`` or ``env_from_config_maps`` (e.g. ``kfp-elastic-config``).
     """
 
@@ -76,7 +81,10 @@ class WorkerPodSpec:
     env_from_config_maps: tuple[str, ...] = ()
     volumes: tuple[Mapping[str, Any], ...] = ()
     volume_mounts: tuple[Mapping[str, Any], ...] = ()
+    # etcd settings that are not files (endpoints, user, key prefix) come in ``env`` as
+    # KFP_ELASTIC_ETCD_* (EtcdSettings.to_env(files=False)); the files come from Secrets:
     etcd_tls_secret: str | None = None  # Secret with ca.crt/tls.crt/tls.key for etcd mTLS
+    etcd_password_secret: str | None = None  # Secret whose key "password" is the etcd password
     shm_size: str | None = None  # memory-backed /dev/shm (NCCL, DataLoader workers)
     termination_grace_period_s: int = 30
     image_pull_policy: str | None = None
@@ -91,6 +99,29 @@ class WorkerPodSpec:
     @property
     def pod_name(self) -> str:
         return pod_name(self.job_name, self.worker_index, self.attempt)
+
+
+def etcd_pod_fields(
+    etcd: EtcdSettings, tls_secret: str | None, password_secret: str | None
+) -> dict[str, Any]:
+    """The ``WorkerPodSpec`` fields that give worker pods the master's etcd settings: the
+    values as env, the files (TLS, password) from Secrets; raises ``ValueError`` naming the
+    Secret that is missing."""
+    if etcd.uses_tls and not tls_secret:
+        raise ValueError(
+            "etcd uses TLS: worker pods need its files from a Secret (ca.crt, tls.crt, tls.key): "
+            f"--etcd-tls-secret or {TLS_SECRET_ENV}"
+        )
+    if etcd.user and not password_secret:
+        raise ValueError(
+            "etcd auth is on: worker pods need the password from a Secret (key 'password'): "
+            f"--etcd-password-secret or {PASSWORD_SECRET_ENV}"
+        )
+    return {
+        "env": etcd.to_env(files=False),
+        "etcd_tls_secret": tls_secret if etcd.uses_tls else None,
+        "etcd_password_secret": password_secret if etcd.user else None,
+    }
 
 
 def pod_name(job_name: str, worker_index: int, attempt: int) -> str:
@@ -134,6 +165,18 @@ def build_pod(spec: WorkerPodSpec) -> dict[str, Any]:
             }
         )
         mounts.append({"name": "etcd-tls", "mountPath": ETCD_TLS_MOUNT, "readOnly": True})
+    if spec.etcd_password_secret:
+        volumes.append(
+            {
+                "name": "etcd-auth",
+                "secret": {
+                    "secretName": spec.etcd_password_secret,
+                    "defaultMode": 0o440,
+                    "items": [{"key": ETCD_PASSWORD_KEY, "path": ETCD_PASSWORD_KEY}],
+                },
+            }
+        )
+        mounts.append({"name": "etcd-auth", "mountPath": ETCD_AUTH_MOUNT, "readOnly": True})
     if spec.shm_size:
         volumes.append(
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}
@@ -195,13 +238,8 @@ def build_pod(spec: WorkerPodSpec) -> dict[str, Any]:
 
 def torchrun_args(spec: WorkerPodSpec) -> list[str]:
     """The container args: torchrun flags, then the entrypoint and its arguments."""
+    # No etcd settings here: args show in the pod spec; agents read them from the env.
     conf = dict(spec.rdzv_conf)
-    if spec.etcd_tls_secret:
-        conf.update(
-            cacert=f"{ETCD_TLS_MOUNT}/ca.crt",
-            cert=f"{ETCD_TLS_MOUNT}/tls.crt",
-            key=f"{ETCD_TLS_MOUNT}/tls.key",
-        )
     args = [
         f"--nnodes={spec.min_nodes}:{spec.max_nodes}",
         f"--nproc-per-node={spec.nproc_per_node}",
@@ -232,7 +270,21 @@ def _env(spec: WorkerPodSpec) -> list[dict[str, Any]]:
         {"name": "KFP_ELASTIC_WORKER_INDEX", "value": str(spec.worker_index)},
         {"name": "KFP_ELASTIC_ATTEMPT", "value": str(spec.attempt)},
     ]
-    return env + [{"name": k, "value": str(v)} for k, v in spec.env.items()]
+    return env + _etcd_file_env(spec) + [{"name": k, "value": str(v)} for k, v in spec.env.items()]
+
+
+def _etcd_file_env(spec: WorkerPodSpec) -> list[dict[str, Any]]:
+    """KFP_ELASTIC_ETCD_* variables naming the files the pod mounts from Secrets."""
+    files: dict[str, str] = {}
+    if spec.etcd_tls_secret:
+        files.update(
+            KFP_ELASTIC_ETCD_CACERT=f"{ETCD_TLS_MOUNT}/ca.crt",
+            KFP_ELASTIC_ETCD_CERT=f"{ETCD_TLS_MOUNT}/tls.crt",
+            KFP_ELASTIC_ETCD_KEY=f"{ETCD_TLS_MOUNT}/tls.key",
+        )
+    if spec.etcd_password_secret:
+        files["KFP_ELASTIC_ETCD_PASSWORD_FILE"] = f"{ETCD_AUTH_MOUNT}/{ETCD_PASSWORD_KEY}"
+    return [{"name": k, "value": v} for k, v in files.items()]
 
 
 def _resources(spec: WorkerPodSpec) -> dict[str, Any]:

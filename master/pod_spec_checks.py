@@ -12,7 +12,12 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
-from kfp_elastic.rendezvous.config import ConfigError, RendezvousConfig, parse_endpoints
+from kfp_elastic.rendezvous.config import (
+    ETCD_KEYS,
+    ConfigError,
+    RendezvousConfig,
+    parse_endpoints,
+)
 
 if TYPE_CHECKING:
     from kfp_elastic.master.pod_spec import WorkerPodSpec
@@ -36,7 +41,24 @@ _FIXED_LABELS = {
 
 # Where the etcd client certificate Secret is mounted (manifests/README.md uses the same path).
 ETCD_TLS_MOUNT = "/etc/kfp-elastic/etcd-tls"
-_BUILTIN_VOLUMES = {"etcd-tls", "dshm"}
+# Where the etcd password Secret is mounted: its key ``password`` becomes this directory's file
+# ``password`` (a file, never an env value or an argument: both show in the pod spec).
+ETCD_AUTH_MOUNT = "/etc/kfp-elastic/etcd-auth"
+ETCD_PASSWORD_KEY = "password"
+# The master's (and the component's) defaults for the Secrets worker pods mount; the
+# kfp-elastic-config ConfigMap (manifests/) sets them.
+TLS_SECRET_ENV = "KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET"
+PASSWORD_SECRET_ENV = "KFP_ELASTIC_ETCD_PASSWORD_SECRET"
+_BUILTIN_VOLUMES = {"etcd-tls", "etcd-auth", "dshm"}
+# etcd settings that name files in the pod: set by build_pod from the Secrets it mounts.
+ETCD_FILE_ENV = frozenset(
+    {
+        "KFP_ELASTIC_ETCD_CACERT",
+        "KFP_ELASTIC_ETCD_CERT",
+        "KFP_ELASTIC_ETCD_KEY",
+        "KFP_ELASTIC_ETCD_PASSWORD_FILE",
+    }
+)
 # Set on every worker by build_pod; a caller's env may not override them.
 RESERVED_ENV = frozenset(
     {
@@ -48,6 +70,7 @@ RESERVED_ENV = frozenset(
         "KFP_ELASTIC_RUN_ID",
         "KFP_ELASTIC_WORKER_INDEX",
         "KFP_ELASTIC_ATTEMPT",
+        *ETCD_FILE_ENV,
     }
 )
 
@@ -137,7 +160,7 @@ def validate(spec: WorkerPodSpec) -> None:
         )
     _validate_rdzv(spec)
     _validate_resources(spec)
-    for key in ("priority_class", "service_account", "etcd_tls_secret"):
+    for key in ("priority_class", "service_account", "etcd_tls_secret", "etcd_password_secret"):
         if getattr(spec, key) is not None:
             _dns_subdomain(key, getattr(spec, key))
     for name in (*spec.env_from_config_maps, *spec.image_pull_secrets):
@@ -173,7 +196,7 @@ def validate(spec: WorkerPodSpec) -> None:
 def _validate_rdzv(spec: WorkerPodSpec) -> None:
     if "$(" not in spec.rdzv_endpoint:  # a kubelet reference is only known in the pod
         try:
-            parse_endpoints(spec.rdzv_endpoint)
+            parse_endpoints(spec.rdzv_endpoint, "--rdzv-endpoint")
         except ConfigError as exc:
             raise ValueError(f"rdzv_endpoint: {exc}") from None
     for key, value in spec.rdzv_conf.items():
@@ -189,8 +212,14 @@ def _validate_rdzv(spec: WorkerPodSpec) -> None:
             raise ValueError(
                 f"rdzv_conf keys {unknown} are unknown to elastic-etcd; known: {sorted(known)}"
             )
-    if spec.etcd_tls_secret and {"cacert", "cert", "key"} & set(spec.rdzv_conf):
-        raise ValueError("etcd_tls_secret sets rdzv_conf cacert/cert/key; do not pass them too")
+    etcd_keys = sorted(set(spec.rdzv_conf) & set(ETCD_KEYS))
+    if etcd_keys:
+        raise ValueError(
+            f"rdzv_conf {etcd_keys}: etcd settings reach worker pods as KFP_ELASTIC_ETCD_* env "
+            "(etcd_tls_secret / etcd_password_secret for files); do not pass them in rdzv_conf"
+        )
+    if spec.etcd_password_secret and "KFP_ELASTIC_ETCD_USER" not in spec.env:
+        raise ValueError("etcd_password_secret needs env KFP_ELASTIC_ETCD_USER (the etcd user)")
 
 
 def _validate_resources(spec: WorkerPodSpec) -> None:

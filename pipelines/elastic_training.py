@@ -10,18 +10,33 @@ from kfp_elastic.components.elastic_train.component import elastic_train
 from kfp_elastic.components.evaluate.component import evaluate
 from kfp_elastic.components.shard_dataset.component import shard_dataset
 from kfp_elastic.components.stop_workers.component import stop_workers
+from kfp_elastic.etcd.settings import ENV_VARS as ETCD_ENV
+from kfp_elastic.master.pod_spec_checks import (
+    ETCD_AUTH_MOUNT,
+    ETCD_TLS_MOUNT,
+    PASSWORD_SECRET_ENV,
+    TLS_SECRET_ENV,
+)
 
 # Where the snapshot PVC is mounted in the elastic_train pod (and, forwarded through
 # dsl.TaskConfig, in every worker pod): snapshots and the final model live there.
 SNAPSHOT_MOUNT = "/mnt/kfp-elastic"
-# Made by manifests/base (kustomize): etcd endpoint, worker image, priority class, ...
+# Made by manifests/base (kustomize): the etcd settings (KFP_ELASTIC_ETCD_*), the Secrets
+# worker pods mount for etcd, worker image, priority class, ... (missing keys are left unset).
 CONFIG_MAP = "kfp-elastic-config"
 CONFIG_ENV = (
-    "KFP_ELASTIC_RDZV_ENDPOINT",
+    *ETCD_ENV,
+    TLS_SECRET_ENV,
+    PASSWORD_SECRET_ENV,
     "KFP_ELASTIC_WORKER_IMAGE",
     "KFP_ELASTIC_WORKER_PRIORITY_CLASS",
     "KFP_ELASTIC_WORKER_SERVICE_ACCOUNT",
 )
+# The master (the elastic_train task) mounts the same etcd Secrets as its worker pods, at the
+# same paths, so the ConfigMap's KFP_ELASTIC_ETCD_CACERT/... name files in both. Optional: a
+# plain-HTTP etcd without auth needs neither.
+ETCD_TLS_SECRET = "kfp-elastic-etcd-client-tls"
+ETCD_PASSWORD_SECRET = "kfp-elastic-etcd-password"
 
 
 @dsl.pipeline(
@@ -92,6 +107,12 @@ def elastic_training(
         kubernetes.mount_pvc(train, pvc_name=snapshot_pvc, mount_path=SNAPSHOT_MOUNT)
         kubernetes.use_config_map_as_env(
             train, CONFIG_MAP, {k: k for k in CONFIG_ENV}, optional=True
+        )
+        kubernetes.use_secret_as_volume(
+            train, ETCD_TLS_SECRET, mount_path=ETCD_TLS_MOUNT, optional=True
+        )
+        kubernetes.use_secret_as_volume(
+            train, ETCD_PASSWORD_SECRET, mount_path=ETCD_AUTH_MOUNT, optional=True
         )
         # The master pod owns its worker pods: deleting it deletes them.
         kubernetes.use_field_path_as_env(train, "KFP_ELASTIC_MASTER_POD", "metadata.name")

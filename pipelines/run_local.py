@@ -60,7 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="preempt:worker-1@step15",
         help="ACTION:worker-N@WHEN,... (WHEN: 20s or step10); '' for none",
     )
-    p.add_argument("--etcd-endpoint", default="", help="empty: an embedded etcd")
+    p.add_argument(
+        "--etcd-endpoint",
+        default="",
+        help="empty: $KFP_ELASTIC_ETCD_ENDPOINTS, else an embedded etcd (TLS/auth: the other "
+        "KFP_ELASTIC_ETCD_* variables, docs/security.md)",
+    )
     return p.parse_args(argv)
 
 

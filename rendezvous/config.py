@@ -8,37 +8,45 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
-DEFAULT_PORT = 2379
-DEFAULT_KEY_PREFIX = "/kfp-elastic"
+from kfp_elastic.etcd import settings as etcd_settings
+from kfp_elastic.etcd.settings import (
+    DEFAULT_KEY_PREFIX,
+    DEFAULT_PORT,
+    ConfigError,
+    Endpoint,
+    EtcdSettings,
+    parse_endpoints,
+)
+
+__all__ = [
+    "DEFAULT_KEY_PREFIX",
+    "DEFAULT_PORT",
+    "ConfigError",
+    "Endpoint",
+    "EtcdSettings",
+    "RendezvousConfig",
+    "config_from_torch_params",
+    "parse_endpoints",
+]
 
 # Keys torchrun itself may put into the config; accepted so that a plain torchrun call works.
 _TORCHRUN_KEYS = {"timeout"}
 # Keys other backends use; named in the error so users switching from c10d know what happened.
 _OTHER_BACKEND_KEYS = {"is_host", "read_timeout", "use_libuv", "store_type", "rank"}
-
-
-class ConfigError(ValueError):
-    """A ``--rdzv-endpoint`` or ``--rdzv-conf`` value that cannot be used."""
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    host: str
-    port: int
-    secure: bool = False
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+# --rdzv-conf keys that are etcd connection settings (EtcdSettings); a key not given there is
+# taken from its KFP_ELASTIC_ETCD_* variable, so a master can configure agents through env alone.
+ETCD_KEYS = ("cacert", "cert", "key", "user", "password_file", "key_prefix", "request_timeout")
 
 
 @dataclass(frozen=True)
 class RendezvousConfig:
     """All settings; ``from_params`` documents where each comes from."""
 
-    endpoints: tuple[Endpoint, ...]
+    etcd: EtcdSettings
     run_id: str
     min_nodes: int
     max_nodes: int
@@ -54,8 +62,6 @@ class RendezvousConfig:
     close_timeout: float = 30.0
     # Liveness: a node whose lease is not refreshed for this long is dead (etcd clamps to >= 2).
     lease_ttl: float = 5.0
-    # Per-request deadline for etcd calls; also bounds the connectivity check at start.
-    request_timeout: float = 5.0
     # Detect a dead peer at once through a TCP probe connection (lease expiry is the fallback).
     peer_probe: bool = True
     # A worker failure within this long of a participant's death or leave restarts the workers
@@ -72,34 +78,38 @@ class RendezvousConfig:
     close_on_failure: bool = False
     # How many ring successors each node probes.
     probe_fanout: int = 2
-    key_prefix: str = DEFAULT_KEY_PREFIX
     # Fork restarted workers from a process with torch imported (rendezvous/zygote.py).
     warm_start: bool = True
     # Modules the zygote imports besides torch, torch.distributed, DDP, dynamo and torch.optim;
     # ':'-separated (e.g. ``transformers:worker.runner``).
     warm_start_preload: str | None = None
-    cacert: str | None = None
-    cert: str | None = None
-    key: str | None = field(default=None, repr=False)
-    user: str | None = None
-    password: str | None = field(default=None, repr=False)
+
+    @property
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        return self.etcd.endpoints
+
+    @property
+    def key_prefix(self) -> str:
+        return self.etcd.key_prefix
+
+    @property
+    def request_timeout(self) -> float:
+        """Per-request deadline for etcd calls; also bounds the connectivity check at start."""
+        return self.etcd.request_timeout
 
     @property
     def run_prefix(self) -> str:
-        return f"{self.key_prefix.rstrip('/')}/{self.run_id}"
+        return self.etcd.run_prefix(self.run_id)
 
     @property
     def preload_modules(self) -> tuple[str, ...]:
         return tuple(name for name in (self.warm_start_preload or "").split(":") if name)
 
-    @property
-    def uses_tls(self) -> bool:
-        return self.cacert is not None or any(endpoint.secure for endpoint in self.endpoints)
-
     @classmethod
     def setting_names(cls) -> list[str]:
-        fixed = {"endpoints", "run_id", "min_nodes", "max_nodes", "local_addr"}
-        return [f.name for f in fields(cls) if f.name not in fixed]
+        """Every ``--rdzv-conf`` key."""
+        fixed = {"etcd", "run_id", "min_nodes", "max_nodes", "local_addr"}
+        return [f.name for f in fields(cls) if f.name not in fixed] + list(ETCD_KEYS)
 
     @classmethod
     def from_params(
@@ -110,17 +120,23 @@ class RendezvousConfig:
         max_nodes: int,
         local_addr: str | None,
         conf: dict[str, Any],
+        env: Mapping[str, str] | None = None,
     ) -> RendezvousConfig:
+        """``conf`` is ``--rdzv-conf``; etcd settings it lacks come from ``env`` (os.environ)."""
         if min_nodes < 1 or max_nodes < min_nodes:
             raise ConfigError(f"--nnodes={min_nodes}:{max_nodes} is invalid: need 1 <= MIN <= MAX")
         if not run_id or not re.fullmatch(r"[A-Za-z0-9._-]+", run_id):
             raise ConfigError(
                 f"--rdzv-id={run_id!r} is invalid: use letters, digits, '.', '_' or '-'"
             )
-        values = _typed_conf(conf)
-        endpoints = parse_endpoints(endpoint)
+        values = _typed_conf({k: v for k, v in conf.items() if k not in ETCD_KEYS})
+        etcd = etcd_settings.from_sources(
+            {"endpoints": endpoint, **{k: str(v) for k, v in conf.items() if k in ETCD_KEYS}},
+            os.environ if env is None else env,
+            {"endpoints": "--rdzv-endpoint", **{k: f"--rdzv-conf {k}" for k in ETCD_KEYS}},
+        )
         config = cls(
-            endpoints=endpoints,
+            etcd=etcd,
             run_id=run_id,
             min_nodes=min_nodes,
             max_nodes=max_nodes,
@@ -136,7 +152,6 @@ class RendezvousConfig:
             "last_call_timeout",
             "rejoin_timeout",
             "close_timeout",
-            "request_timeout",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--rdzv-conf {name}={getattr(self, name)} must be > 0")
@@ -163,20 +178,7 @@ class RendezvousConfig:
                     f"--rdzv-conf warm_start_preload: {module!r} is not a module name "
                     "(use ':' between modules, e.g. transformers:mypkg.model)"
                 )
-        if not self.key_prefix.startswith("/"):
-            raise ConfigError(f"--rdzv-conf key_prefix={self.key_prefix!r} must start with '/'")
-        if (self.user is None) != (self.password is None):
-            raise ConfigError("--rdzv-conf needs both user and password, or neither")
-        if (self.cert is None) != (self.key is None):
-            raise ConfigError("--rdzv-conf needs both cert and key (client TLS), or neither")
-        if self.cert is not None and self.cacert is None:
-            raise ConfigError("--rdzv-conf cert/key need cacert too")
-        if any(e.secure for e in self.endpoints) and self.cacert is None:
-            raise ConfigError("an https:// endpoint needs --rdzv-conf cacert=FILE")
-        for name in ("cacert", "cert", "key"):
-            path = getattr(self, name)
-            if path is not None and not os.path.isfile(path):
-                raise ConfigError(f"--rdzv-conf {name}={path}: no such file")
+        self.etcd.validate()
 
 
 _FLOAT_KEYS = {
@@ -185,13 +187,12 @@ _FLOAT_KEYS = {
     "rejoin_timeout",
     "close_timeout",
     "lease_ttl",
-    "request_timeout",
     "peer_failure_grace",
     "free_restart_window",
 }
 _INT_KEYS = {"probe_fanout", "max_free_restarts", "max_repeated_failures"}
 _BOOL_KEYS = {"peer_probe", "close_on_failure", "warm_start"}
-_STR_KEYS = {"key_prefix", "cacert", "cert", "key", "user", "password", "warm_start_preload"}
+_STR_KEYS = {"warm_start_preload"}
 _MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
@@ -216,11 +217,16 @@ def _typed_conf(conf: dict[str, Any]) -> dict[str, Any]:
     for name, raw in conf.items():
         if name in _TORCHRUN_KEYS:
             continue
+        if name == "password":
+            raise ConfigError(
+                "--rdzv-conf password is not accepted: a command line is visible to everyone "
+                "on the machine; use password_file=FILE (or KFP_ELASTIC_ETCD_PASSWORD_FILE)"
+            )
         if name not in known:
             hint = " (a c10d/static setting)" if name in _OTHER_BACKEND_KEYS else ""
             raise ConfigError(
                 f"unknown --rdzv-conf key {name!r}{hint} for elastic-etcd; "
-                f"known keys: {', '.join(sorted(known))}"
+                f"known keys: {', '.join(sorted(known | set(ETCD_KEYS)))}"
             )
         values[name] = _convert(name, raw)
     if "timeout" in conf and "join_timeout" not in conf:
@@ -253,34 +259,3 @@ def _convert(name: str, raw: Any) -> Any:
     if not text:
         raise ConfigError(f"--rdzv-conf {name} is empty")
     return text
-
-
-_ENDPOINT_RE = re.compile(
-    r"^(?:(?P<scheme>https?)://)?(?P<host>\[[0-9a-fA-F:]+\]|[^:/\s]+)"
-    r"(?::(?P<port>[^/]*))?/?$"
-)
-
-
-def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
-    """``host[:port][,host[:port]...]``, each optionally ``http://`` or ``https://``."""
-    if not text or not text.strip():
-        raise ConfigError(
-            "--rdzv-endpoint is empty: give etcd as HOST:PORT[,HOST:PORT...] "
-            "(start one locally with `kfp-elastic etcd`)"
-        )
-    endpoints = []
-    for part in text.split(","):
-        part = part.strip()
-        match = _ENDPOINT_RE.match(part)
-        if not match:
-            raise ConfigError(f"--rdzv-endpoint entry {part!r} is not HOST[:PORT]")
-        port_text = match.group("port")
-        if port_text is None or port_text == "":
-            port = DEFAULT_PORT
-        elif port_text.isdigit() and 0 < int(port_text) < 65536:
-            port = int(port_text)
-        else:
-            raise ConfigError(f"--rdzv-endpoint entry {part!r}: port {port_text!r} is not 1-65535")
-        host = match.group("host").strip("[]")
-        endpoints.append(Endpoint(host, port, secure=match.group("scheme") == "https"))
-    return tuple(endpoints)

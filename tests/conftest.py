@@ -1,16 +1,22 @@
-"""Shared fixtures: a real embedded etcd, unique run ids, handlers that are always shut down."""
+"""Shared fixtures: a real embedded etcd (plain, or with TLS + client certificates + user/password
+auth), unique run ids, handlers that are always shut down, a process marker for kfp.local runs."""
 
 from __future__ import annotations
 
 import logging
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
+from kfp_elastic.components.common import reap_local_processes
+from kfp_elastic.etcd.settings import EtcdSettings
+from kfp_elastic.pipelines.run_local import SESSION_ENV
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.rendezvous.handler import ElasticEtcdRendezvousHandler, create_handler
+from kfp_elastic.rendezvous.testing_pki import generate_test_pki
 
 logging.getLogger("kfp_elastic.rendezvous").setLevel(logging.INFO)
 
@@ -20,6 +26,45 @@ def etcd() -> Iterator[EmbeddedEtcd]:
     """One etcd for the whole session; tests isolate themselves by run id."""
     with EmbeddedEtcd() as server:
         yield server
+
+
+@dataclass(frozen=True)
+class SecureEtcd:
+    """An etcd that demands TLS, a client certificate and a user with a password."""
+
+    server: EmbeddedEtcd
+    settings: EtcdSettings  # https endpoint, CA, client cert/key, user, password file
+    password: str  # what must never show on a command line
+
+
+@pytest.fixture(scope="session")
+def secure_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureEtcd]:
+    """One secured etcd for the session; its user may only use the default key prefix."""
+    directory = tmp_path_factory.mktemp("secure-etcd")
+    pki = generate_test_pki(directory / "pki")
+    password = f"pw-{uuid.uuid4().hex}"
+    password_file = directory / "trainer.password"
+    password_file.write_text(password + "\n")
+    with EmbeddedEtcd(tls=pki.server) as server:
+        server.enable_auth(f"root-{uuid.uuid4().hex}")
+        server.add_user("trainer", password, key_prefix="/kfp-elastic/")
+        settings = server.client_settings(
+            cert=str(pki.client_cert),
+            key=str(pki.client_key),
+            user="trainer",
+            password_file=str(password_file),
+        )
+        yield SecureEtcd(server, settings, password)
+
+
+@pytest.fixture
+def session(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Every process a kfp.local run starts inherits this marker; none may be left at the end."""
+    value = uuid.uuid4().hex
+    monkeypatch.setenv(SESSION_ENV, value)
+    yield value
+    left = reap_local_processes(value, env=SESSION_ENV, grace_s=5)
+    assert not left, f"processes left running: {left}"
 
 
 @pytest.fixture

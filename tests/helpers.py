@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kfp_elastic.rendezvous.local_agents import (
     TINY_DDP,
@@ -59,3 +60,21 @@ __all__ = [
     "wait_for",
     "wait_for_events",
 ]
+
+
+def run_pipeline_locally(root: Path, **params: Any) -> tuple[str | None, Path]:
+    """Run the pipeline under kfp.local with local workers; (the error of a failed run or None,
+    the run's output directory)."""
+    from kfp import local
+
+    from kfp_elastic.pipelines.elastic_training import elastic_training
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
+    error = None
+    try:
+        elastic_training(launcher="local", **params)
+    except RuntimeError as failure:
+        error = str(failure)
+    runs = list(root.glob("elastic-training-*"))
+    assert len(runs) == 1
+    return error, runs[0]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from kfp_elastic.etcd import settings as etcd_settings
+
 from .policy import BatchPolicy
 from .schedule import parse_snapshot_every
 
@@ -54,14 +56,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--local-snapshot-dir", default=None, help="fast node-local copy")
     parser.add_argument("--output", help="write the final model state_dict here")
-    parser.add_argument("--etcd", default=os.environ.get("KFP_ELASTIC_ETCD_ENDPOINT"))
-    parser.add_argument(
-        "--key-prefix", default=os.environ.get("KFP_ELASTIC_KEY_PREFIX", "/kfp-elastic")
-    )
     parser.add_argument("--step-time", type=float, default=0.0, help="min seconds per step")
+    # The master hands its etcd settings to every worker as KFP_ELASTIC_ETCD_* variables.
+    etcd_settings.add_arguments(parser)
     args = parser.parse_args(argv)
-    if not args.etcd:
-        parser.error("--etcd HOST:PORT (or KFP_ELASTIC_ETCD_ENDPOINT) is required")
+    try:
+        args.etcd_settings = etcd_settings.from_args(args)
+    except etcd_settings.ConfigError as error:
+        parser.error(str(error))
     if not args.snapshot_dir:
         parser.error("--snapshot-dir (or KFP_ELASTIC_SNAPSHOT_DIR) is required")
     if min(args.epochs, args.batch_size) < 1:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset, default_collate
 
-from kfp_elastic.rendezvous.etcd_client import TRANSIENT_ERRORS, connect_to
+from kfp_elastic.etcd.client import TRANSIENT_ERRORS, connect
 
 from .data_plan import epoch_order, shards_for_length
 from .model_def import ModelDef, load_model_def
@@ -57,8 +57,8 @@ class Trainer:
         run_id = os.environ.get("TORCHELASTIC_RUN_ID", "local")
         self.progress: Progress | None = None
         if self.rank == 0:
-            client = connect_to(args.etcd)
-            self.progress = Progress(client, f"{args.key_prefix.rstrip('/')}/{run_id}")
+            client = connect(args.etcd_settings)
+            self.progress = Progress(client, args.etcd_settings.run_prefix(run_id))
         self.snapshots = Snapshotter(args.snapshot_dir, args.local_snapshot_dir)
         self.rescues = Rescues(args.local_snapshot_dir or args.snapshot_dir, run_id)
         self.snapshot_policy = SnapshotPolicy(

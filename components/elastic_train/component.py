@@ -78,7 +78,9 @@ def elastic_train(
             auto: as often as 1 % of training time allows.
         step_time: minimum seconds per step (slows a tiny demo down so faults land mid-run).
         launcher: auto | local | kubernetes.
-        etcd_endpoint: HOST:PORT[,...]; empty: $KFP_ELASTIC_RDZV_ENDPOINT, else embedded.
+        etcd_endpoint: HOST:PORT[,...]; empty: $KFP_ELASTIC_ETCD_ENDPOINTS, else embedded.
+            TLS files, user and password file come from the KFP_ELASTIC_ETCD_* variables
+            (docs/security.md); the workers get the same settings.
         image: worker image (default $KFP_ELASTIC_WORKER_IMAGE, else this component's image).
         snapshot_dir: shared directory for snapshots; empty: the task's first mounted volume
             (cluster) or a local directory next to the outputs.
@@ -131,7 +133,7 @@ def elastic_train(
         step_time=step_time,
         seed=seed,
         launcher=launcher,
-        etcd_endpoint=etcd_endpoint or os.environ.get("KFP_ELASTIC_RDZV_ENDPOINT", ""),
+        etcd_endpoint=etcd_endpoint,
         workdir=os.path.join(os.path.dirname(report.path), "job"),
         snapshot_dir=snapshot_dir,
         inject_faults=inject_faults,

@@ -31,8 +31,11 @@ from kfp_elastic.components.common import (
 from kfp_elastic.components.elastic_train.faults import Fault, FaultInjector, Injected, parse_faults
 from kfp_elastic.components.elastic_train.summary import describe
 from kfp_elastic.components.shard_dataset.shard import read_manifest
+from kfp_elastic.etcd import settings as etcd_settings
+from kfp_elastic.etcd.settings import EtcdSettings
 
-KEY_PREFIX = "/kfp-elastic"
+ENDPOINTS_ENV = etcd_settings.BY_NAME["endpoints"].env
+
 LAUNCHERS = ("local", "kubernetes")
 POLL_S = 0.5
 Say = Callable[[str], None]
@@ -56,7 +59,9 @@ class TrainRequest:
     step_time: float = 0.0
     seed: int = 0
     launcher: str = "auto"  # auto: kubernetes inside a pod, local elsewhere
-    etcd_endpoint: str = ""  # empty: embedded (local launcher only)
+    # empty: $KFP_ELASTIC_ETCD_ENDPOINTS, else embedded (local launcher only); TLS, user and
+    # password file come from the other KFP_ELASTIC_ETCD_* variables (kfp_elastic.etcd.settings)
+    etcd_endpoint: str = ""
     workdir: str = ""  # local launcher: worker logs; default: a temporary directory
     snapshot_dir: str = ""  # root; the job uses {snapshot_dir}/{run_id}
     inject_faults: str = ""
@@ -74,9 +79,14 @@ class TrainRequest:
     pod_overrides: Mapping[str, Any] = field(default_factory=dict)  # tolerations, volumes, ...
     owner_reference: Mapping[str, Any] | None = None
 
-    @property
-    def run_prefix(self) -> str:
-        return f"{KEY_PREFIX}/{self.run_id}"
+    def etcd_settings(self, env: Mapping[str, str] | None = None) -> EtcdSettings | None:
+        """How to reach etcd (``etcd_endpoint`` over the environment); None: embed one."""
+        env = os.environ if env is None else env
+        if not (self.etcd_endpoint or env.get(ENDPOINTS_ENV)):
+            return None
+        return etcd_settings.from_sources(
+            {"endpoints": self.etcd_endpoint}, env, {"endpoints": "etcd_endpoint"}
+        )
 
     def resolved_launcher(self) -> str:
         if self.launcher == "auto":
@@ -120,12 +130,13 @@ def validate(request: TrainRequest) -> tuple[Fault, ...]:
     BatchPolicy.parse(request.batch_policy)
     if request.launcher not in ("auto", *LAUNCHERS):
         raise ValueError(f"launcher must be auto, local or kubernetes, got {request.launcher!r}")
+    etcd = request.etcd_settings()  # ConfigError (a ValueError) names the bad setting
     if request.resolved_launcher() == "kubernetes":
-        if not request.etcd_endpoint:
+        if etcd is None:
             raise ValueError(
                 "the kubernetes launcher needs etcd_endpoint (worker pods cannot "
                 "reach an embedded etcd); deploy manifests/ and use its "
-                "kfp-elastic-config ConfigMap, or pass etcd_endpoint"
+                f"kfp-elastic-config ConfigMap ({ENDPOINTS_ENV}), or pass etcd_endpoint"
             )
         if not request.snapshot_dir:
             raise ValueError(
@@ -189,23 +200,20 @@ class LauncherHolder:
 
 def local_factory(
     request: TrainRequest,
-    endpoint: str,
+    etcd: EtcdSettings,
     entry: Sequence[str],
     workdir: Path,
     holder: LauncherHolder,
 ) -> tuple[Factory, Act]:
     from kfp_elastic.master.local_launcher import LocalLauncher
 
-    env = {
-        "KFP_ELASTIC_ETCD_ENDPOINT": endpoint,
-        "KFP_ELASTIC_RUN_ID": request.run_id,
-        "KFP_ELASTIC_KEY_PREFIX": KEY_PREFIX,
-    }
+    # Local workers share this machine's files: they get the very same etcd settings.
+    env = {**etcd.to_env(), "KFP_ELASTIC_RUN_ID": request.run_id}
 
     def factory(state: Any) -> Any:
         holder.launcher = LocalLauncher(
             run_id=request.run_id,
-            endpoint=endpoint,
+            endpoint=etcd.endpoint_text,
             min_workers=request.min_workers,
             max_workers=request.max_workers,
             entry=entry,
@@ -223,12 +231,17 @@ def local_factory(
 
 
 def kubernetes_factory(
-    request: TrainRequest, endpoint: str, entry: Sequence[str], holder: LauncherHolder
+    request: TrainRequest, etcd: EtcdSettings, entry: Sequence[str], holder: LauncherHolder
 ) -> tuple[Factory, Act]:
     from kubernetes import client
 
     from kfp_elastic.master.k8s_launcher import KubernetesLauncher
-    from kfp_elastic.master.pod_spec import WorkerPodSpec
+    from kfp_elastic.master.pod_spec import (
+        PASSWORD_SECRET_ENV,
+        TLS_SECRET_ENV,
+        WorkerPodSpec,
+        etcd_pod_fields,
+    )
 
     load_kubernetes_config()
     namespace = pod_namespace(request.namespace)
@@ -250,13 +263,17 @@ def kubernetes_factory(
         entrypoint="worker",
         module=True,
         entrypoint_args=tuple(entry[2:]),
-        rdzv_endpoint=endpoint,
+        rdzv_endpoint=etcd.endpoint_text,
         min_nodes=request.min_workers,
         max_nodes=request.max_workers,
         nproc_per_node=request.nproc_per_worker,
         max_restarts=100,
         gpu=request.worker_gpus,
-        env={"KFP_ELASTIC_ETCD_ENDPOINT": endpoint, "KFP_ELASTIC_KEY_PREFIX": KEY_PREFIX},
+        **etcd_pod_fields(
+            etcd,
+            os.environ.get(TLS_SECRET_ENV) or None,
+            os.environ.get(PASSWORD_SECRET_ENV) or None,
+        ),
         namespace=namespace,
         owner_reference=request.owner_reference,
         tolerations=tuple(overrides.get("tolerations") or ()),
@@ -333,9 +350,9 @@ def _watch(tail: TimelineTail, injector: FaultInjector, stop: threading.Event, s
 
 def run(request: TrainRequest, say: Say = print) -> TrainResult:
     """Run the job to its end; returns the result (the caller decides what a failure means)."""
+    from kfp_elastic.etcd.client import connect
     from kfp_elastic.master.job import ElasticJob, JobSpec
     from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
-    from kfp_elastic.rendezvous.etcd_client import connect_to
 
     say = _safe(say)
     faults = validate(request)
@@ -345,9 +362,8 @@ def run(request: TrainRequest, say: Say = print) -> TrainResult:
     workdir.mkdir(parents=True, exist_ok=True)
     snapshot_dir = Path(request.snapshot_dir or workdir / "snapshots") / request.run_id
     entry = worker_entry(request, snapshot_dir)
-    embedded = (
-        EmbeddedEtcd(data_dir=workdir / "etcd").start() if not request.etcd_endpoint else None
-    )
+    etcd = request.etcd_settings()
+    embedded = EmbeddedEtcd(data_dir=workdir / "etcd").start() if etcd is None else None
     stop = threading.Event()
     holder = LauncherHolder()
     client = None
@@ -355,14 +371,16 @@ def run(request: TrainRequest, say: Say = print) -> TrainResult:
     restore: dict[int, Any] = {}
     injector: FaultInjector | None = None
     try:
-        endpoint = embedded.endpoint if embedded else request.etcd_endpoint
         if embedded:
-            say(f"embedded etcd at {endpoint} (stops with this job)")
-        client = connect_to(endpoint)
+            etcd = embedded.client_settings()
+            say(f"embedded etcd at {embedded.endpoint} (stops with this job)")
+        assert etcd is not None
+        run_prefix = etcd.run_prefix(request.run_id)
+        client = connect(etcd)
         if launcher == "local":
-            factory, act = local_factory(request, endpoint, entry, workdir, holder)
+            factory, act = local_factory(request, etcd, entry, workdir, holder)
         else:
-            factory, act = kubernetes_factory(request, endpoint, entry, holder)
+            factory, act = kubernetes_factory(request, etcd, entry, holder)
         spec = JobSpec(
             run_id=request.run_id,
             min_workers=request.min_workers,
@@ -374,7 +392,7 @@ def run(request: TrainRequest, say: Say = print) -> TrainResult:
             shard_manifest=request.manifest_path,
             seed=request.seed,
             entry=tuple(entry),
-            key_prefix=KEY_PREFIX,
+            key_prefix=etcd.key_prefix,
             launcher=launcher,
             finish_grace_s=request.finish_grace_s,
             extra={"workdir": str(workdir), "component": "elastic_train"},
@@ -386,7 +404,7 @@ def run(request: TrainRequest, say: Say = print) -> TrainResult:
         watcher = threading.Thread(
             target=_watch,
             name="timeline",
-            args=(TimelineTail(client, request.run_prefix), injector, stop, say),
+            args=(TimelineTail(client, run_prefix), injector, stop, say),
             daemon=True,
         )
         watcher.start()
@@ -406,9 +424,9 @@ def run(request: TrainRequest, say: Say = print) -> TrainResult:
         watcher.join(10)
         from kfp_elastic.master.state import read_timeline
 
-        events = read_timeline(client, request.run_prefix)
+        events = read_timeline(client, run_prefix)
         model_path = (
-            _final_model(client, request, snapshot_dir) if result.state == "succeeded" else None
+            _final_model(client, run_prefix, snapshot_dir) if result.state == "succeeded" else None
         )
         return TrainResult(
             result.state,
@@ -448,7 +466,7 @@ def _safe(say: Say) -> Say:
     return safe
 
 
-def _final_model(client: Any, request: TrainRequest, snapshot_dir: Path) -> Path | None:
+def _final_model(client: Any, run_prefix: str, snapshot_dir: Path) -> Path | None:
     """The model rank 0 wrote at the end, or else the final committed snapshot's weights."""
     written = snapshot_dir / "model.pt"
     deadline = time.monotonic() + 5.0
@@ -461,7 +479,7 @@ def _final_model(client: Any, request: TrainRequest, snapshot_dir: Path) -> Path
     from kfp_elastic.worker.progress import Progress
     from kfp_elastic.worker.snapshot import Snapshotter
 
-    committed, _ = Progress(client, request.run_prefix).committed_record()
+    committed, _ = Progress(client, run_prefix).committed_record()
     if committed is None or not committed.snapshot:
         return None
     state = Snapshotter(snapshot_dir).load(committed.snapshot)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kfp_elastic.rendezvous.etcd_client import connect_to
+from kfp_elastic.etcd.client import connect
 from kfp_elastic.worker.evaluate import evaluate
 from kfp_elastic.worker.progress import Progress
 from tests.helpers import AgentGroup, new_run_id, wait_for
@@ -37,7 +37,7 @@ def train(tmp: Path, etcd, disturb: bool) -> float:
         "--step-time",
         "0.04",
     ]
-    client = connect_to(etcd.endpoint)
+    client = connect(etcd.client_settings())
     progress = Progress(client, f"/kfp-elastic/{run_id}")
 
     def step() -> int:

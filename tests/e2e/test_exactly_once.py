@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from kfp_elastic.rendezvous.etcd_client import connect_to
+from kfp_elastic.etcd.client import connect
 from kfp_elastic.worker.progress import Progress
 from tests.helpers import AgentGroup, new_run_id, wait_for
 
@@ -67,7 +67,7 @@ def test_exactly_once_through_kill_sigterm_join_and_etcd_restart(
 ) -> None:
     etcd = private_etcd
     run_id = new_run_id("once")
-    client = connect_to(etcd.endpoint)
+    client = connect(etcd.client_settings())
     progress = Progress(client, f"/kfp-elastic/{run_id}")
     try:
         with AgentGroup(tmp_path) as group:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
+from kfp_elastic.etcd.client import connect
 from kfp_elastic.master.state import MasterState, read_timeline
-from kfp_elastic.rendezvous.etcd_client import connect_to
 from kfp_elastic.worker.progress import Progress
 from tests.helpers import REPO_ROOT, sigkill_process_tree, wait_for
 
@@ -83,7 +83,7 @@ def test_every_sample_once_through_master_and_etcd_restarts(
         "COUNTING_SAMPLES": str(SAMPLES),
         "KFP_ELASTIC_RUN_ID": run_id,
     }
-    client = connect_to(etcd.endpoint)
+    client = connect(etcd.client_settings())
     progress = Progress(client, f"/kfp-elastic/{run_id}")
     state = MasterState(client, f"/kfp-elastic/{run_id}")
     masters: list[subprocess.Popen] = []

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +14,16 @@ import pytest
 import torch
 import yaml
 from google.protobuf import json_format
-from kfp import local
 from kfp.kubernetes import kubernetes_executor_config_pb2
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 from kfp_elastic.components import BASE_IMAGE
-from kfp_elastic.components.common import reap_local_processes, run_pids
+from kfp_elastic.components.common import run_pids
 from kfp_elastic.pipelines.compile import ROOT, stale, targets
-from kfp_elastic.pipelines.elastic_training import CONFIG_ENV, SNAPSHOT_MOUNT, elastic_training
+from kfp_elastic.pipelines.elastic_training import CONFIG_ENV, SNAPSHOT_MOUNT
 from kfp_elastic.pipelines.run_local import SESSION_ENV, artifact_metadata, outputs
 from kfp_elastic.worker.evaluate import evaluate
+from tests.helpers import run_pipeline_locally as run_locally
 
 PIPELINE_YAML = ROOT / "pipelines" / "elastic_training.yaml"
 pytestmark = pytest.mark.filterwarnings(
@@ -123,29 +121,6 @@ def test_pipeline_shape() -> None:
 
 
 # ------------------------------------------------------------------------------ kfp.local
-
-
-@pytest.fixture
-def session(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Every process the run starts inherits this marker; none may be left at the end."""
-    value = uuid.uuid4().hex
-    monkeypatch.setenv(SESSION_ENV, value)
-    yield value
-    left = reap_local_processes(value, env=SESSION_ENV, grace_s=5)
-    assert not left, f"processes left running: {left}"
-
-
-def run_locally(root: Path, **params: Any) -> tuple[str | None, Path]:
-    """Run the pipeline; (the error of a failed run or None, the run's output directory)."""
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
-    error = None
-    try:
-        elastic_training(launcher="local", **params)
-    except RuntimeError as failure:
-        error = str(failure)
-    runs = list(root.glob("elastic-training-*"))
-    assert len(runs) == 1
-    return error, runs[0]
 
 
 @pytest.mark.timeout(300)

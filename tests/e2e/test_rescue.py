@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kfp_elastic.rendezvous.etcd_client import connect_to
+from kfp_elastic.etcd.client import connect
 from kfp_elastic.worker.progress import Progress
 from kfp_elastic.worker.rescue import Rescues, best_holder, rescue_name
 from tests.helpers import AgentGroup, new_run_id, read_events, wait_for
@@ -77,7 +77,7 @@ def _rank0_agent(agents: list, world: int):
 
 def test_sigkill_of_rank0_node_resumes_from_survivors_last_step(tmp_path: Path, etcd) -> None:
     run_id = new_run_id("rescue")
-    client = connect_to(etcd.endpoint)
+    client = connect(etcd.client_settings())
     progress = Progress(client, f"/kfp-elastic/{run_id}")
     steps_file = tmp_path / "steps.jsonl"  # one line per optimizer step (step post-hook)
     args = [

@@ -2,7 +2,7 @@
 
 Run by torchrun (one process per rank). Rank 0 counts steps in ``<state-dir>/<run id>.step``;
 every rank sleeps ``--step-time`` per step and exits 0 once the file says ``--steps``. With
-``KFP_ELASTIC_ETCD_ENDPOINT`` set and ``--commit-every K``, rank 0 also commits its progress to
+``KFP_ELASTIC_ETCD_ENDPOINTS`` set and ``--commit-every K``, rank 0 also commits its progress to
 etcd like the worker runtime does (``worker.progress``), ``complete`` at the last step.
 ``--exit-code C`` exits at once with C (a crashing worker). Events go to ``--events`` as JSON
 lines: start, step, done.
@@ -50,14 +50,13 @@ class Committer:
     BATCH = 8
 
     def __init__(self, every: int, total: int) -> None:
-        from kfp_elastic.rendezvous.etcd_client import connect_to
+        from kfp_elastic.etcd.client import connect
+        from kfp_elastic.etcd.settings import EtcdSettings
         from kfp_elastic.worker.progress import Progress
 
-        run = (
-            f"{os.environ.get('KFP_ELASTIC_KEY_PREFIX', '/kfp-elastic').rstrip('/')}/"
-            f"{os.environ['TORCHELASTIC_RUN_ID']}"
-        )
-        self.client = connect_to(os.environ["KFP_ELASTIC_ETCD_ENDPOINT"])
+        settings = EtcdSettings.from_env()
+        run = settings.run_prefix(os.environ["TORCHELASTIC_RUN_ID"])
+        self.client = connect(settings)
         self.progress = Progress(self.client, run)
         self.manifest = self.progress.manifest()
         self.every, self.total = every, total
@@ -104,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     state = Path(args.state_dir) / f"{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}.step"
     committer = (
         Committer(args.commit_every, args.steps)
-        if rank == 0 and args.commit_every and "KFP_ELASTIC_ETCD_ENDPOINT" in os.environ
+        if rank == 0 and args.commit_every and "KFP_ELASTIC_ETCD_ENDPOINTS" in os.environ
         else None
     )
     step = read_step(state)

@@ -327,10 +327,10 @@ def test_elastic_train_fails_before_starting_anything(
 
 
 def test_timeline_tail_reads_only_new_events(etcd: Any, run_id: str) -> None:
+    from kfp_elastic.etcd.client import connect
     from kfp_elastic.master.state import MasterState
-    from kfp_elastic.rendezvous.etcd_client import connect_to
 
-    client = connect_to(etcd.endpoint)
+    client = connect(etcd.client_settings())
     state = MasterState(client, f"/kfp-elastic/{run_id}", lease_ttl=2)
     assert state.acquire(timeout=5)
     try:

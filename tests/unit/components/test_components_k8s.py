@@ -81,7 +81,7 @@ def test_worker_pods_carry_the_forwarded_task_settings(k8s: FakeKubernetes) -> N
     req = request()
     assert validate(req)[0].action == "kill"
     entry = worker_entry(req, Path(req.snapshot_dir) / RUN)
-    factory, act = kubernetes_factory(req, "etcd:2379", entry, LauncherHolder())
+    factory, act = kubernetes_factory(req, req.etcd_settings(env={}), entry, LauncherHolder())
     launcher = factory(None)
     name = launcher.launch(1).name
     pod = k8s.pod(name)
@@ -103,3 +103,33 @@ def test_worker_pods_carry_the_forwarded_task_settings(k8s: FakeKubernetes) -> N
     second, third = launcher.launch(2).name, launcher.launch(0).name
     assert sorted(delete_run_pods(RUN, NS)) == sorted([second, third])  # the exit handler
     assert launcher.list_workers() == []
+
+
+def test_worker_pods_get_the_tasks_etcd_tls_and_password_through_secrets(
+    k8s: FakeKubernetes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "ca.crt").write_text("PEM")
+    (tmp_path / "password").write_text("hunter2")
+    env = {
+        "KFP_ELASTIC_ETCD_CACERT": str(tmp_path / "ca.crt"),
+        "KFP_ELASTIC_ETCD_USER": "trainer",
+        "KFP_ELASTIC_ETCD_PASSWORD_FILE": str(tmp_path / "password"),
+    }
+    req = request()
+    etcd = req.etcd_settings(env=env)
+    entry = worker_entry(req, Path(req.snapshot_dir) / RUN)
+    with pytest.raises(ValueError, match="KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET"):
+        kubernetes_factory(req, etcd, entry, LauncherHolder())
+    monkeypatch.setenv("KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET", "etcd-client-tls")
+    monkeypatch.setenv("KFP_ELASTIC_ETCD_PASSWORD_SECRET", "etcd-password")
+    factory, _ = kubernetes_factory(req, etcd, entry, LauncherHolder())
+    pod = k8s.pod(factory(None).launch(0).name)
+    container = pod["spec"]["containers"][0]
+    secrets = {v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v}
+    assert secrets == {"etcd-client-tls", "etcd-password"}
+    values = {e["name"]: e.get("value") for e in container["env"]}
+    assert values["KFP_ELASTIC_ETCD_ENDPOINTS"] == "etcd:2379"
+    assert values["KFP_ELASTIC_ETCD_USER"] == "trainer"
+    assert values["KFP_ELASTIC_ETCD_CACERT"] == "/etc/kfp-elastic/etcd-tls/ca.crt"
+    assert values["KFP_ELASTIC_ETCD_PASSWORD_FILE"] == "/etc/kfp-elastic/etcd-auth/password"
+    assert "hunter2" not in str(pod) and str(tmp_path) not in str(pod)

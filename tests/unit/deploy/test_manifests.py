@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from kfp_elastic.master.pod_spec_checks import ETCD_TLS_MOUNT
+from kfp_elastic.pipelines.elastic_training import CONFIG_ENV
 from tests.helpers import REPO_ROOT
 
 yaml = pytest.importorskip("yaml")
@@ -212,7 +214,6 @@ def test_priority_classes(target: str) -> None:
     assert sts["spec"]["template"]["spec"]["priorityClassName"] == CONTROL_PC
     config = one(objs, "ConfigMap", CONFIGMAP)["data"]
     assert config["KFP_ELASTIC_WORKER_PRIORITY_CLASS"] == WORKER_PC
-    assert config["KFP_ELASTIC_CONTROL_PRIORITY_CLASS"] == CONTROL_PC
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
@@ -239,8 +240,14 @@ def test_master_rbac(target: str) -> None:
     worker_sa = one(objs, "ServiceAccount", WORKER_SA)
     assert worker_sa["automountServiceAccountToken"] is False  # workers never call the API
     config = one(objs, "ConfigMap", CONFIGMAP)["data"]
-    assert config["KFP_ELASTIC_MASTER_SERVICE_ACCOUNT"] == MASTER_SA
     assert config["KFP_ELASTIC_WORKER_SERVICE_ACCOUNT"] == WORKER_SA
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_every_configmap_key_reaches_the_training_task(target: str) -> None:
+    """No key that nothing reads: the pipeline maps each one into the elastic_train task."""
+    config = one(render(target), "ConfigMap", CONFIGMAP)["data"]
+    assert set(config) <= set(CONFIG_ENV)
 
 
 # --------------------------------------------------------------------------- etcd
@@ -261,7 +268,7 @@ def test_etcd_members_agree_everywhere(target: str) -> None:
     assert env_value(container, "INITIAL_CLUSTER") == ",".join(
         f"{m}={scheme}://{m}.{ETCD_HEADLESS}:2380" for m in members
     )
-    endpoint = one(objs, "ConfigMap", CONFIGMAP)["data"]["KFP_ELASTIC_RDZV_ENDPOINT"]
+    endpoint = one(objs, "ConfigMap", CONFIGMAP)["data"]["KFP_ELASTIC_ETCD_ENDPOINTS"]
     assert endpoint == ",".join(f"{m}.{ETCD_HEADLESS}:2379" for m in members)
 
     pod_labels = sts["spec"]["template"]["metadata"]["labels"]
@@ -356,9 +363,11 @@ def test_production_etcd_is_mutual_tls_and_spread() -> None:
         (path,) = flag_values(args, flag)
         assert path is not None and any(path.startswith(m + "/") for m in secret_mounts), flag
     config = one(objs, "ConfigMap", CONFIGMAP)["data"]
-    assert config["KFP_ELASTIC_ETCD_TLS"] == "true"
     assert config["KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET"]
     assert config["KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET"] not in secret_volumes.values()
+    # The client files where the training task and the worker pods mount that Secret.
+    for name, file in (("CACERT", "ca.crt"), ("CERT", "tls.crt"), ("KEY", "tls.key")):
+        assert config[f"KFP_ELASTIC_ETCD_{name}"] == f"{ETCD_TLS_MOUNT}/{file}"
 
     pod_labels = one(objs, "StatefulSet", ETCD_STS)["spec"]["template"]["metadata"]["labels"]
     terms = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -374,14 +383,17 @@ def test_local_kind_is_plain_http_and_small() -> None:
     container = etcd_container(objs)
     assert not flag_values(container["args"], "--client-cert-auth")
     assert env_value(container, "CLIENT_SCHEME") == "http"
-    assert one(objs, "ConfigMap", CONFIGMAP)["data"]["KFP_ELASTIC_ETCD_TLS"] == "false"
+    config = one(objs, "ConfigMap", CONFIGMAP)["data"]
+    assert (
+        "KFP_ELASTIC_ETCD_CACERT" not in config and not config["KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET"]
+    )
     assert container["resources"]["requests"]["memory"] == "128Mi"
     assert not one(objs, "StatefulSet", ETCD_STS)["spec"]["template"]["spec"].get("volumes")
 
 
 def test_readme_documents_the_production_endpoint() -> None:
     endpoint = one(render("overlays/production"), "ConfigMap", CONFIGMAP)["data"][
-        "KFP_ELASTIC_RDZV_ENDPOINT"
+        "KFP_ELASTIC_ETCD_ENDPOINTS"
     ]
     assert endpoint in (MANIFESTS / "README.md").read_text()
 

@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
+from kfp_elastic.etcd import settings as etcd_settings
+from kfp_elastic.etcd.client import connect
 from kfp_elastic.master.cli import build_parser, make_launcher_factory, make_spec, split_entry
 from kfp_elastic.master.job import ElasticJob, JobResult
 from kfp_elastic.master.state import MasterState, read_timeline
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
-from kfp_elastic.rendezvous.etcd_client import connect_to
 from tests.fakes.fake_k8s import FakeKubernetes
 from tests.helpers import wait_for
 
@@ -80,10 +81,11 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
         ]
     )
     args = build_parser().parse_args(own)
-    spec = make_spec(args, entry)
+    settings = etcd_settings.from_args(args, env={})
+    spec = make_spec(args, entry, settings)
     assert spec.entry == ("-m", "kfp_elastic.worker", "--model-def", "m.py")
-    client = connect_to(etcd.endpoint)
-    job = ElasticJob(spec, client, make_launcher_factory(args, spec, etcd.endpoint))
+    client = connect(settings)
+    job = ElasticJob(spec, client, make_launcher_factory(args, spec, settings))
     results: list[JobResult] = []
     thread = threading.Thread(target=lambda: results.append(job.run()))
     thread.start()
@@ -101,7 +103,7 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
         pod = k8s.pod(names[0])
         assert pod["spec"]["priorityClassName"] == "kfp-elastic-worker-low"
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-        assert env["KFP_ELASTIC_ETCD_ENDPOINT"] == etcd.endpoint
+        assert env["KFP_ELASTIC_ETCD_ENDPOINTS"] == etcd.endpoint
         k8s.set_phase(names[0], "Running")
         k8s.set_phase(names[1], "Running")
         k8s.set_phase(names[2], "Pending", conditions=UNSCHEDULABLE)

@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.etcd.client import connect
 from kfp_elastic.master.job import ElasticJob, JobResult, JobSpec
 from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
 from kfp_elastic.master.local_launcher import LocalLauncher
 from kfp_elastic.master.state import MasterState, read_timeline
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
-from kfp_elastic.rendezvous.etcd_client import connect_to
 from tests.helpers import REPO_ROOT, WORKER_ENTRY, read_events, wait_for
 
 ENTRY = str(WORKER_ENTRY)
@@ -71,7 +71,7 @@ def _not_zombie(pid: int) -> bool:
 
 @pytest.fixture
 def client(etcd: EmbeddedEtcd) -> Iterator[MultiEndpointEtcd3Client]:
-    c = connect_to(etcd.endpoint)
+    c = connect(etcd.client_settings())
     yield c
     c.close()
 
@@ -87,7 +87,7 @@ def make_launcher(
     **kwargs: Any,
 ) -> LocalLauncher:
     """``env_run_id``: the run id the reaper finds the processes by (default ``run_id``)."""
-    env = {"KFP_ELASTIC_ETCD_ENDPOINT": etcd.endpoint, "KFP_ELASTIC_RUN_ID": env_run_id or run_id}
+    env = {**etcd.client_settings().to_env(), "KFP_ELASTIC_RUN_ID": env_run_id or run_id}
     return LocalLauncher(
         run_id=run_id,
         endpoint=etcd.endpoint,

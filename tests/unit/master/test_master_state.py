@@ -13,15 +13,15 @@ from collections.abc import Iterator
 import pytest
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.etcd.client import connect
 from kfp_elastic.master.state import MasterState, NotLeaderError, read_timeline
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
-from kfp_elastic.rendezvous.etcd_client import connect_to
 from tests.helpers import REPO_ROOT
 
 
 @pytest.fixture
 def client(etcd: EmbeddedEtcd) -> Iterator[MultiEndpointEtcd3Client]:
-    c = connect_to(etcd.endpoint)
+    c = connect(etcd.client_settings())
     yield c
     c.close()
 
@@ -62,9 +62,11 @@ def test_takeover_after_the_leader_is_sigkilled_takes_about_one_ttl(
     etcd: EmbeddedEtcd, client: MultiEndpointEtcd3Client, prefix: str
 ) -> None:
     code = (
-        "import sys, time; from master.state import MasterState; "
-        "from rendezvous.etcd_client import connect_to; "
-        f"s = MasterState(connect_to({etcd.endpoint!r}), {prefix!r}, lease_ttl=2); "
+        "import sys, time; from kfp_elastic.master.state import MasterState; "
+        "from kfp_elastic.etcd.client import connect; "
+        "from kfp_elastic.etcd.settings import EtcdSettings; "
+        f"c = connect(EtcdSettings.for_endpoint({etcd.endpoint!r})); "
+        f"s = MasterState(c, {prefix!r}, lease_ttl=2); "
         "assert s.acquire(timeout=10); print('leader', flush=True); time.sleep(60)"
     )
     proc = subprocess.Popen(

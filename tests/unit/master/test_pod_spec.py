@@ -40,7 +40,7 @@ FULL = WorkerPodSpec(
     entrypoint="trainer.main",
     module=True,
     entrypoint_args=("--epochs", "3", "--snapshot", "/snapshots/resnet"),
-    rdzv_endpoint="$(KFP_ELASTIC_RDZV_ENDPOINT)",
+    rdzv_endpoint="$(KFP_ELASTIC_ETCD_ENDPOINTS)",
     min_nodes=1,
     max_nodes=8,
     nproc_per_node="gpu",
@@ -84,11 +84,12 @@ FULL = WorkerPodSpec(
         "example.com/owner": "alice",
         "cluster-autoscaler.kubernetes.io/safe-to-evict": "true",
     },
-    env={"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "4"},
+    env={"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "4", "KFP_ELASTIC_ETCD_USER": "trainer"},
     env_from_config_maps=("kfp-elastic-config",),
     volumes=({"name": "snapshots", "persistentVolumeClaim": {"claimName": "resnet-snapshots"}},),
     volume_mounts=({"name": "snapshots", "mountPath": "/snapshots"},),
     etcd_tls_secret="kfp-elastic-etcd-client-tls",
+    etcd_password_secret="kfp-elastic-etcd-password",
     shm_size="2Gi",
     termination_grace_period_s=90,
     image_pull_policy="IfNotPresent",
@@ -150,11 +151,8 @@ def test_defaults_make_a_preemptible_never_restarting_worker() -> None:
 def test_args_are_what_torchrun_itself_parses() -> None:
     args = get_args_parser().parse_args(container(build_pod(FULL))["args"])
     assert (args.nnodes, args.nproc_per_node, args.rdzv_backend) == ("1:8", "gpu", "elastic-etcd")
-    assert args.rdzv_endpoint == "$(KFP_ELASTIC_RDZV_ENDPOINT)" and args.rdzv_id == "resnet-run.7"
-    assert args.rdzv_conf == (
-        "join_timeout=120,lease_ttl=10,cacert=/etc/kfp-elastic/etcd-tls/ca.crt,"
-        "cert=/etc/kfp-elastic/etcd-tls/tls.crt,key=/etc/kfp-elastic/etcd-tls/tls.key"
-    )
+    assert args.rdzv_endpoint == "$(KFP_ELASTIC_ETCD_ENDPOINTS)" and args.rdzv_id == "resnet-run.7"
+    assert args.rdzv_conf == "join_timeout=120,lease_ttl=10"  # etcd settings come from env
     assert args.max_restarts == 5 and args.monitor_interval == 1.0
     assert args.local_addr == "$(POD_IP)"
     assert args.module is True and args.training_script == "trainer.main"
@@ -195,8 +193,33 @@ def test_every_passthrough_field_lands_in_the_manifest() -> None:
     assert mounts == {
         "/snapshots": "snapshots",
         "/etc/kfp-elastic/etcd-tls": "etcd-tls",
+        "/etc/kfp-elastic/etcd-auth": "etcd-auth",
         "/dev/shm": "dshm",
     }
+
+
+def test_etcd_secrets_are_mounted_files_named_by_env_and_never_in_args() -> None:
+    pod = build_pod(FULL)
+    c = container(pod)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["etcd-auth"]["secret"] == {
+        "secretName": "kfp-elastic-etcd-password",
+        "defaultMode": 0o440,
+        "items": [{"key": "password", "path": "password"}],
+    }
+    assert all(m["readOnly"] for m in c["volumeMounts"] if m["name"].startswith("etcd-"))
+    env = env_of(pod)
+    assert env["KFP_ELASTIC_ETCD_CACERT"] == "/etc/kfp-elastic/etcd-tls/ca.crt"
+    assert env["KFP_ELASTIC_ETCD_CERT"] == "/etc/kfp-elastic/etcd-tls/tls.crt"
+    assert env["KFP_ELASTIC_ETCD_KEY"] == "/etc/kfp-elastic/etcd-tls/tls.key"
+    assert env["KFP_ELASTIC_ETCD_PASSWORD_FILE"] == "/etc/kfp-elastic/etcd-auth/password"
+    assert env["KFP_ELASTIC_ETCD_USER"] == "trainer"
+    # Nothing about etcd credentials in the args (visible in `kubectl get pod -o yaml` and ps).
+    text = " ".join(c["args"]) + " ".join(c["command"])
+    assert not any(word in text for word in ("password", "cacert", "tls.key", "etcd-auth"))
+    assert "KFP_ELASTIC_ETCD_PASSWORD" not in env  # only the file's path, never a value
+    plain = build_pod(BASE)
+    assert not any(e["name"].startswith("KFP_ELASTIC_ETCD_") for e in container(plain)["env"])
 
 
 def test_memory_limit_defaults_to_request_and_cpu_is_not_limited() -> None:
@@ -272,7 +295,10 @@ def test_parse_quantity(text: str, value: Decimal) -> None:
         ({"rdzv_endpoint": "etcd:99999"}, "rdzv_endpoint: --rdzv-endpoint entry 'etcd:99999'"),
         ({"rdzv_conf": {"joint_timeout": "1"}}, "rdzv_conf keys ['joint_timeout'] are unknown"),
         ({"rdzv_conf": {"join_timeout": "1,2"}}, "contain no ','"),
-        ({"rdzv_conf": {"cacert": "/x"}, "etcd_tls_secret": "tls"}, "do not pass them too"),
+        ({"rdzv_conf": {"cacert": "/x"}}, "do not pass them in rdzv_conf"),
+        ({"rdzv_conf": {"password": "x"}}, "rdzv_conf keys ['password'] are unknown"),
+        ({"env": {"KFP_ELASTIC_ETCD_CACERT": "/x"}}, "is set by the launcher"),
+        ({"etcd_password_secret": "pw"}, "needs env KFP_ELASTIC_ETCD_USER"),
         ({"cpu": "-1"}, "cpu='-1' must not be negative"),
         ({"memory": "-2Gi"}, "memory='-2Gi' must not be negative"),
         ({"memory": "lots"}, "memory: 'lots' is not a Kubernetes quantity"),

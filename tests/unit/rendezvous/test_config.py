@@ -5,8 +5,10 @@ import pytest
 from kfp_elastic.rendezvous.config import ConfigError, Endpoint, RendezvousConfig, parse_endpoints
 
 
-def config(conf: dict, endpoint: str = "127.0.0.1:2379", nnodes: tuple = (1, 2)):
-    return RendezvousConfig.from_params(endpoint, "job", nnodes[0], nnodes[1], None, conf)
+def config(conf: dict, endpoint: str = "127.0.0.1:2379", nnodes: tuple = (1, 2), env=None):
+    return RendezvousConfig.from_params(
+        endpoint, "job", nnodes[0], nnodes[1], None, conf, env={} if env is None else env
+    )
 
 
 def test_several_endpoints_with_default_port_and_schemes() -> None:
@@ -21,7 +23,7 @@ def test_several_endpoints_with_default_port_and_schemes() -> None:
 @pytest.mark.parametrize("text", ["", "host:port", "a:99999", "a:1/x/y", "a b:1", "a:0"])
 def test_malformed_endpoint_is_rejected(text: str) -> None:
     with pytest.raises(ConfigError, match="rdzv-endpoint"):
-        parse_endpoints(text)
+        config({}, endpoint=text)
 
 
 def test_defaults_and_torch_names() -> None:
@@ -52,7 +54,11 @@ def test_defaults_and_torch_names() -> None:
         ({"peer_probe": "maybe"}, "not a boolean"),
         ({"probe_fanout": "x"}, "not an integer"),
         ({"key_prefix": "noslash"}, "must start with '/'"),
-        ({"user": "root"}, "both user and password"),
+        ({"user": "root"}, "--rdzv-conf user needs a password: give --rdzv-conf password_file"),
+        ({"password": "secret"}, "password is not accepted: .* use password_file=FILE"),
+        ({"password_file": "/nonexistent/pw"}, "password_file=/nonexistent/pw: cannot read"),
+        ({"cert": "/c.pem"}, "--rdzv-conf cert and --rdzv-conf key .* go together"),
+        ({"request_timeout": "soon"}, "request_timeout='soon' is not a number"),
         ({"cacert": "/nonexistent/ca.pem"}, "cacert=/nonexistent/ca.pem: no such file"),
     ],
 )
@@ -69,3 +75,21 @@ def test_min_greater_than_max_is_rejected() -> None:
 def test_https_endpoint_requires_cacert() -> None:
     with pytest.raises(ConfigError, match="needs --rdzv-conf cacert"):
         config({}, endpoint="https://127.0.0.1:2379")
+
+
+def test_etcd_settings_not_in_rdzv_conf_come_from_the_environment(tmp_path) -> None:
+    """A master hands its etcd settings to agents through env alone; --rdzv-conf wins."""
+    password = tmp_path / "pw"
+    password.write_text("s3cret\n")
+    env = {
+        "KFP_ELASTIC_ETCD_USER": "trainer",
+        "KFP_ELASTIC_ETCD_PASSWORD_FILE": str(password),
+        "KFP_ELASTIC_ETCD_KEY_PREFIX": "/from-env",
+        "KFP_ELASTIC_ETCD_REQUEST_TIMEOUT": "7",
+    }
+    cfg = config({"key_prefix": "/from-conf"}, env=env)
+    assert (cfg.etcd.user, cfg.etcd.password) == ("trainer", "s3cret")
+    assert cfg.key_prefix == "/from-conf" and cfg.request_timeout == 7.0
+    assert "s3cret" not in repr(cfg)
+    fallback = config({}, endpoint="", env={"KFP_ELASTIC_ETCD_ENDPOINTS": "e:1"})
+    assert fallback.endpoints == (Endpoint("e", 1),)

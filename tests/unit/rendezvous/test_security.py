@@ -62,11 +62,17 @@ def _server_only_tls(pki: TestPki) -> TlsFiles:
 
 
 @pytest.fixture
-def make_handler() -> Iterator[HandlerFactory]:
-    """``make_handler(endpoint, **conf)``; every handler made is left in teardown."""
+def make_handler(tmp_path: Path) -> Iterator[HandlerFactory]:
+    """``make_handler(endpoint, **conf)``; every handler made is left in teardown. A
+    ``password=`` is written to a file and passed as ``password_file`` (never on a command
+    line)."""
     made: list[ElasticEtcdRendezvousHandler] = []
 
     def make(endpoint: str, **conf: object) -> ElasticEtcdRendezvousHandler:
+        if "password" in conf:
+            password_file = tmp_path / f"password-{uuid.uuid4().hex[:6]}"
+            password_file.write_text(f"{conf.pop('password')}\n")
+            conf["password_file"] = str(password_file)
         conf.setdefault("peer_probe", "false")
         conf.setdefault("last_call_timeout", "0.5")
         params = RendezvousParameters(
@@ -212,7 +218,7 @@ def test_auth_wrong_password_fails_fast_naming_user_password(
                 request_timeout="1",
             )
         )
-        assert "user/password" in str(error)
+        assert "--rdzv-conf user and --rdzv-conf password_file" in str(error)
         assert etcd.endpoint in str(error)
 
 
@@ -257,8 +263,14 @@ def test_client_certificate_common_name_is_the_user_without_tokens(
 
 
 def test_user_and_password_must_come_together(make_handler: HandlerFactory) -> None:
-    with pytest.raises(ValueError, match="user and password"):
+    with pytest.raises(ValueError, match="user needs a password: give --rdzv-conf password_file"):
         make_handler("127.0.0.1:1", user=USER)
+
+
+def test_a_password_on_the_command_line_is_refused() -> None:
+    params = RendezvousParameters("elastic-etcd", "127.0.0.1:1", "r", 1, 1, user=USER, password="x")
+    with pytest.raises(ValueError, match="password is not accepted.*password_file"):
+        create_handler(params)
 
 
 def test_auth_over_plaintext(make_handler: HandlerFactory) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kfp_elastic.rendezvous.etcd_client import connect_to
+from kfp_elastic.etcd.client import connect
 from kfp_elastic.worker.data_plan import shards_for_length
 from kfp_elastic.worker.progress import Committed, Progress, manifest_from_shards
 from kfp_elastic.worker.snapshot import SnapshotError, Snapshotter
@@ -16,7 +16,7 @@ from kfp_elastic.worker.snapshot import SnapshotError, Snapshotter
 
 @pytest.fixture
 def progress(etcd, run_id: str):
-    client = connect_to(etcd.endpoint)
+    client = connect(etcd.client_settings())
     yield Progress(client, f"/kfp-elastic/{run_id}")
     client.close()
 

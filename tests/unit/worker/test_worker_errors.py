@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
+from kfp_elastic.etcd.client import connect
 from kfp_elastic.rendezvous.embedded_etcd import free_port
-from kfp_elastic.rendezvous.etcd_client import connect_to
 from kfp_elastic.worker.data_plan import shards_for_length
 from kfp_elastic.worker.progress import Committed, Progress, manifest_from_shards
 from tests.helpers import REPO_ROOT
@@ -71,7 +71,7 @@ def test_unreachable_etcd_for_progress_is_named(etcd, run_id: str, tmp_path: Pat
 
 
 def _committed_with_snapshots(etcd, run_id: str, snap: Path, good: bool) -> Progress:
-    client = connect_to(etcd.endpoint)
+    client = connect(etcd.client_settings())
     progress = Progress(client, f"/kfp-elastic/{run_id}")
     manifest = progress.publish_manifest(manifest_from_shards(shards_for_length(40, 10), epochs=1))
     snap.mkdir(parents=True, exist_ok=True)
