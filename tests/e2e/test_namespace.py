@@ -7,6 +7,7 @@ packages of its own; an installed ``kfp-elastic`` must neither shadow them nor b
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -23,8 +24,17 @@ GENERIC_NAMES = ("rendezvous", "master", "worker", "components", "pipelines")
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # Build from a copy of the tracked files: setuptools writes build/ into the source tree.
+    source = tmp_path_factory.mktemp("source")
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO_ROOT, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    for name in filter(None, (t.decode() for t in tracked)):
+        if (REPO_ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO_ROOT / name, source / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(REPO_ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(source)],
         check=True,
         capture_output=True,
         timeout=300,
