@@ -13,6 +13,8 @@ from typing import Any
 
 DEFAULT_PORT = 2379
 DEFAULT_KEY_PREFIX = "/kfp-elastic"
+# torch's TCPStore default timeout: how long its blocking get/wait wait.
+DEFAULT_STORE_TIMEOUT_S = 300.0
 
 # Keys torchrun itself may put into the config; accepted so that a plain torchrun call works.
 _TORCHRUN_KEYS = {"timeout"}
@@ -56,6 +58,9 @@ class RendezvousConfig:
     lease_ttl: float = 5.0
     # Per-request deadline for etcd calls; also bounds the connectivity check at start.
     request_timeout: float = 5.0
+    # How long a blocking get/wait of the agent's round store, or a node entering a round
+    # waiting for rank 0's MASTER_ADDR/PORT, waits before it fails.
+    store_timeout: float = DEFAULT_STORE_TIMEOUT_S
     # Detect a dead peer at once through a TCP probe connection (lease expiry is the fallback).
     peer_probe: bool = True
     # A worker failure within this long of a membership change (a peer died) restarts the
@@ -130,6 +135,7 @@ class RendezvousConfig:
             "rejoin_timeout",
             "close_timeout",
             "request_timeout",
+            "store_timeout",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--rdzv-conf {name}={getattr(self, name)} must be > 0")
@@ -172,6 +178,7 @@ _FLOAT_KEYS = {
     "close_timeout",
     "lease_ttl",
     "request_timeout",
+    "store_timeout",
     "peer_failure_grace",
 }
 _INT_KEYS = {"probe_fanout"}
