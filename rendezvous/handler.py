@@ -137,10 +137,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         return True
 
     def next_rendezvous(self) -> RendezvousInfo:
-        if self._left.is_set():
-            raise RendezvousClosedError(f"node {self.node_id} has left the run")
-        if self.is_closed():
-            raise RendezvousClosedError(f"run {self._config.run_id} is closed")
+        # A node that left, or a closed run, fails at the first step (FAIL_LEFT, FAIL_CLOSED).
         started = time.monotonic()
         while True:
             current = self._wait_for_round()
