@@ -77,7 +77,7 @@ class NodeSnapshot:
 
     @property
     def leading(self) -> bool:
-        return self.view.leader is not None and self.view.leader.node_id == self.node_id
+        return leads(self.view, self.node_id)
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,11 @@ class Step:
     reason: str = ""
 
 
+def leads(view: Status, node_id: str) -> bool:
+    """Whether the leader key in ``view`` is ``node_id``'s."""
+    return view.leader is not None and view.leader.node_id == node_id
+
+
 def needs_records(
     view: Status, node_id: str, deadline: float, now: float, min_nodes: int, max_nodes: int
 ) -> bool:
@@ -103,9 +108,8 @@ def needs_records(
     A narrowed view has only our own record: nothing to read."""
     if not view.follows_all:
         return False
-    leading = view.leader is not None and view.leader.node_id == node_id
     return (
-        (leading and view.waiting_count >= min_nodes)
+        (leads(view, node_id) and view.waiting_count >= min_nodes)
         or len(view.round.participants) >= max_nodes
         or now >= deadline
     )
