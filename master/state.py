@@ -37,7 +37,7 @@ from pyetcd.client import MultiEndpointEtcd3Client
 from pyetcd.events import DeleteEvent
 
 from kfp_elastic.rendezvous.etcd_client import TRANSIENT_ERRORS
-from kfp_elastic.rendezvous.leases import LeaseKeeper, grant
+from kfp_elastic.rendezvous.leases import KEEPALIVES_PER_TTL, LeaseKeeper, grant
 
 log = logging.getLogger(__name__)
 # How long a master waits for an unreachable etcd while it asks for leadership.
@@ -141,7 +141,9 @@ class MasterState:
         self._on_lost = on_lost
         if not self._lease:
             self._lease = grant(self.client, self.lease_ttl)
-            self._keeper = LeaseKeeper(self.client, self.lease_ttl / 3, self._lease_lost)
+            self._keeper = LeaseKeeper(
+                self.client, self.lease_ttl / KEEPALIVES_PER_TTL, self._lease_lost
+            )
             self._keeper.keep(self._lease)
         tx = self.client.transactions
         waiting_logged = False

@@ -33,6 +33,9 @@ __all__ = [
     "parse_endpoints",
 ]
 
+# torch's TCPStore default timeout: how long its blocking get/wait wait.
+DEFAULT_STORE_TIMEOUT_S = 300.0
+
 # Keys torchrun itself may put into the config; accepted so that a plain torchrun call works.
 _TORCHRUN_KEYS = {"timeout"}
 # Keys other backends use; named in the error so users switching from c10d know what happened.
@@ -62,6 +65,9 @@ class RendezvousConfig:
     close_timeout: float = 30.0
     # Liveness: a node whose lease is not refreshed for this long is dead (etcd clamps to >= 2).
     lease_ttl: float = 5.0
+    # How long a blocking get/wait of the agent's round store, or a node entering a round
+    # waiting for rank 0's MASTER_ADDR/PORT, waits before it fails.
+    store_timeout: float = DEFAULT_STORE_TIMEOUT_S
     # Detect a dead peer at once through a TCP probe connection (lease expiry is the fallback).
     peer_probe: bool = True
     # A worker failure within this long of a participant's death or leave restarts the workers
@@ -152,6 +158,7 @@ class RendezvousConfig:
             "last_call_timeout",
             "rejoin_timeout",
             "close_timeout",
+            "store_timeout",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--rdzv-conf {name}={getattr(self, name)} must be > 0")
@@ -187,6 +194,7 @@ _FLOAT_KEYS = {
     "rejoin_timeout",
     "close_timeout",
     "lease_ttl",
+    "store_timeout",
     "peer_failure_grace",
     "free_restart_window",
 }

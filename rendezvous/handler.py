@@ -38,6 +38,8 @@ from . import peer_failures, warm_start
 from .config import RendezvousConfig, config_from_torch_params
 from .keys import RunKeys
 from .membership import Membership
+from .membership_view import Status
+from .node_steps import Action, NodeSnapshot, Step, WaitProgress, needs_records, next_step
 from .peer_failures import (
     MembershipChange,
     RestartPolicy,
@@ -47,28 +49,16 @@ from .peer_failures import (
     membership_change,
 )
 from .round_formation import (
-    LastCallClock,
     MasterRecord,
     NodeRecord,
     RoundRecord,
-    decide,
-    is_admitted,
-    is_full_and_healthy,
     nodes_waiting_count,
-    waiting_nodes,
 )
 from .store import EtcdStore
 
 log = logging.getLogger(__name__)
 
 BACKEND_NAME = "elastic-etcd"
-STORE_TIMEOUT = timedelta(seconds=300)
-# Longest sleep between two looks at the cache while waiting (deadlines are checked this often).
-MAX_WAIT_SLICE_S = 1.0
-# How long a waiter that sees no leader key waits for its cache to catch up before it tries to
-# take the key (a dead leader is replaced this much later; the publish transaction normally
-# takes the key when there is none).
-LEADER_GRACE_S = 0.1
 # How often a node waiting for rank 0's MASTER_ADDR/PORT asks whether its round broke.
 BROKEN_CHECK_S = 0.2
 # How often a failed worker's agent looks for the membership change that explains the failure.
@@ -234,10 +224,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             log.warning("could not record worker error node=%s error=%r", self.node_id, error)
 
     def next_rendezvous(self) -> RendezvousInfo:
-        if self._left.is_set():
-            raise RendezvousClosedError(f"node {self.node_id} has left the run")
-        if self.is_closed():
-            raise RendezvousClosedError(f"run {self._config.run_id} is closed")
+        # A node that left, or a closed run, fails at the first step (FAIL_LEFT, FAIL_CLOSED).
         started = time.monotonic()
         while True:
             current = self._wait_for_round()
@@ -289,96 +276,70 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
 
     # -- rounds -------------------------------------------------------------------------------
     def _wait_for_round(self) -> RoundRecord:
+        """The executor of ``node_steps``: snapshot, ask ``next_step``, apply its action."""
         config = self._config
         membership = self._membership
-        _, latest = membership.view()
-        after_round = max(self._round.number if self._round else 0, latest.number)
-        if not membership.is_leader():
-            membership.follow_all(False)  # a waiter follows only what tells it to go on
-        membership.publish(waiting=True, after_round=after_round)
-        log.info("waiting for round node=%s after_round=%d", self.node_id, after_round)
-        deadline = time.monotonic() + config.join_timeout
-        clock = LastCallClock()
-        leaderless_since = 0.0
+        progress = WaitProgress(last_round=self._round.number if self._round else 0)
         while True:
-            if self._left.is_set():
-                raise RendezvousClosedError(f"node {self.node_id} has left the run")
-            if membership.closed():
-                raise RendezvousClosedError(f"run {config.run_id} is closed")
-            status = membership.status()
-            revision, current = status.revision, status.round
-            if membership.node_lease_lost or status.me is None:
-                membership.register()
-                membership.publish(waiting=True, after_round=after_round)
-                continue
-            if is_admitted(status.me, current):
-                return current
             now = time.monotonic()
-            if status.leader is None:
-                # Our narrowed cache may show the leader key gone (or not yet there) before
-                # the round written with its deletion (or the leader's put): wait for that
-                # first instead of a transaction that would lose.
-                leaderless_since = leaderless_since or now
-                if now < leaderless_since + LEADER_GRACE_S:
-                    membership.wait_for_change(revision, leaderless_since + LEADER_GRACE_S - now)
-                elif not membership.try_lead():
-                    membership.wait_for_change(revision, MAX_WAIT_SLICE_S)
-                continue
-            leaderless_since = 0.0
-            recheck_at: float | None = None
-            leading = status.leader.node_id == self.node_id
-            if leading:
-                membership.follow_all(True)
-            if leading and membership.waiting_count() < config.min_nodes:
-                clock.observe(False, now)  # decide() would say the same, without O(N) work
-            elif leading:
-                live, current = membership.view()
-                waiting = waiting_nodes(live, current)
-                min_reached_at = clock.observe(len(waiting) >= config.min_nodes, now)
-                decision = decide(
-                    live,
-                    current,
-                    config.min_nodes,
-                    config.max_nodes,
-                    now,
-                    min_reached_at,
-                    config.last_call_timeout,
-                    config.rejoin_timeout,
+            deadline = progress.deadline
+            view = membership.status(
+                records_if=lambda status, deadline=deadline, now=now: needs_records(
+                    status, self.node_id, deadline, now, config.min_nodes, config.max_nodes
                 )
-                formed = (
-                    membership.form_round(current, decision.participants) if decision.form else 0
+            )
+            snapshot = NodeSnapshot(
+                self.node_id,
+                now,
+                view,
+                left=self._left.is_set(),
+                closed=membership.closed(),
+                lease_lost=membership.node_lease_lost,
+                holds_leader_key=membership.is_leader(),
+            )
+            step = next_step(snapshot, progress, config)
+            progress = step.progress
+            if step.action is Action.RETURN_ROUND:
+                return view.round
+            self._apply(step, view)
+
+    def _apply(self, step: Step, view: Status) -> None:
+        """The I/O of one ``node_steps.Action`` (all but RETURN_ROUND)."""
+        membership = self._membership
+        action = step.action
+        if action in (Action.FAIL_LEFT, Action.FAIL_CLOSED):
+            raise RendezvousClosedError(step.reason)
+        if action is Action.FAIL_TIMEOUT:
+            raise RendezvousTimeoutError(step.reason)
+        if action is Action.PUBLISH:
+            if step.narrow:
+                membership.follow_all(False)  # a waiter follows only what tells it to go on
+            membership.publish(waiting=True, after_round=step.progress.after_round)
+            log.info(
+                "waiting for round node=%s after_round=%d", self.node_id, step.progress.after_round
+            )
+        elif action is Action.REGISTER:
+            membership.register()
+            membership.publish(waiting=True, after_round=step.progress.after_round)
+        elif action is Action.FOLLOW_ALL:
+            membership.follow_all(True)
+        elif action is Action.TRY_LEAD:
+            if not membership.try_lead():
+                membership.wait_for_change(view.revision, step.wait_s)
+        elif action is Action.FORM_ROUND:
+            formed = membership.form_round(view.round, step.participants)
+            if formed:
+                log.info(
+                    "formed round round=%d leader=%s world=%d reason=%s",
+                    formed,
+                    self.node_id,
+                    len(step.participants),
+                    step.reason,
                 )
-                if formed:
-                    log.info(
-                        "formed round round=%d leader=%s world=%d reason=%s",
-                        formed,
-                        self.node_id,
-                        len(decision.participants),
-                        decision.reason,
-                    )
-                    continue
-                recheck_at = decision.recheck_at
-            if len(current.participants) >= config.max_nodes and (
-                not membership.follows_all  # the leader watches the round's health
-                or is_full_and_healthy(membership.view()[0], current, config.max_nodes)
-            ):
-                # On the redundancy list: wait for a place as long as the full round runs.
-                deadline = now + config.join_timeout
-            if now >= deadline:
-                live, current = membership.view()
-                counts = (
-                    f"{len(waiting_nodes(live, current))} waiting, {len(live)} live"
-                    if membership.follows_all
-                    else f"leader {status.leader.node_id}"
-                )
-                raise RendezvousTimeoutError(
-                    f"node {self.node_id}: no round with >= {config.min_nodes} nodes formed "
-                    f"within join_timeout={config.join_timeout}s ({counts})"
-                )
-            slice_end = min(deadline, now + MAX_WAIT_SLICE_S)
-            if recheck_at is not None:
-                slice_end = min(slice_end, recheck_at)
-            membership.wait_for_change(revision, max(0.0, slice_end - now))
+            else:
+                membership.wait_for_change(view.revision, step.wait_s)
+        else:  # AWAIT_LEADER, WAIT, WAIT_AS_SPARE
+            membership.wait_for_change(view.revision, step.wait_s)
 
     def _enter_round(self, current: RoundRecord) -> RendezvousInfo | None:
         rank = current.rank_of(self.node_id)
@@ -402,7 +363,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             self._client,
             self._keys.store(current.number),
             lease_id=current.run_lease,
-            timeout=STORE_TIMEOUT,
+            timeout=timedelta(seconds=self._config.store_timeout),
             abort_if=self._round_broken,
         )
         bootstrap = RendezvousStoreInfo(master.addr, master.port)
@@ -412,7 +373,8 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         """Rank 0's MASTER_ADDR/PORT for ``current`` (``bootstrap.py``); None if the round
         broke first (rank 0 died before publishing it, or a newer round replaced it)."""
         membership = self._membership
-        deadline = time.monotonic() + STORE_TIMEOUT.total_seconds()
+        timeout = self._config.store_timeout
+        deadline = time.monotonic() + timeout
         while True:
             position = membership.revision
             master = membership.master(current.number)
@@ -424,7 +386,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             if now >= deadline:
                 raise RendezvousTimeoutError(
                     f"node {self.node_id}: rank 0 of round {current.number} did not publish "
-                    f"MASTER_ADDR/PORT within {STORE_TIMEOUT.total_seconds():.0f}s"
+                    f"MASTER_ADDR/PORT within store_timeout={timeout}s"
                 )
             membership.wait_for_change(position, min(BROKEN_CHECK_S, deadline - now))
 

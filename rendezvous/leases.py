@@ -15,13 +15,20 @@ from pyetcd.client import MultiEndpointEtcd3Client
 
 log = logging.getLogger(__name__)
 
+# Keep-alives per lease TTL: two in a row may fail (etcd busy, a failover) before it expires.
+KEEPALIVES_PER_TTL = 3
+# How long ``stop`` waits for the keeper thread; a refresh in flight is bounded by the client's
+# request timeout, and the thread is a daemon, so a slow one never holds the process.
+STOP_JOIN_TIMEOUT_S = 2.0
+
 
 def grant(client: MultiEndpointEtcd3Client, ttl: float) -> int:
     return int(client.lease(int(math.ceil(ttl))).id)
 
 
 class LeaseKeeper:
-    """Refreshes leases every ``ttl / 3``; calls ``on_lost(lease_id)`` once one is gone."""
+    """Refreshes leases every ``interval`` (``ttl / KEEPALIVES_PER_TTL``); calls
+    ``on_lost(lease_id)`` once one is gone."""
 
     def __init__(
         self,
@@ -53,7 +60,7 @@ class LeaseKeeper:
 
     def stop(self) -> None:
         self._stopped.set()
-        self._thread.join(timeout=2)
+        self._thread.join(timeout=STOP_JOIN_TIMEOUT_S)
 
     def _run(self) -> None:
         while not self._stopped.wait(self._interval):

@@ -11,6 +11,8 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 
 import grpc
 from pyetcd.client import MultiEndpointEtcd3Client
@@ -19,7 +21,7 @@ from .bootstrap import cached_master, master_ops
 from .cache import WatchedPrefix
 from .config import RendezvousConfig
 from .keys import RunKeys, prefix_range_end
-from .leases import LeaseKeeper, grant
+from .leases import KEEPALIVES_PER_TTL, LeaseKeeper, grant
 from .membership_view import MembershipView, Status
 from .probe import PeerProbe, ProbeTarget
 from .probe_ring import ProbeRing, RingInputs
@@ -57,7 +59,9 @@ class Membership:
         self._view_lock = threading.Lock()
         self._view = MembershipView(keys)
         self._cache.start()
-        self._keeper = LeaseKeeper(client, config.lease_ttl / 3, self._on_lease_lost)
+        self._keeper = LeaseKeeper(
+            client, config.lease_ttl / KEEPALIVES_PER_TTL, self._on_lease_lost
+        )
         self._probe: PeerProbe | None = None
         self._ring: ProbeRing | None = None
         self._left = False
@@ -110,18 +114,25 @@ class Membership:
             view = self._synced()
             return list(view.records.values()), view.round
 
-    def status(self) -> Status:
-        """The round, our record and the leader at one revision, in O(1) (+ changes seen)."""
+    def status(self, records_if: Callable[[Status], bool] | None = None) -> Status:
+        """The round, our record, the leader and the waiting count at one revision, in O(1)
+        (+ changes seen); with every record seen (O(N)) when ``records_if(status)`` says so."""
         with self._view_lock:
             view = self._synced()
             me = view.records.get(self.node_id)
             if me is not None and me.lease != self._node_lease:
                 me = None  # a record of our previous lease, about to expire
-            return Status(view.revision, view.round, me, view.leader)
-
-    def waiting_count(self) -> int:
-        with self._view_lock:
-            return self._synced().waiting_count()
+            status = Status(
+                view.revision,
+                view.round,
+                me,
+                view.leader,
+                view.waiting_count(),
+                not self._cache.narrow,
+            )
+            if records_if is not None and records_if(status):
+                status = replace(status, live=tuple(view.records.values()))
+            return status
 
     def _ring_inputs(self) -> RingInputs:
         """What the probe ring depends on; ``version`` changes whenever a node appears,

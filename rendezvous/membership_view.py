@@ -27,10 +27,15 @@ class Entry(Protocol):
 
 @dataclass(frozen=True)
 class Status:
+    """What a node sees at one cache position (``revision``)."""
+
     revision: int
     round: RoundRecord
     me: NodeRecord | None
     leader: LeaderRecord | None
+    waiting_count: int = 0  # nodes waiting among the records seen (``waiting_count``)
+    follows_all: bool = False  # the records seen are every node's, not only ours
+    live: tuple[NodeRecord, ...] | None = None  # every record seen, when asked for (O(N))
 
 
 class MembershipView:

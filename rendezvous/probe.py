@@ -21,7 +21,14 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
+# A live peer's listener accepts at once; one that does not within this is unreachable (not
+# declared dead: its lease decides), and the probe ring's caller is not held up longer.
 CONNECT_TIMEOUT_S = 1.0
+# The watch thread wakes at least this often to see ``stop``; ``stop`` also wakes it through a
+# socket, so this only bounds a missed wake-up.
+STOP_CHECK_S = 1.0
+# How long ``stop`` waits for the watch thread (a daemon: it never holds the process).
+STOP_JOIN_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -102,7 +109,7 @@ class PeerProbe:
         self._stopped.set()
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
-        self._thread.join(timeout=2)
+        self._thread.join(timeout=STOP_JOIN_TIMEOUT_S)
         with self._lock:
             for node_id in list(self._watched):
                 self._drop(node_id)
@@ -113,7 +120,7 @@ class PeerProbe:
     def _run(self) -> None:
         accepted: list[socket.socket] = []
         while not self._stopped.is_set():
-            for key, _ in self._selector.select(timeout=1.0):
+            for key, _ in self._selector.select(timeout=STOP_CHECK_S):
                 kind, target = key.data
                 if kind == "accept":
                     with contextlib.suppress(BlockingIOError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -184,18 +184,17 @@ class Decision:
     recheck_at: float | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class LastCallClock:
     """The leader's own record of when enough nodes first waited (monotonic seconds)."""
 
-    min_reached_at: float | None = field(default=None)
+    min_reached_at: float | None = None
 
-    def observe(self, enough: bool, now: float) -> float | None:
+    def observed(self, enough: bool, now: float) -> LastCallClock:
+        """The clock after seeing whether MIN nodes wait at ``now``."""
         if not enough:
-            self.min_reached_at = None
-        elif self.min_reached_at is None:
-            self.min_reached_at = now
-        return self.min_reached_at
+            return LastCallClock(None)
+        return self if self.min_reached_at is not None else LastCallClock(now)
 
 
 def decide(

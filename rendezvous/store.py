@@ -15,9 +15,10 @@ from datetime import timedelta
 import torch.distributed as dist
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from .config import DEFAULT_STORE_TIMEOUT_S
 from .keys import prefix_range_end
 
-DEFAULT_STORE_TIMEOUT = timedelta(seconds=300)
+DEFAULT_STORE_TIMEOUT = timedelta(seconds=DEFAULT_STORE_TIMEOUT_S)
 # How often a blocked wait asks whether its round broke.
 ABORT_CHECK_S = 0.2
 

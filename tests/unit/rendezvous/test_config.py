@@ -1,5 +1,7 @@
 """Parsing --rdzv-endpoint / --rdzv-conf: pure, and every bad value named in the error."""
 
+from pathlib import Path
+
 import pytest
 
 from kfp_elastic.rendezvous.config import ConfigError, Endpoint, RendezvousConfig, parse_endpoints
@@ -93,3 +95,17 @@ def test_etcd_settings_not_in_rdzv_conf_come_from_the_environment(tmp_path) -> N
     assert "s3cret" not in repr(cfg)
     fallback = config({}, endpoint="", env={"KFP_ELASTIC_ETCD_ENDPOINTS": "e:1"})
     assert fallback.endpoints == (Endpoint("e", 1),)
+
+
+def test_store_timeout_is_a_setting_in_seconds() -> None:
+    assert config({}).store_timeout == 300.0
+    assert config({"store_timeout": "12.5"}).store_timeout == 12.5
+    with pytest.raises(ConfigError, match="store_timeout"):
+        config({"store_timeout": "0"})
+
+
+def test_readme_documents_every_rdzv_conf_key() -> None:
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    table = readme[readme.index("### `--rdzv-conf` keys") :]
+    missing = [name for name in RendezvousConfig.setting_names() if f"`{name}`" not in table]
+    assert missing == []

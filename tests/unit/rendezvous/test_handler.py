@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 import pytest
 from pyetcd.client import Endpoint, MultiEndpointEtcd3Client
@@ -517,3 +518,9 @@ def test_rank0_dying_before_it_publishes_the_bootstrap_address(make_handler) -> 
     infos = [j.result(timeout=30) for j in [Joiner(b), newcomer]]
     assert [(i.rank, i.world_size) for i in infos] == [(0, 2), (1, 2)]
     assert isinstance(dying.error, RuntimeError)
+
+
+def test_store_timeout_bounds_the_rounds_store(make_handler) -> None:
+    handler = make_handler(1, 1, store_timeout=7)
+    info = handler.next_rendezvous()
+    assert info.store.timeout == timedelta(seconds=7)

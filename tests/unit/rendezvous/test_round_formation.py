@@ -94,11 +94,13 @@ def test_newcomers_past_max_wait_on_the_redundancy_list() -> None:
 
 
 def test_last_call_clock_resets_when_nodes_drop_below_min() -> None:
-    clock = LastCallClock()
-    assert clock.observe(True, 1.0) == 1.0
-    assert clock.observe(True, 2.0) == 1.0
-    assert clock.observe(False, 3.0) is None
-    assert clock.observe(True, 4.0) == 4.0
+    clock = LastCallClock().observed(True, 1.0)
+    assert clock.min_reached_at == 1.0
+    clock = clock.observed(True, 2.0)
+    assert clock.min_reached_at == 1.0
+    clock = clock.observed(False, 3.0)
+    assert clock.min_reached_at is None
+    assert clock.observed(True, 4.0).min_reached_at == 4.0
 
 
 def test_records_round_trip_as_json() -> None:
