@@ -21,13 +21,13 @@ from typing import Any
 
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.etcd.keys import RunKeys, run_prefix_of
 from kfp_elastic.master.launcher import Launcher, Reason, WorkerPhase, WorkerStatus
 from kfp_elastic.master.metrics import Metrics, TimelineStats
 from kfp_elastic.master.observer import Observer
 from kfp_elastic.master.scaling import Decision, ScalingPolicy, decide, is_active
 from kfp_elastic.master.state import MasterState, NotLeaderError, read_timeline
 from kfp_elastic.rendezvous.etcd_client import TRANSIENT_ERRORS
-from kfp_elastic.rendezvous.keys import RunKeys
 from kfp_elastic.worker.data_plan import Shard, shards_for_length
 from kfp_elastic.worker.progress import Manifest, manifest_from_shards
 
@@ -61,7 +61,7 @@ class JobSpec:
 
     @property
     def run_prefix(self) -> str:
-        return f"{self.key_prefix.rstrip('/')}/{self.run_id}"
+        return run_prefix_of(self.key_prefix, self.run_id)
 
     @property
     def policy(self) -> ScalingPolicy:

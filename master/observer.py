@@ -19,10 +19,10 @@ from typing import Any
 
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.etcd.keys import RunKeys
 from kfp_elastic.master.metrics import TimelineStats
 from kfp_elastic.master.state import MasterState
 from kfp_elastic.rendezvous.cache import WatchedPrefix
-from kfp_elastic.rendezvous.keys import RunKeys
 from kfp_elastic.worker.progress import Committed, Manifest, Progress
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from kfp_elastic.etcd.keys import run_prefix_of
+
 DEFAULT_PORT = 2379
 DEFAULT_KEY_PREFIX = "/kfp-elastic"
 
@@ -79,7 +81,7 @@ class RendezvousConfig:
 
     @property
     def run_prefix(self) -> str:
-        return f"{self.key_prefix.rstrip('/')}/{self.run_id}"
+        return run_prefix_of(self.key_prefix, self.run_id)
 
     @property
     def preload_modules(self) -> tuple[str, ...]:

@@ -28,11 +28,12 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
 )
 
+from kfp_elastic.etcd.keys import RunKeys
+
 from . import leave as leave_hook
 from . import peer_failures, warm_start
 from .config import RendezvousConfig, config_from_torch_params
 from .etcd_client import EtcdConnectionError, connect
-from .keys import RunKeys
 from .membership import Membership
 from .round_formation import (
     LastCallClock,

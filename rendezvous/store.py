@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch.distributed as dist
 from pyetcd.client import MultiEndpointEtcd3Client
 
-from .keys import prefix_range_end
+from kfp_elastic.etcd.keys import prefix_range_end
 
 DEFAULT_STORE_TIMEOUT = timedelta(seconds=300)
 # How often a blocked wait asks whether its round broke.

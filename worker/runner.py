@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset, default_collate
 
+from kfp_elastic.etcd.keys import run_prefix_of
 from kfp_elastic.rendezvous.etcd_client import TRANSIENT_ERRORS, connect_to
 
 from .data_plan import epoch_order, shards_for_length
@@ -58,7 +59,7 @@ class Trainer:
         self.progress: Progress | None = None
         if self.rank == 0:
             client = connect_to(args.etcd)
-            self.progress = Progress(client, f"{args.key_prefix.rstrip('/')}/{run_id}")
+            self.progress = Progress(client, run_prefix_of(args.key_prefix, run_id))
         self.snapshots = Snapshotter(args.snapshot_dir, args.local_snapshot_dir)
         self.rescues = Rescues(args.local_snapshot_dir or args.snapshot_dir, run_id)
         self.snapshot_policy = SnapshotPolicy(

@@ -76,7 +76,9 @@ class TrainRequest:
 
     @property
     def run_prefix(self) -> str:
-        return f"{KEY_PREFIX}/{self.run_id}"
+        from kfp_elastic.etcd.keys import run_prefix_of
+
+        return run_prefix_of(KEY_PREFIX, self.run_id)
 
     def resolved_launcher(self) -> str:
         if self.launcher == "auto":
