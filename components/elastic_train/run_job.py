@@ -31,6 +31,7 @@ from kfp_elastic.components.common import (
 from kfp_elastic.components.elastic_train.faults import Fault, FaultInjector, Injected, parse_faults
 from kfp_elastic.components.elastic_train.summary import describe
 from kfp_elastic.components.shard_dataset.shard import read_manifest
+from kfp_elastic.master.timeline import Event, TimelineTail, read_timeline
 
 KEY_PREFIX = "/kfp-elastic"
 LAUNCHERS = ("local", "kubernetes")
@@ -90,7 +91,7 @@ class TrainRequest:
 class TrainResult:
     state: str  # succeeded | failed | stepped_down
     message: str
-    events: list[dict[str, Any]]
+    events: list[Event]
     model_path: Path | None
     workdir: Path
     snapshot_dir: Path
@@ -283,33 +284,6 @@ def kubernetes_factory(
     return factory, act
 
 
-class TimelineTail:
-    """New timeline events since the last call (reads only keys after the last sequence)."""
-
-    def __init__(self, client: Any, run_prefix: str) -> None:
-        from kfp_elastic.master.state import MasterKeys
-
-        self._client = client
-        self._keys = MasterKeys(run_prefix)
-        self._end = self._keys.events[:-1] + chr(ord(self._keys.events[-1]) + 1)
-        self.events: list[dict[str, Any]] = []
-
-    def read(self) -> list[dict[str, Any]]:
-        import json
-
-        start = self._keys.event(self.events[-1]["seq"] + 1) if self.events else self._keys.events
-        new = []
-        for value, meta in self._client.get_range(
-            start, self._end, sort_order="ascend", sort_target="key"
-        ):
-            with contextlib.suppress(ValueError):
-                event = json.loads(value)
-                event["seq"] = int(meta.key.decode().rsplit("/", 1)[1])
-                new.append(event)
-        self.events.extend(new)
-        return new
-
-
 def _watch(tail: TimelineTail, injector: FaultInjector, stop: threading.Event, say: Say) -> None:
     start: float | None = None
     while True:
@@ -329,8 +303,9 @@ def _watch(tail: TimelineTail, injector: FaultInjector, stop: threading.Event, s
         except Exception as error:  # noqa: BLE001 - progress must never break the job
             say(f"(progress: {error!r})")
         if finished:
+            tail.close()
             return
-        stop.wait(POLL_S)
+        tail.wait(POLL_S)  # wakes at a new event, or after POLL_S for time-based faults
 
 
 def run(request: TrainRequest, say: Say = print) -> TrainResult:
@@ -406,8 +381,6 @@ def run(request: TrainRequest, say: Say = print) -> TrainResult:
         result = job.run()
         stop.set()
         watcher.join(10)
-        from kfp_elastic.master.state import read_timeline
-
         events = read_timeline(client, request.run_prefix)
         model_path = (
             _final_model(client, request, snapshot_dir) if result.state == "succeeded" else None
