@@ -62,7 +62,7 @@ class Event:
     def kind_name(self) -> str:
         return self.kind.value
 
-    def fields(self) -> dict[str, Any]:
+    def payload(self) -> dict[str, Any]:
         """The event's own fields (without t, seq, extra), JSON-ready."""
         return {
             f.name: _jsonable(getattr(self, f.name))
@@ -190,7 +190,7 @@ class UnknownEvent(Event):
     def kind_name(self) -> str:
         return self.name
 
-    def fields(self) -> dict[str, Any]:
+    def payload(self) -> dict[str, Any]:
         return {}
 
 
@@ -218,7 +218,7 @@ END_KINDS = frozenset({EventKind.JOB_DONE, EventKind.JOB_FAILED})
 # -- JSON ----------------------------------------------------------------------------------------
 def to_record(event: Event) -> dict[str, Any]:
     """``{"t", "kind", **fields, **extra}`` (``seq`` is the key's, not the value's)."""
-    return {"t": event.t, "kind": event.kind_name, **event.fields(), **dict(event.extra)}
+    return {"t": event.t, "kind": event.kind_name, **event.payload(), **dict(event.extra)}
 
 
 def to_json(event: Event) -> str:
