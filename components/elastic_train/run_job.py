@@ -290,7 +290,7 @@ def _watch(tail: TimelineTail, injector: FaultInjector, stop: threading.Event, s
         finished = stop.is_set()
         try:
             for event in tail.read():
-                start = float(event.get("t", 0.0)) if start is None else start
+                start = event.t if start is None else start
                 line = describe(event, start)
                 if line:
                     say(line)

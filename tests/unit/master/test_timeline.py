@@ -152,3 +152,23 @@ def test_no_bare_kind_strings_outside_the_timeline_module() -> None:
                 if bare.search(line):
                     offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_the_components_progress_lines_come_from_the_tail(
+    client: MultiEndpointEtcd3Client, state: MasterState, run_id: str
+) -> None:
+    """elastic_train's watcher thread: one line per typed event, no "(progress: ...)" errors."""
+    from kfp_elastic.components.elastic_train.faults import FaultInjector
+    from kfp_elastic.components.elastic_train.run_job import _watch
+
+    state.append_event(RoundFormed(round=1, nodes=2, world_size=2))
+    state.append_event(JobDone(message="ok"))
+    stop = threading.Event()
+    stop.set()  # one pass, then return
+    lines: list[str] = []
+    injector = FaultInjector((), lambda: [], lambda action, name: None)
+    _watch(TimelineTail(client, f"/kfp-elastic/{run_id}"), injector, stop, lines.append)
+    assert [line.split("] ", 1)[1] for line in lines] == [
+        "round 1 formed: world size 2 (2 workers)",
+        "job succeeded: ok",
+    ]
