@@ -22,12 +22,23 @@ from typing import Any
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS
+from kfp_elastic.etcd.keys import RunKeys, run_prefix_of
 from kfp_elastic.master.launcher import Launcher, Reason, WorkerPhase, WorkerStatus
 from kfp_elastic.master.metrics import Metrics, TimelineStats
 from kfp_elastic.master.observer import Observer
 from kfp_elastic.master.scaling import Decision, ScalingPolicy, decide, is_active
-from kfp_elastic.master.state import MasterState, NotLeaderError, read_timeline
-from kfp_elastic.rendezvous.keys import RunKeys
+from kfp_elastic.master.state import MasterState, NotLeaderError
+from kfp_elastic.master.timeline import (
+    JobDone,
+    JobFailed,
+    LaunchFailed,
+    MasterRecovered,
+    MasterStarted,
+    WorkerCompleted,
+    WorkerLaunched,
+    WorkerLost,
+    read_timeline,
+)
 from kfp_elastic.worker.data_plan import Shard, shards_for_length
 from kfp_elastic.worker.progress import Manifest, manifest_from_shards
 
@@ -61,7 +72,7 @@ class JobSpec:
 
     @property
     def run_prefix(self) -> str:
-        return f"{self.key_prefix.rstrip('/')}/{self.run_id}"
+        return run_prefix_of(self.key_prefix, self.run_id)
 
     @property
     def policy(self) -> ScalingPolicy:
@@ -216,18 +227,21 @@ class ElasticJob:
         live = sorted(n for n, r in self._table.items() if not r.get("ended"))
         if recovered:
             state.append_event(
-                "master_recovered", master=state.identity, workers=live, failures=state.failures()
+                MasterRecovered(
+                    master=state.identity, workers=tuple(live), failures=state.failures()
+                )
             )
             log.info("master recovered run=%s adopted=%s", spec.run_id, ",".join(live) or "-")
         else:
             state.append_event(
-                "master_started",
-                master=state.identity,
-                run_id=spec.run_id,
-                min_workers=spec.min_workers,
-                max_workers=spec.max_workers,
-                nproc_per_worker=spec.nproc_per_worker,
-                launcher=spec.launcher,
+                MasterStarted(
+                    master=state.identity,
+                    run_id=spec.run_id,
+                    min_workers=spec.min_workers,
+                    max_workers=spec.max_workers,
+                    nproc_per_worker=spec.nproc_per_worker,
+                    launcher=spec.launcher,
+                )
             )
             log.info(
                 "master started run=%s min=%d max=%d",
@@ -376,20 +390,21 @@ class ElasticJob:
                 exit_code=outcome.exit_code,
                 message=outcome.message,
             )
-            fields = {
+            worker = {
                 "name": outcome.name,
                 "index": outcome.worker_index,
                 "exit_code": outcome.exit_code,
             }
             if outcome.completed:
-                self.state.append_event("worker_completed", **fields)
+                self.state.append_event(WorkerCompleted(**worker))
             else:
                 self.state.append_event(
-                    "worker_lost",
-                    cause=outcome.cause,
-                    failure=outcome.failure,
-                    message=outcome.message,
-                    **fields,
+                    WorkerLost(
+                        cause=outcome.cause,
+                        failure=outcome.failure,
+                        message=outcome.message,
+                        **worker,
+                    )
                 )
             log.info(
                 "worker %s name=%s index=%s cause=%s failure=%s message=%s",
@@ -415,7 +430,7 @@ class ElasticJob:
             except Exception as error:  # noqa: BLE001 - counted; the budget ends a loop of these
                 failures += 1
                 self.state.set_failures(failures)
-                self.state.append_event("launch_failed", index=index, message=str(error))
+                self.state.append_event(LaunchFailed(index=index, message=str(error)))
                 log.error(
                     "worker launch failed index=%d failures=%d error=%s", index, failures, error
                 )
@@ -424,7 +439,7 @@ class ElasticJob:
                 handle.name, index=index, attempt=handle.attempt, launched_at=time.time()
             )
             self.state.append_event(
-                "worker_launched", name=handle.name, index=index, attempt=handle.attempt
+                WorkerLaunched(name=handle.name, index=index, attempt=handle.attempt)
             )
             log.info(
                 "worker launched name=%s index=%d attempt=%d", handle.name, index, handle.attempt
@@ -458,11 +473,8 @@ class ElasticJob:
         state.set_status(result, message)
         self._stop_workers()
         observer.observe()
-        state.append_event(
-            "job_done" if result == "succeeded" else "job_failed",
-            message=message,
-            failures=state.failures(),
-        )
+        end = JobDone if result == "succeeded" else JobFailed
+        state.append_event(end(message=message, failures=state.failures()))
         return JobResult(result, message)
 
     def _stop_workers(self, timeout_s: float = 30.0) -> None:
@@ -494,7 +506,7 @@ class ElasticJob:
             workers=phases,
             restarts=stats.restarts,
             shard_queue=observer.shard_queues(),
-            steps_total=stats.steps_total,
+            committed_step=stats.steps_total,
             steps_per_second=round(stats.rate(at=time.time()), 3),
             lost_steps=stats.lost_steps,
             failures=failures,

@@ -1,4 +1,5 @@
-"""Prometheus metrics of one job: numbers kept by the master, served as text on ``/metrics``.
+"""Prometheus metrics of one job: numbers kept by the master, served on ``/metrics`` by
+prometheus-client (a custom collector over the master's snapshot of the timeline and its state).
 
 Everything derived from the event timeline (restarts, steps, rates, lost steps) is computed by
 :class:`TimelineStats`, a pure fold over timeline events, so a recovered master that reads the
@@ -19,10 +20,17 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kfp_elastic.master.timeline import Committed, Event, RoundFormed
 
 log = logging.getLogger(__name__)
 
@@ -48,17 +56,16 @@ class TimelineStats:
     def restarts(self) -> int:
         return max(0, self.rounds - 1)
 
-    def add_all(self, events: Iterable[Mapping[str, Any]]) -> TimelineStats:
+    def add_all(self, events: Iterable[Event]) -> TimelineStats:
         for event in events:
             self.add(event)
         return self
 
-    def add(self, event: Mapping[str, Any]) -> None:
-        kind, t = event.get("kind"), float(event.get("t", 0.0))
-        if kind == "round_formed":
-            self._round(int(event.get("round", 0)), t, int(event.get("world_size", 0)))
-        elif kind == "committed":
-            self._commit(int(event.get("step", 0)), t, bool(event.get("rescued", False)))
+    def add(self, event: Event) -> None:
+        if isinstance(event, RoundFormed):
+            self._round(event.round, event.t, event.world_size)
+        elif isinstance(event, Committed):
+            self._commit(event.step, event.t, event.rescued)
 
     def _round(self, number: int, t: float, world_size: int) -> None:
         # Rounds formed while no master watched show as a jump of the round number; a smaller
@@ -107,55 +114,87 @@ class Snapshot:
     workers: Mapping[str, int] = field(default_factory=dict)  # phase -> count
     restarts: int = 0
     shard_queue: Mapping[tuple[int, str], int] = field(default_factory=dict)  # (epoch, state)
-    steps_total: int = 0
+    committed_step: int = 0
     steps_per_second: float = 0.0
     lost_steps: int = 0
     failures: int = 0
 
 
-_HELP = {
-    "kfp_elastic_world_size": ("gauge", "Processes in the current rendezvous round."),
-    "kfp_elastic_workers": ("gauge", "Workers (torchrun agents) by phase."),
-    "kfp_elastic_restarts_total": ("counter", "Rendezvous rounds formed after the first."),
-    "kfp_elastic_shard_queue": ("gauge", "Dataset shards per epoch and queue state."),
-    "kfp_elastic_steps_total": ("counter", "Last committed optimizer step."),
-    "kfp_elastic_steps_per_second": ("gauge", "Committed steps per second (last minute)."),
-    "kfp_elastic_lost_steps_total": ("counter", "Steps trained again after rollbacks."),
-    "kfp_elastic_worker_failures_total": ("counter", "Workers that exited with an error."),
-}
 PHASES = ("Pending", "Running", "Succeeded", "Failed")
 
 
+class SnapshotCollector(Collector):
+    """The job's metrics, read from the master's latest :class:`Snapshot` at each scrape.
+
+    Counters only for numbers that never go down: the committed step goes back after a
+    restore and the lost-steps estimate is taken back by a rescued commit, so both are gauges.
+    """
+
+    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._snapshot()
+        yield GaugeMetricFamily(
+            "kfp_elastic_world_size",
+            "Processes in the current rendezvous round.",
+            value=snapshot.world_size,
+        )
+        workers = GaugeMetricFamily(
+            "kfp_elastic_workers", "Workers (torchrun agents) by phase.", labels=["phase"]
+        )
+        for phase in sorted(set(PHASES) | set(snapshot.workers)):
+            workers.add_metric([phase], snapshot.workers.get(phase, 0))
+        yield workers
+        yield CounterMetricFamily(
+            "kfp_elastic_restarts",
+            "Rendezvous rounds formed after the first.",
+            value=snapshot.restarts,
+        )
+        queues = GaugeMetricFamily(
+            "kfp_elastic_shard_queue",
+            "Dataset shards per epoch and queue state.",
+            labels=["epoch", "state"],
+        )
+        for (epoch, state), count in sorted(snapshot.shard_queue.items()):
+            queues.add_metric([str(epoch), state], count)
+        yield queues
+        yield GaugeMetricFamily(
+            "kfp_elastic_committed_step",
+            "Last committed optimizer step.",
+            value=snapshot.committed_step,
+        )
+        yield GaugeMetricFamily(
+            "kfp_elastic_steps_per_second",
+            "Committed steps per second (last minute).",
+            value=snapshot.steps_per_second,
+        )
+        yield GaugeMetricFamily(
+            "kfp_elastic_lost_steps",
+            "Steps trained again after rollbacks (estimate).",
+            value=snapshot.lost_steps,
+        )
+        yield CounterMetricFamily(
+            "kfp_elastic_worker_failures",
+            "Workers that exited with an error.",
+            value=snapshot.failures,
+        )
+
+
 def render(snapshot: Snapshot) -> str:
-    """The Prometheus text exposition (format 0.0.4) of ``snapshot``."""
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {name: [] for name in _HELP}
-    samples["kfp_elastic_world_size"].append(({}, snapshot.world_size))
-    for phase in sorted(set(PHASES) | set(snapshot.workers)):
-        samples["kfp_elastic_workers"].append(({"phase": phase}, snapshot.workers.get(phase, 0)))
-    samples["kfp_elastic_restarts_total"].append(({}, snapshot.restarts))
-    for (epoch, state), count in sorted(snapshot.shard_queue.items()):
-        samples["kfp_elastic_shard_queue"].append(({"epoch": str(epoch), "state": state}, count))
-    samples["kfp_elastic_steps_total"].append(({}, snapshot.steps_total))
-    samples["kfp_elastic_steps_per_second"].append(({}, snapshot.steps_per_second))
-    samples["kfp_elastic_lost_steps_total"].append(({}, snapshot.lost_steps))
-    samples["kfp_elastic_worker_failures_total"].append(({}, snapshot.failures))
-    lines = []
-    for name, (kind, text) in _HELP.items():
-        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-        for labels, value in samples[name]:
-            shown = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-            lines.append(
-                f"{name}{{{shown}}} {_number(value)}" if shown else f"{name} {_number(value)}"
-            )
-    return "\n".join(lines) + "\n"
+    """The Prometheus text exposition of ``snapshot`` (what ``/metrics`` serves)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: snapshot))
+    return generate_latest(registry).decode()
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
 
 
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - wsgiref's name
+        log.debug("metrics request " + format, *args)
 
 
 class Metrics:
@@ -164,7 +203,9 @@ class Metrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._snapshot = Snapshot()
-        self._server: ThreadingHTTPServer | None = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(SnapshotCollector(lambda: self.snapshot))
+        self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -177,28 +218,23 @@ class Metrics:
             self._snapshot = replace(self._snapshot, **fields)
 
     def serve(self, port: int = 0, host: str = "0.0.0.0") -> int:
-        """Serve ``/metrics`` from a daemon thread; ``port`` 0 takes a free one. Returns it."""
-        metrics = self
+        """Serve ``/metrics`` (prometheus-client's WSGI app) and ``/healthz`` from a daemon
+        thread; ``port`` 0 takes a free one. Returns the port."""
+        metrics_app = make_wsgi_app(self.registry)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                if self.path.split("?")[0] not in ("/metrics", "/healthz"):
-                    self.send_error(404, "only /metrics and /healthz")
-                    return
-                body = (
-                    render(metrics.snapshot) if self.path.startswith("/metrics") else "ok\n"
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            path = environ.get("PATH_INFO", "")
+            if path == "/metrics":
+                return metrics_app(environ, start_response)
+            if path == "/healthz":
+                start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+                return [b"ok\n"]
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"only /metrics and /healthz\n"]
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-                log.debug("metrics request " + format, *args)
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
+        self._server = make_server(
+            host, port, app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler
+        )
         self._thread = threading.Thread(
             target=self._server.serve_forever, daemon=True, name="metrics-http"
         )

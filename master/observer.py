@@ -3,7 +3,7 @@
 Two watched keys (``rendezvous.cache.WatchedPrefix``, so reading them costs no request):
 ``{run}/rdzv/round`` (written by the rendezvous leader, see docs/rendezvous.md) and
 ``{run}/progress/committed`` (written by the worker runtime, see ``worker/progress.py``). Each
-change becomes timeline events (``round_formed``, ``committed``, ``epoch_end``); what was
+change becomes timeline events (``RoundFormed``, ``Committed``, ``EpochEnd``); what was
 already put on the timeline is kept in ``{run}/master/observed`` so that a recovered master
 does not repeat it.
 """
@@ -19,10 +19,12 @@ from typing import Any
 
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.etcd.keys import RunKeys
+from kfp_elastic.master import timeline
 from kfp_elastic.master.metrics import TimelineStats
 from kfp_elastic.master.state import MasterState
+from kfp_elastic.master.timeline import EpochEnd, Event, RoundFormed
 from kfp_elastic.rendezvous.cache import WatchedPrefix
-from kfp_elastic.rendezvous.keys import RunKeys
 from kfp_elastic.worker.progress import Committed, Manifest, Progress
 
 log = logging.getLogger(__name__)
@@ -103,8 +105,8 @@ class Observer:
             if changed:
                 self._state.set_observed(self._observed)
 
-    def _append(self, kind: str, **fields: Any) -> None:
-        self.stats.add(self._state.append_event(kind, **fields))
+    def _append(self, event: Event) -> None:
+        self.stats.add(self._state.append_event(event))
 
     def _observe_round(self) -> bool:
         value, revision = self._read(self._rounds, self._round_key)
@@ -114,11 +116,12 @@ class Observer:
         participants = list(record.get("participants", ()))
         number = int(record.get("round", 0))
         self._append(
-            "round_formed",
-            round=number,
-            nodes=len(participants),
-            world_size=len(participants) * self._nproc,
-            participants=participants,
+            RoundFormed(
+                round=number,
+                nodes=len(participants),
+                world_size=len(participants) * self._nproc,
+                participants=tuple(participants),
+            )
         )
         log.info(
             "round formed round=%d nodes=%d world_size=%d",
@@ -141,17 +144,18 @@ class Observer:
             return True
         self.committed = committed
         self._append(
-            "committed",
-            step=committed.step,
-            epoch=committed.epoch,
-            position=committed.position,
-            world_size=committed.world_size,
-            losses=list(committed.losses),
-            complete=committed.complete,
-            snapshot=committed.snapshot,
-            rescued=committed.rescued,
-            global_batch=getattr(committed, "global_batch", None),
-            lr=getattr(committed, "lr", None),
+            timeline.Committed(
+                step=committed.step,
+                epoch=committed.epoch,
+                position=committed.position,
+                world_size=committed.world_size,
+                losses=tuple(committed.losses),
+                complete=committed.complete,
+                snapshot=committed.snapshot,
+                rescued=committed.rescued,
+                global_batch=committed.global_batch,
+                lr=committed.lr,
+            )
         )
         manifest = self.load_manifest()
         ended = int(self._observed.get("epochs_ended", 0))
@@ -159,7 +163,7 @@ class Observer:
         if committed.complete:
             upto = manifest.epochs if manifest else committed.epoch + (committed.position > 0)
         for epoch in range(ended, upto):
-            self._append("epoch_end", epoch=epoch, step=committed.step)
+            self._append(EpochEnd(epoch=epoch, step=committed.step))
             log.info("epoch ended epoch=%d step=%d", epoch, committed.step)
         self._observed["epochs_ended"] = max(ended, upto)
         self._observed["commit_revision"] = revision

@@ -1,17 +1,7 @@
 """All of the master's state in etcd, its leadership lease and the run's event timeline.
 
-Keys (``{run}`` = ``{key_prefix}/{run_id}``, JSON values, no leases unless noted):
-
-| key                             | value                                                   |
-|---------------------------------|---------------------------------------------------------|
-| ``{run}/master/leader``         | ``{"id", "host", "pid", "since"}``, on the leader lease |
-| ``{run}/master/spec``           | the job spec the master was started with               |
-| ``{run}/master/status``         | ``{"state": running/succeeded/failed, "message", "t"}`` |
-| ``{run}/master/workers/{name}`` | ``{"index", "attempt", "launched_at", "pid", "tag", ...}`` |
-| ``{run}/master/failures``       | ``{"count": n}``                                        |
-| ``{run}/master/observed``       | the last round and commit put on the timeline           |
-| ``{run}/master/event_seq``      | the last event sequence number used                    |
-| ``{run}/events/{seq:010d}``     | ``{"t": unix time, "kind": ..., ...}``                 |
+Keys: ``{run}/master/...`` and ``{run}/events/...`` of the one key schema,
+``kfp_elastic.etcd.keys`` (``MasterKeys``, ``TimelineKeys``).
 
 Leadership: a master grants a lease (TTL ``lease_ttl``, refreshed every TTL/3) and creates the
 leader key in a transaction that succeeds only if the key is absent. A second master watches
@@ -31,12 +21,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from pyetcd.client import MultiEndpointEtcd3Client
 from pyetcd.events import DeleteEvent
 
-from kfp_elastic.rendezvous.etcd_client import TRANSIENT_ERRORS
+from kfp_elastic.etcd.client import TRANSIENT_ERRORS
+from kfp_elastic.etcd.keys import MasterKeys, TimelineKeys
+from kfp_elastic.master.timeline import Event, to_json
 from kfp_elastic.rendezvous.leases import KEEPALIVES_PER_TTL, LeaseKeeper, grant
 
 log = logging.getLogger(__name__)
@@ -48,40 +41,6 @@ JOB_STATES = ("running", "succeeded", "failed")
 
 class NotLeaderError(RuntimeError):
     """This master no longer holds the leadership of its run."""
-
-
-class MasterKeys:
-    def __init__(self, run_prefix: str) -> None:
-        self.run_prefix = run_prefix.rstrip("/")
-        base = f"{self.run_prefix}/master/"
-        self.leader = base + "leader"
-        self.spec = base + "spec"
-        self.status = base + "status"
-        self.workers = base + "workers/"
-        self.failures = base + "failures"
-        self.observed = base + "observed"
-        self.event_seq = base + "event_seq"
-        self.events = f"{self.run_prefix}/events/"
-
-    def worker(self, name: str) -> str:
-        return self.workers + name
-
-    def event(self, seq: int) -> str:
-        return f"{self.events}{seq:010d}"
-
-
-def read_timeline(client: MultiEndpointEtcd3Client, run_prefix: str) -> list[dict[str, Any]]:
-    """Every event of a run, oldest first, each with its ``seq``."""
-    keys = MasterKeys(run_prefix)
-    events = []
-    for value, meta in client.get_prefix(keys.events, sort_order="ascend", sort_target="key"):
-        try:
-            event = json.loads(value)
-        except ValueError:
-            continue
-        event["seq"] = int(meta.key.decode().rsplit("/", 1)[1])
-        events.append(event)
-    return events
 
 
 class MasterState:
@@ -98,7 +57,8 @@ class MasterState:
         if lease_ttl < 2:
             raise ValueError(f"leader lease TTL must be >= 2 s (etcd's minimum), got {lease_ttl}")
         self.client = client
-        self.keys = MasterKeys(run_prefix)
+        self.keys = MasterKeys(run_prefix.rstrip("/"))
+        self.timeline_keys = TimelineKeys(self.keys.run_prefix)
         self.lease_ttl = lease_ttl
         self.identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._token = json.dumps(
@@ -320,10 +280,11 @@ class MasterState:
         self._put(self.keys.observed, observed)
 
     # -- timeline -----------------------------------------------------------------------------
-    def append_event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        """Append ``{"t", "kind", **fields}`` under the next sequence number; return it."""
+    def append_event(self, event: Event) -> Event:
+        """Put ``event`` on the timeline under the next sequence number, stamped with the
+        master's time; return it as stored (``t`` and ``seq`` set)."""
         tx = self.client.transactions
-        event = {"t": time.time(), "kind": kind, **fields}
+        event = replace(event, t=time.time())
         with self._lock:
             while True:
                 value, meta = self.client.get(self.keys.event_seq)
@@ -336,8 +297,8 @@ class MasterState:
                 if self._fenced(
                     [
                         tx.put(self.keys.event_seq, str(seq)),
-                        tx.put(self.keys.event(seq), json.dumps(event)),
+                        tx.put(self.timeline_keys.event(seq), to_json(event)),
                     ],
                     [guard],
                 ):
-                    return {**event, "seq": seq}
+                    return replace(event, seq=seq)

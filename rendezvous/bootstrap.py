@@ -16,8 +16,9 @@ from pyetcd.client import MultiEndpointEtcd3Client
 from torch.distributed.elastic.rendezvous import RendezvousStoreInfo
 from torch.distributed.elastic.utils.distributed import get_free_port
 
+from kfp_elastic.etcd.keys import RunKeys
+
 from .cache import WatchedPrefix
-from .keys import RunKeys
 from .round_formation import MasterRecord
 
 

@@ -24,7 +24,7 @@ from pyetcd import exceptions as etcd_errors
 from pyetcd.client import MultiEndpointEtcd3Client
 from pyetcd.events import DeleteEvent
 
-from .keys import prefix_range_end
+from kfp_elastic.etcd.keys import prefix_range_end
 
 log = logging.getLogger(__name__)
 

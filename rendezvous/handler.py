@@ -32,11 +32,11 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from kfp_elastic.etcd.client import EtcdConnectionError, connect
+from kfp_elastic.etcd.keys import RunKeys
 
 from . import leave as leave_hook
 from . import peer_failures, warm_start
 from .config import RendezvousConfig, config_from_torch_params
-from .keys import RunKeys
 from .membership import Membership
 from .membership_view import Status
 from .node_steps import Action, NodeSnapshot, Step, WaitProgress, needs_records, next_step

@@ -17,10 +17,11 @@ from dataclasses import replace
 import grpc
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.etcd.keys import RunKeys, prefix_range_end
+
 from .bootstrap import cached_master, master_ops
 from .cache import WatchedPrefix
 from .config import RendezvousConfig
-from .keys import RunKeys, prefix_range_end
 from .leases import KEEPALIVES_PER_TTL, LeaseKeeper, grant
 from .membership_view import MembershipView, Status
 from .probe import PeerProbe, ProbeTarget

@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from .keys import RunKeys
+from kfp_elastic.etcd.keys import RunKeys
+
 from .round_formation import NO_ROUND, LeaderRecord, NodeRecord, RoundRecord, is_waiting
 
 

@@ -15,8 +15,9 @@ from datetime import timedelta
 import torch.distributed as dist
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.etcd.keys import prefix_range_end
+
 from .config import DEFAULT_STORE_TIMEOUT_S
-from .keys import prefix_range_end
 
 DEFAULT_STORE_TIMEOUT = timedelta(seconds=DEFAULT_STORE_TIMEOUT_S)
 # How often a blocked wait asks whether its round broke.

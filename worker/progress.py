@@ -1,14 +1,7 @@
 """Training progress in etcd: the shard manifest, the committed position, the shard queues.
 
-Keys (under ``{key_prefix}/{run_id}/``, JSON values, no leases: they outlive every process):
-
-| key                                   | value                                             |
-|---------------------------------------|---------------------------------------------------|
-| ``shards/manifest``                   | ``{"shards": [[id, start, end]...], "epochs", ...}``|
-| ``shards/epoch/{e}/todo/{shard}``     | ``{}``                                            |
-| ``shards/epoch/{e}/doing/{shard}``    | ``{"consumed": n}``                               |
-| ``shards/epoch/{e}/done/{shard}``     | ``{}``                                            |
-| ``progress/committed``                | ``Committed`` (step, epoch, position, snapshot)   |
+Keys: ``{run}/progress/...`` and ``{run}/shards/...`` of the one key schema,
+``kfp_elastic.etcd.keys`` (``ProgressKeys``; JSON values, no leases: they outlive every process).
 
 The committed record is the truth: it names the snapshot the model can be restored to and the
 data position saved inside that snapshot. The queues are its projection (``queue_state``); they
@@ -22,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 from pyetcd.client import MultiEndpointEtcd3Client
+
+from kfp_elastic.etcd.keys import QUEUE_STATES, ProgressKeys
 
 from .data_plan import QueueState, Shard, queue_state, shard_order
 
@@ -96,30 +91,6 @@ class Committed:
 INITIAL = Committed(step=0, epoch=0, position=0)
 
 
-@dataclass(frozen=True)
-class ProgressKeys:
-    run_prefix: str
-
-    @property
-    def manifest(self) -> str:
-        return f"{self.run_prefix}/shards/manifest"
-
-    def queue(self, epoch: int, state: str, shard_id: int | None = None) -> str:
-        base = f"{self.epoch(epoch)}{state}/"
-        return base if shard_id is None else f"{base}{shard_id}"
-
-    def epoch(self, epoch: int) -> str:
-        return f"{self.run_prefix}/shards/epoch/{epoch}/"
-
-    @property
-    def committed(self) -> str:
-        return f"{self.run_prefix}/progress/committed"
-
-    @property
-    def base_world_size(self) -> str:
-        return f"{self.run_prefix}/progress/base_world_size"
-
-
 class Progress:
     """Reads and commits progress for one run. All writes are compare-and-swap transactions."""
 
@@ -148,9 +119,7 @@ class Progress:
         tx = self._client.transactions
         ops = []
         for shard in manifest.shards:
-            keys = [
-                self.keys.queue(epoch, state, shard.shard_id) for state in ("todo", "doing", "done")
-            ]
+            keys = [self.keys.queue(epoch, state, shard.shard_id) for state in QUEUE_STATES]
             ops.append(([tx.version(k) == 0 for k in keys], [tx.put(keys[0], "{}")]))
         for compare, success in ops:  # one small txn per shard: idempotent, never too big
             self._client.transaction(compare=compare, success=success, failure=[])
@@ -294,7 +263,7 @@ class Progress:
 
     def queue_counts(self, epoch: int) -> dict[str, int]:
         counts = {}
-        for state in ("todo", "doing", "done"):
+        for state in QUEUE_STATES:
             response = self._client.get_prefix_response(
                 self.keys.queue(epoch, state), keys_only=True, count_only=True
             )

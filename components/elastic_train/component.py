@@ -158,7 +158,7 @@ def elastic_train(
     summary = summarize(
         result.events, result.end_t, [(i.t, i.fault.action, i.target) for i in result.injected]
     )
-    start = float(result.events[0]["t"]) if result.events else result.end_t
+    start = result.events[0].t if result.events else result.end_t
     settings = {
         "run_id": rid,
         "model_def": model_def,

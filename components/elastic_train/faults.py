@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from kfp_elastic.master.timeline import END_KINDS, Committed, Event, RoundFormed
 
 ACTIONS = ("preempt", "kill")
 _ITEM = re.compile(
@@ -75,10 +77,10 @@ class Progress:
     finished: bool = False
 
     @classmethod
-    def of(cls, events: Sequence[Mapping[str, Any]]) -> Progress:
-        first = next((float(e["t"]) for e in events if e.get("kind") == "round_formed"), None)
-        steps = [int(e.get("step", 0)) for e in events if e.get("kind") == "committed"]
-        finished = any(e.get("kind") in ("job_done", "job_failed") for e in events)
+    def of(cls, events: Sequence[Event]) -> Progress:
+        first = next((e.t for e in events if isinstance(e, RoundFormed)), None)
+        steps = [e.step for e in events if isinstance(e, Committed)]
+        finished = any(e.kind in END_KINDS for e in events)
         return cls(first, steps[-1] if steps else 0, finished)
 
 
@@ -130,7 +132,7 @@ class FaultInjector:
         fired = {id(i.fault) for i in self.done}
         return [f for f in self.faults if id(f) not in fired]
 
-    def poll(self, events: Sequence[Mapping[str, Any]]) -> list[Injected]:
+    def poll(self, events: Sequence[Event]) -> list[Injected]:
         progress = Progress.of(events)
         now = self.clock()
         due = [f for f in self.pending if is_due(f, progress, now)]

@@ -33,6 +33,7 @@ from kfp_elastic.components.elastic_train.summary import describe
 from kfp_elastic.components.shard_dataset.shard import read_manifest
 from kfp_elastic.etcd import settings as etcd_settings
 from kfp_elastic.etcd.settings import EtcdSettings
+from kfp_elastic.master.timeline import Event, TimelineTail, read_timeline
 
 ENDPOINTS_ENV = etcd_settings.BY_NAME["endpoints"].env
 
@@ -98,7 +99,7 @@ class TrainRequest:
 class TrainResult:
     state: str  # succeeded | failed | stepped_down
     message: str
-    events: list[dict[str, Any]]
+    events: list[Event]
     model_path: Path | None
     workdir: Path
     snapshot_dir: Path
@@ -298,40 +299,13 @@ def kubernetes_factory(
     return factory, act
 
 
-class TimelineTail:
-    """New timeline events since the last call (reads only keys after the last sequence)."""
-
-    def __init__(self, client: Any, run_prefix: str) -> None:
-        from kfp_elastic.master.state import MasterKeys
-
-        self._client = client
-        self._keys = MasterKeys(run_prefix)
-        self._end = self._keys.events[:-1] + chr(ord(self._keys.events[-1]) + 1)
-        self.events: list[dict[str, Any]] = []
-
-    def read(self) -> list[dict[str, Any]]:
-        import json
-
-        start = self._keys.event(self.events[-1]["seq"] + 1) if self.events else self._keys.events
-        new = []
-        for value, meta in self._client.get_range(
-            start, self._end, sort_order="ascend", sort_target="key"
-        ):
-            with contextlib.suppress(ValueError):
-                event = json.loads(value)
-                event["seq"] = int(meta.key.decode().rsplit("/", 1)[1])
-                new.append(event)
-        self.events.extend(new)
-        return new
-
-
 def _watch(tail: TimelineTail, injector: FaultInjector, stop: threading.Event, say: Say) -> None:
     start: float | None = None
     while True:
         finished = stop.is_set()
         try:
             for event in tail.read():
-                start = float(event.get("t", 0.0)) if start is None else start
+                start = event.t if start is None else start
                 line = describe(event, start)
                 if line:
                     say(line)
@@ -344,8 +318,9 @@ def _watch(tail: TimelineTail, injector: FaultInjector, stop: threading.Event, s
         except Exception as error:  # noqa: BLE001 - progress must never break the job
             say(f"(progress: {error!r})")
         if finished:
+            tail.close()
             return
-        stop.wait(POLL_S)
+        tail.wait(POLL_S)  # wakes at a new event, or after POLL_S for time-based faults
 
 
 def run(request: TrainRequest, say: Say = print) -> TrainResult:
@@ -422,8 +397,6 @@ def run(request: TrainRequest, say: Say = print) -> TrainResult:
         result = job.run()
         stop.set()
         watcher.join(10)
-        from kfp_elastic.master.state import read_timeline
-
         events = read_timeline(client, run_prefix)
         model_path = (
             _final_model(client, run_prefix, snapshot_dir) if result.state == "succeeded" else None

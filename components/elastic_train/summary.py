@@ -14,13 +14,27 @@ Definitions (also in docs/pipelines.md):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kfp_elastic.master.metrics import TimelineStats
+from kfp_elastic.master.timeline import (
+    Committed,
+    EpochEnd,
+    Event,
+    FaultInjected,
+    JobDone,
+    JobFailed,
+    LaunchFailed,
+    MasterRecovered,
+    MasterStarted,
+    RoundFormed,
+    WorkerCompleted,
+    WorkerLaunched,
+    WorkerLost,
+)
 
-Event = Mapping[str, Any]
 DISRUPTIONS = {"preempted", "evicted", "node_lost", "rejected", "deleted_externally"}
 
 
@@ -77,19 +91,16 @@ def summarize(
     end_t: float | None = None,
     injected: Sequence[tuple[float, str, str]] = (),
 ) -> Summary:
-    """Fold ``events`` (oldest first, as ``master.state.read_timeline`` returns them).
+    """Fold ``events`` (oldest first, as ``master.timeline.read_timeline`` returns them).
 
     ``injected``: faults injected by this component, (unix time, action, worker name); they
     show among the events before the restart they caused."""
     if not events:
         return Summary()
-    faults = [
-        {"kind": "fault_injected", "t": t, "action": action, "name": name}
-        for t, action, name in injected
-    ]
-    events = sorted([*events, *faults], key=lambda e: float(e.get("t", 0.0)))
-    start = float(events[0].get("t", 0.0))
-    last_t = float(events[-1].get("t", start)) if end_t is None else end_t
+    faults = [FaultInjected(t=t, action=action, name=name) for t, action, name in injected]
+    events = sorted([*events, *faults], key=lambda e: e.t)
+    start = events[0].t
+    last_t = events[-1].t if end_t is None else end_t
     stats = TimelineStats().add_all(events)
     world = 0
     world_series: list[tuple[float, int]] = [(0.0, 0)]
@@ -102,47 +113,44 @@ def summarize(
     counts = {"lost": 0, "disruptions": 0, "failures": 0}
     end_state, end_message = "", ""
     for event in events:
-        kind, t = event.get("kind"), float(event.get("t", start)) - start
-        if kind == "round_formed":
-            size = int(event.get("world_size", 0))
+        t = event.t - start
+        if isinstance(event, RoundFormed):
             if rounds_seen:
                 restarts.append(
                     Restart(
                         round(t, 2),
-                        int(event.get("round", 0)),
+                        event.round,
                         world,
-                        size,
+                        event.world_size,
                         tuple(causes) or ("(no worker event)",),
                     )
                 )
             rounds_seen += 1
-            causes, world = [], size
-            world_series.append((t, size))
-        elif kind == "committed":
-            step = int(event.get("step", 0))
-            recorded = [float(x) for x in event.get("losses") or ()]
-            first = step - len(recorded) + 1
-            losses.extend((first + i, value) for i, value in enumerate(recorded))
-            steps = step
-            if recorded:
-                final_loss = recorded[-1]
-        elif kind == "epoch_end":
-            epochs = max(epochs, int(event.get("epoch", 0)) + 1)
-        elif kind == "worker_lost":
-            cause = str(event.get("cause", "lost"))
-            name = str(event.get("name", "?"))
+            causes, world = [], event.world_size
+            world_series.append((t, event.world_size))
+        elif isinstance(event, Committed):
+            first = event.step - len(event.losses) + 1
+            losses.extend((first + i, value) for i, value in enumerate(event.losses))
+            steps = event.step
+            if event.losses:
+                final_loss = event.losses[-1]
+        elif isinstance(event, EpochEnd):
+            epochs = max(epochs, event.epoch + 1)
+        elif isinstance(event, WorkerLost):
+            cause = event.cause or "lost"
+            name = event.name or "?"
             counts["lost"] += 1
             counts["disruptions"] += cause in DISRUPTIONS
-            counts["failures"] += bool(event.get("failure"))
+            counts["failures"] += event.failure
             causes.append(f"{name} lost ({cause})")
-            lost_rows.append((round(t, 2), name, cause, str(event.get("message", ""))))
-        elif kind == "worker_launched" and rounds_seen:
-            causes.append(f"{event.get('name', '?')} launched")
-        elif kind == "fault_injected":
-            causes.append(f"{event.get('action')} {event.get('name')} injected")
-        elif kind in ("job_done", "job_failed"):
-            end_state = "succeeded" if kind == "job_done" else "failed"
-            end_message = str(event.get("message", ""))
+            lost_rows.append((round(t, 2), name, cause, event.message))
+        elif isinstance(event, WorkerLaunched) and rounds_seen:
+            causes.append(f"{event.name or '?'} launched")
+        elif isinstance(event, FaultInjected):
+            causes.append(f"{event.action} {event.name} injected")
+        elif isinstance(event, (JobDone, JobFailed)):
+            end_state = "succeeded" if isinstance(event, JobDone) else "failed"
+            end_message = event.message
     world_series.append((max(last_t - start, world_series[-1][0]), world))
     lost = stats.lost_steps
     return Summary(
@@ -168,35 +176,37 @@ def summarize(
 
 
 def describe(event: Event, start: float) -> str | None:
-    """One progress line for an event (None: not worth a line)."""
-    kind, t = event.get("kind"), float(event.get("t", start)) - start
-    text = {
-        "master_started": lambda e: (
-            f"master started: {e.get('min_workers')}.."
-            f"{e.get('max_workers')} workers x "
-            f"{e.get('nproc_per_worker')} processes, launcher "
-            f"{e.get('launcher')}"
-        ),
-        "master_recovered": lambda e: f"master recovered, adopted {e.get('workers')}",
-        "worker_launched": lambda e: f"{e.get('name')} launched",
-        "worker_lost": lambda e: (
-            f"{e.get('name')} lost: {e.get('cause')}"
-            + (f" ({e.get('message')})" if e.get("message") else "")
-        ),
-        "worker_completed": lambda e: f"{e.get('name')} completed",
-        "launch_failed": lambda e: f"launch of worker {e.get('index')} failed: {e.get('message')}",
-        "round_formed": lambda e: (
-            f"round {e.get('round')} formed: world size "
-            f"{e.get('world_size')} ({e.get('nodes')} workers)"
-        ),
-        "committed": lambda e: (
-            f"step {e.get('step')} committed (epoch {e.get('epoch')}, "
-            f"world {e.get('world_size')}"
-            + (f", loss {e['losses'][-1]:.4f}" if e.get("losses") else "")
-            + ")"
-        ),
-        "epoch_end": lambda e: f"epoch {e.get('epoch')} done at step {e.get('step')}",
-        "job_done": lambda e: f"job succeeded: {e.get('message')}",
-        "job_failed": lambda e: f"job failed: {e.get('message')}",
-    }.get(str(kind))
-    return f"[{t:7.1f}s] {text(event)}" if text else None
+    """One progress line for an event (None: not worth a line, or a kind unknown here)."""
+    text = _line(event)
+    return f"[{event.t - start:7.1f}s] {text}" if text else None
+
+
+def _line(event: Event) -> str | None:  # noqa: PLR0911 - one return per event type
+    if isinstance(event, MasterStarted):
+        return (
+            f"master started: {event.min_workers}..{event.max_workers} workers x "
+            f"{event.nproc_per_worker} processes, launcher {event.launcher}"
+        )
+    if isinstance(event, MasterRecovered):
+        return f"master recovered, adopted {list(event.workers)}"
+    if isinstance(event, WorkerLaunched):
+        return f"{event.name} launched"
+    if isinstance(event, WorkerLost):
+        detail = f" ({event.message})" if event.message else ""
+        return f"{event.name} lost: {event.cause}{detail}"
+    if isinstance(event, WorkerCompleted):
+        return f"{event.name} completed"
+    if isinstance(event, LaunchFailed):
+        return f"launch of worker {event.index} failed: {event.message}"
+    if isinstance(event, RoundFormed):
+        return f"round {event.round} formed: world size {event.world_size} ({event.nodes} workers)"
+    if isinstance(event, Committed):
+        loss = f", loss {event.losses[-1]:.4f}" if event.losses else ""
+        return f"step {event.step} committed (epoch {event.epoch}, world {event.world_size}{loss})"
+    if isinstance(event, EpochEnd):
+        return f"epoch {event.epoch} done at step {event.step}"
+    if isinstance(event, JobDone):
+        return f"job succeeded: {event.message}"
+    if isinstance(event, JobFailed):
+        return f"job failed: {event.message}"
+    return None

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kfp_elastic.etcd.keys import run_prefix_of
+
 DEFAULT_PORT = 2379
 DEFAULT_KEY_PREFIX = "/kfp-elastic"
 DEFAULT_REQUEST_TIMEOUT_S = 5.0
@@ -125,7 +127,7 @@ class EtcdSettings:
         return ",".join(endpoint.url for endpoint in self.endpoints)
 
     def run_prefix(self, run_id: str) -> str:
-        return f"{self.key_prefix.rstrip('/')}/{run_id}"
+        return run_prefix_of(self.key_prefix, run_id)
 
     def origin(self, name: str) -> str:
         """How a user sets ``name``: the flag or variable it came from, else both."""

@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from kfp_elastic.etcd.client import connect
-from kfp_elastic.master.state import MasterState, read_timeline
+from kfp_elastic.master.state import MasterState
+from kfp_elastic.master.timeline import EventKind, read_timeline
 from kfp_elastic.worker.progress import Progress
 from tests.helpers import REPO_ROOT, sigkill_process_tree, wait_for
 
@@ -127,9 +128,9 @@ def test_every_sample_once_through_master_and_etcd_restarts(
         assert torch.equal(counts, torch.full((SAMPLES,), float(EPOCHS), dtype=torch.float64))
         for epoch in range(EPOCHS):
             assert progress.queue_counts(epoch) == {"todo": 0, "doing": 0, "done": 12}
-        kinds = [event["kind"] for event in read_timeline(client, f"/kfp-elastic/{run_id}")]
-        assert "master_recovered" in kinds and "worker_lost" in kinds
-        assert kinds[-1] == "job_done"
+        kinds = [event.kind for event in read_timeline(client, f"/kfp-elastic/{run_id}")]
+        assert EventKind.MASTER_RECOVERED in kinds and EventKind.WORKER_LOST in kinds
+        assert kinds[-1] is EventKind.JOB_DONE
     finally:
         for master in masters:
             with contextlib.suppress(ProcessLookupError):

@@ -15,7 +15,7 @@ import torch
 
 from kfp_elastic.components.common import reap_local_processes, run_pids
 from kfp_elastic.etcd.client import connect
-from kfp_elastic.master.state import read_timeline
+from kfp_elastic.master.timeline import EventKind, read_timeline
 from kfp_elastic.pipelines.run_local import SESSION_ENV, artifact_metadata, outputs
 from kfp_elastic.worker.progress import Progress
 from tests.conftest import SecureEtcd
@@ -127,8 +127,8 @@ def test_master_with_local_workers_trains_exactly_once_on_a_secured_etcd(
                 "doing": 0,
                 "done": SAMPLES // SHARD,
             }
-        kinds = [event["kind"] for event in read_timeline(client, etcd.run_prefix(run_id))]
-        assert kinds[-1] == "job_done"
+        kinds = [event.kind for event in read_timeline(client, etcd.run_prefix(run_id))]
+        assert kinds[-1] is EventKind.JOB_DONE
     finally:
         if master.poll() is None:
             master.kill()

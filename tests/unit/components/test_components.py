@@ -30,7 +30,6 @@ from kfp_elastic.components.elastic_train.faults import (
     pick_target,
 )
 from kfp_elastic.components.elastic_train.run_job import (
-    TimelineTail,
     TrainRequest,
     preflight,
     validate,
@@ -47,6 +46,7 @@ from kfp_elastic.components.shard_dataset.shard import (
 )
 from kfp_elastic.components.stop_workers.component import stop_workers
 from kfp_elastic.master.job import JobSpec
+from kfp_elastic.master.timeline import Committed, Event, JobDone, MasterStarted, RoundFormed
 from kfp_elastic.worker.data_plan import Shard
 from kfp_elastic.worker.examples import digits
 from kfp_elastic.worker.model_def import ModelDefError
@@ -213,15 +213,15 @@ def test_parse_faults() -> None:
 
 def test_faults_are_due_after_the_first_round() -> None:
     by_time, by_step = Fault("kill", 0, at_s=5.0), Fault("kill", 0, at_step=10)
-    events = [{"kind": "master_started", "t": 100.0}]
+    events: list[Event] = [MasterStarted(t=100.0)]
     assert not is_due(by_time, Progress.of(events), now=200.0)  # no round yet
-    events += [{"kind": "round_formed", "t": 110.0}, {"kind": "committed", "t": 112, "step": 9}]
+    events += [RoundFormed(t=110.0), Committed(t=112, step=9)]
     progress = Progress.of(events)
     assert not is_due(by_time, progress, now=114.9) and is_due(by_time, progress, now=115.0)
     assert not is_due(by_step, progress, now=115.0)
-    events.append({"kind": "committed", "t": 113, "step": 10})
+    events.append(Committed(t=113, step=10))
     assert is_due(by_step, Progress.of(events), now=115.0)
-    events.append({"kind": "job_done", "t": 120})
+    events.append(JobDone(t=120))
     assert not is_due(by_step, Progress.of(events), now=121.0)
 
 
@@ -244,7 +244,7 @@ def test_fault_injector_waits_for_a_running_worker_of_the_slot() -> None:
         lambda action, name: acted.append((action, name)),
         clock=lambda: 10.0,
     )
-    events = [{"kind": "round_formed", "t": 1.0}, {"kind": "committed", "t": 2, "step": 3}]
+    events = [RoundFormed(t=1.0), Committed(t=2, step=3)]
     assert injector.poll(events) == [] and acted == []
     workers.append(_status("worker-1-1", 1))
     assert [r.target for r in injector.poll(events)] == ["worker-1-1"]
@@ -324,27 +324,6 @@ def test_elastic_train_fails_before_starting_anything(
     assert time.monotonic() - started < 30
     assert not run_pids("bad-input")
     assert not (tmp_path / "job").exists()
-
-
-def test_timeline_tail_reads_only_new_events(etcd: Any, run_id: str) -> None:
-    from kfp_elastic.etcd.client import connect
-    from kfp_elastic.master.state import MasterState
-
-    client = connect(etcd.client_settings())
-    state = MasterState(client, f"/kfp-elastic/{run_id}", lease_ttl=2)
-    assert state.acquire(timeout=5)
-    try:
-        tail = TimelineTail(client, f"/kfp-elastic/{run_id}")
-        assert tail.read() == []
-        state.append_event("master_started", min_workers=1)
-        state.append_event("worker_launched", name="worker-0-0")
-        assert [e["kind"] for e in tail.read()] == ["master_started", "worker_launched"]
-        state.append_event("round_formed", world_size=1)
-        assert [(e["kind"], e["seq"]) for e in tail.read()] == [("round_formed", 3)]
-        assert tail.read() == [] and len(tail.events) == 3
-    finally:
-        state.release()
-        client.close()
 
 
 # ------------------------------------------------------------------------------ evaluate

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from typing import Any
+from dataclasses import replace
 
 from kfp_elastic.components.elastic_train.report import loss_segments, render, svg_chart
 from kfp_elastic.components.elastic_train.summary import Summary, describe, summarize
+from kfp_elastic.master.timeline import Event, from_record
 
 T0 = 1_000.0
 
 
-def timeline() -> list[dict[str, Any]]:
+def timeline() -> list[Event]:
     """2 workers, worker-1 preempted after step 10, replaced, job done at step 30."""
     events = [
         (
@@ -64,8 +65,9 @@ def timeline() -> list[dict[str, Any]]:
         ("worker_completed", 26.0, {"name": "worker-0-0", "index": 0}),
         ("job_done", 26.5, {"message": "committed progress is complete"}),
     ]
+    # As the master writes them: JSON records, read back through the timeline's parser.
     return [
-        {"seq": i + 1, "kind": kind, "t": T0 + t, **fields}
+        from_record({"kind": kind, "t": T0 + t, **fields}, seq=i + 1)
         for i, (kind, t, fields) in enumerate(events)
     ]
 
@@ -129,7 +131,7 @@ def test_charts_are_well_formed_svg() -> None:
 
 def test_report_has_charts_tables_and_escapes_text() -> None:
     events = timeline()
-    events[6]["message"] = "<script>alert(1)</script>"
+    events[6] = replace(events[6], message="<script>alert(1)</script>")
     html = render(
         summarize(events, injected=[(T0 + 10.5, "preempt", "worker-1-0")]),
         title="Elastic training r",
@@ -160,7 +162,7 @@ def test_progress_lines() -> None:
     assert lines[5] == "[    9.0s] step 10 committed (epoch 0, world 2, loss 1.1000)"
     assert "worker-1-0 lost: preempted (terminated by SIGTERM)" in lines[6]
     assert lines[-1].endswith("job succeeded: committed progress is complete")
-    assert describe({"kind": "unknown", "t": T0}, T0) is None
+    assert describe(from_record({"kind": "unknown", "t": T0}), T0) is None
 
 
 def test_a_failed_job_says_why_with_the_workers_errors() -> None:
@@ -178,7 +180,7 @@ def test_a_failed_job_says_why_with_the_workers_errors() -> None:
         {"t": T0 + 4, "kind": "worker_lost", "name": "worker-1-0", "cause": "preempted"},
         {"t": T0 + 5, "kind": "job_failed", "message": f"2 worker failures ...: {error}"},
     ]
-    html = render(summarize(events), title="t", settings={})
+    html = render(summarize([from_record(e) for e in events]), title="t", settings={})
     why = html.split("<h2>Why it failed</h2>")[1].split("<h2>")[0]
     assert "2 worker failures" in why and "broken &lt;on purpose&gt;" in why
     assert "worker-0-0" in why and "worker-1-0" not in why  # only errors, not disruptions

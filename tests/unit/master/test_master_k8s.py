@@ -16,7 +16,8 @@ from kfp_elastic.etcd import settings as etcd_settings
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.master.cli import build_parser, make_launcher_factory, make_spec, split_entry
 from kfp_elastic.master.job import ElasticJob, JobResult
-from kfp_elastic.master.state import MasterState, read_timeline
+from kfp_elastic.master.state import MasterState
+from kfp_elastic.master.timeline import JobDone, WorkerLaunched, WorkerLost, of_type, read_timeline
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from tests.fakes.fake_k8s import FakeKubernetes
 from tests.helpers import wait_for
@@ -125,11 +126,11 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
         job.request_stop(cancel=True)
         thread.join(30)
     timeline = read_timeline(client, spec.run_prefix)
-    lost = [(e["name"], e["cause"], e["failure"]) for e in timeline if e["kind"] == "worker_lost"]
+    lost = [(e.name, e.cause, e.failure) for e in of_type(timeline, WorkerLost)]
     assert lost == [(names[1], "preempted", False)]
-    launched = [e["name"] for e in timeline if e["kind"] == "worker_launched"]
+    launched = [e.name for e in of_type(timeline, WorkerLaunched)]
     assert launched == [*names, replacement]
-    assert [e["kind"] for e in timeline][-1] == "job_done"
+    assert isinstance(timeline[-1], JobDone)
     state: Any = MasterState(client, spec.run_prefix)
     assert state.status()["state"] == "succeeded" and state.failures() == 0
     client.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -20,13 +19,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.master.job import ElasticJob, JobResult, JobSpec
 from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
 from kfp_elastic.master.local_launcher import LocalLauncher
-from kfp_elastic.master.state import MasterState, read_timeline
+from kfp_elastic.master.state import MasterState
+from kfp_elastic.master.timeline import (
+    Committed,
+    EpochEnd,
+    JobDone,
+    JobFailed,
+    MasterRecovered,
+    MasterStarted,
+    RoundFormed,
+    WorkerCompleted,
+    WorkerLaunched,
+    WorkerLost,
+    of_type,
+    read_timeline,
+)
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from tests.helpers import REPO_ROOT, WORKER_ENTRY, read_events, wait_for
 
@@ -214,18 +228,13 @@ def run_job(
     return job, thread, results
 
 
-def kinds(timeline: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [e for e in timeline if e["kind"] == kind]
-
-
 def parse_metrics(text: str) -> dict[str, float]:
+    """``name{label="value",...}`` -> value, parsed by prometheus-client's own parser."""
     samples = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line:
-            continue
-        match = re.fullmatch(r"([a-z_]+(?:\{[^}]*\})?) (-?[0-9.e+]+)", line)
-        assert match, f"unparseable metrics line {line!r}"
-        samples[match[1]] = float(match[2])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sample.labels.items())
+            samples[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
     return samples
 
 
@@ -268,7 +277,7 @@ def test_job_replaces_a_killed_worker_and_succeeds(
     try:
         wait_for(
             lambda: [
-                e for e in kinds(read_timeline(client, prefix), "committed") if e["world_size"] == 3
+                e for e in of_type(read_timeline(client, prefix), Committed) if e.world_size == 3
             ],
             90,
             0.2,
@@ -282,7 +291,7 @@ def test_job_replaces_a_killed_worker_and_succeeds(
         metrics = parse_metrics(body)
         assert metrics["kfp_elastic_world_size"] == 3
         assert metrics['kfp_elastic_workers{phase="Running"}'] == 3
-        assert metrics["kfp_elastic_steps_total"] >= 4
+        assert metrics["kfp_elastic_committed_step"] >= 4
         assert 'kfp_elastic_shard_queue{epoch="1",state="todo"}' in metrics
         victim = "worker-1-0"
         launchers[0].kill(victim)
@@ -292,17 +301,17 @@ def test_job_replaces_a_killed_worker_and_succeeds(
         job.request_stop(cancel=True)
         thread.join(30)
     timeline = read_timeline(client, prefix)
-    lost = kinds(timeline, "worker_lost")
-    assert (lost[0]["name"], lost[0]["cause"], lost[0]["failure"]) == (victim, "preempted", False)
+    lost = of_type(timeline, WorkerLost)
+    assert (lost[0].name, lost[0].cause, lost[0].failure) == (victim, "preempted", False)
     # On a loaded machine the replacement may start after the others finished: it then finds
     # the run closed and exits 1, which is not counted as a failure.
-    assert not [e for e in lost if e["failure"]]
-    launched = [(e["index"], e["attempt"]) for e in kinds(timeline, "worker_launched")]
+    assert not [e for e in lost if e.failure]
+    launched = [(e.index, e.attempt) for e in of_type(timeline, WorkerLaunched)]
     assert sorted(launched) == [(0, 0), (1, 0), (1, 1), (2, 0)]
-    assert [e["nodes"] for e in kinds(timeline, "round_formed")][-1] == 3
-    assert kinds(timeline, "committed")[-1]["complete"] is True
-    assert [e["epoch"] for e in kinds(timeline, "epoch_end")] == [0, 1]
-    assert timeline[0]["kind"] == "master_started" and timeline[-1]["kind"] == "job_done"
+    assert [e.nodes for e in of_type(timeline, RoundFormed)][-1] == 3
+    assert of_type(timeline, Committed)[-1].complete is True
+    assert [e.epoch for e in of_type(timeline, EpochEnd)] == [0, 1]
+    assert isinstance(timeline[0], MasterStarted) and isinstance(timeline[-1], JobDone)
     state = MasterState(client, prefix)
     assert state.status()["state"] == "succeeded" and state.failures() == 0
     assert all(r.get("ended") for r in state.workers().values())
@@ -348,7 +357,7 @@ def test_master_sigkill_and_restart_keeps_the_workers(
     reaper(first)
     prefix = f"/kfp-elastic/{run_id}"
     state = MasterState(client, prefix)
-    wait_for(lambda: kinds(read_timeline(client, prefix), "committed"), 90, 0.2, "first commit")
+    wait_for(lambda: of_type(read_timeline(client, prefix), Committed), 90, 0.2, "first commit")
     pids = {name: record["pid"] for name, record in state.workers().items()}
     assert len(pids) == 2
     first.send_signal(signal.SIGKILL)
@@ -361,12 +370,12 @@ def test_master_sigkill_and_restart_keeps_the_workers(
         for handle in logs:
             handle.close()
     timeline = read_timeline(client, prefix)
-    assert len(kinds(timeline, "master_started")) == 1
-    (recovered,) = kinds(timeline, "master_recovered")
-    assert recovered["workers"] == sorted(pids)
-    assert len(kinds(timeline, "worker_launched")) == 2  # none relaunched
+    assert len(of_type(timeline, MasterStarted)) == 1
+    (recovered,) = of_type(timeline, MasterRecovered)
+    assert list(recovered.workers) == sorted(pids)
+    assert len(of_type(timeline, WorkerLaunched)) == 2  # none relaunched
     assert {n: r["pid"] for n, r in state.workers().items()} == pids
-    assert kinds(timeline, "worker_completed") and timeline[-1]["kind"] == "job_done"
+    assert of_type(timeline, WorkerCompleted) and isinstance(timeline[-1], JobDone)
     assert "result=succeeded" in (tmp_path / "master1.log").read_text()
 
 
@@ -400,7 +409,7 @@ def test_below_min_for_longer_than_max_wait_fails_with_a_clear_message(
     assert "only 1 of --min-workers=2 workers ran" in message and "--max-wait=2s" in message
     assert "worker-1-0 (Unschedulable: no free local slot (capacity 1))" in message
     timeline = read_timeline(client, spec.run_prefix)
-    assert timeline[-1]["kind"] == "job_failed" and timeline[-1]["message"] == message
+    assert isinstance(timeline[-1], JobFailed) and timeline[-1].message == message
     assert MasterState(client, spec.run_prefix).status()["state"] == "failed"
 
 
@@ -434,8 +443,8 @@ def test_failing_workers_exhaust_the_failure_budget(
         "2 worker failures exceed --max-failures=1; last: worker-0-1: exit code 1"
         in results[0].message
     )
-    lost = kinds(read_timeline(client, spec.run_prefix), "worker_lost")
-    assert [(e["name"], e["cause"]) for e in lost] == [
+    lost = of_type(read_timeline(client, spec.run_prefix), WorkerLost)
+    assert [(e.name, e.cause) for e in lost] == [
         ("worker-0-0", "failed"),
         ("worker-0-1", "failed"),
     ]

@@ -1,4 +1,4 @@
-"""master.metrics: timeline fold (pure), text format, HTTP endpoint."""
+"""master.metrics: timeline fold (pure), the prometheus-client collector, HTTP endpoint."""
 
 from __future__ import annotations
 
@@ -6,18 +6,21 @@ import re
 import socket
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kfp_elastic.master.metrics import Metrics, Snapshot, TimelineStats, render
+from kfp_elastic.master.timeline import Committed, RoundFormed
 
 
-def commit(t: float, step: int) -> dict[str, object]:
-    return {"kind": "committed", "t": t, "step": step}
+def commit(t: float, step: int, rescued: bool = False) -> Committed:
+    return Committed(t=t, step=step, rescued=rescued)
 
 
-def round_formed(t: float, number: int, world: int = 2) -> dict[str, object]:
-    return {"kind": "round_formed", "t": t, "round": number, "world_size": world}
+def round_formed(t: float, number: int, world: int = 2) -> RoundFormed:
+    return RoundFormed(t=t, round=number, world_size=world)
 
 
 def test_restarts_count_rounds_after_the_first_including_unseen_ones() -> None:
@@ -48,7 +51,7 @@ def test_a_rescued_commit_after_a_round_change_takes_the_estimate_back() -> None
     ]
     stats = TimelineStats().add_all(events)
     assert stats.lost_steps == 3
-    stats.add({**commit(16, 14), "rescued": True})  # survivors kept steps 13 and 14
+    stats.add(commit(16, 14, rescued=True))  # survivors kept steps 13 and 14
     assert stats.lost_steps == 0 and stats.steps_total == 14
     stats.add_all([commit(20, 18), round_formed(22, 4), commit(24, 18)])  # a plain restore
     assert stats.lost_steps == 1  # 2 s at 0.875 steps/s: the estimate stands
@@ -59,48 +62,75 @@ def test_a_committed_step_going_backwards_counts_the_difference() -> None:
     assert stats.lost_steps == 5 and stats.steps_total == 16
 
 
-def test_render_is_prometheus_text() -> None:
-    text = render(
-        Snapshot(
-            world_size=3,
-            workers={"Running": 3},
-            restarts=1,
-            shard_queue={(0, "done"): 4, (1, "todo"): 8},
-            steps_total=40,
-            steps_per_second=2.5,
-            lost_steps=3,
-            failures=1,
-        )
-    )
-    samples = {}
-    for line in text.splitlines():
-        if line.startswith("# TYPE"):
-            assert line.split()[3] in ("gauge", "counter")
-            continue
-        if line.startswith("#"):
-            continue
-        match = re.fullmatch(r"([a-z_]+)(\{[^}]*\})? (\S+)", line)
-        assert match, line
-        samples[match[1] + (match[2] or "")] = float(match[3])
-    assert samples["kfp_elastic_world_size"] == 3
-    assert samples['kfp_elastic_workers{phase="Running"}'] == 3
-    assert samples['kfp_elastic_workers{phase="Pending"}'] == 0
-    assert samples['kfp_elastic_shard_queue{epoch="1",state="todo"}'] == 8
-    assert samples["kfp_elastic_steps_per_second"] == 2.5
-    assert samples["kfp_elastic_restarts_total"] == 1
-    assert samples["kfp_elastic_lost_steps_total"] == 3
-    assert samples["kfp_elastic_worker_failures_total"] == 1
+SNAPSHOT = Snapshot(
+    world_size=3,
+    workers={"Running": 3},
+    restarts=1,
+    shard_queue={(0, "done"): 4, (1, "todo"): 8},
+    committed_step=40,
+    steps_per_second=2.5,
+    lost_steps=3,
+    failures=1,
+)
 
 
-def test_metrics_endpoint_serves_and_closes() -> None:
+def samples_of(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """(sample name, sorted labels) -> value, through prometheus-client's own parser."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_collector_output_parses_with_the_documented_names_and_types() -> None:
+    text = render(SNAPSHOT)
+    types = {family.name: family.type for family in text_string_to_metric_families(text)}
+    assert types == {
+        "kfp_elastic_world_size": "gauge",
+        "kfp_elastic_workers": "gauge",
+        "kfp_elastic_restarts": "counter",
+        "kfp_elastic_shard_queue": "gauge",
+        "kfp_elastic_committed_step": "gauge",
+        "kfp_elastic_steps_per_second": "gauge",
+        "kfp_elastic_lost_steps": "gauge",
+        "kfp_elastic_worker_failures": "counter",
+    }
+    samples = samples_of(text)
+    assert samples[("kfp_elastic_world_size", ())] == 3
+    assert samples[("kfp_elastic_workers", (("phase", "Running"),))] == 3
+    assert samples[("kfp_elastic_workers", (("phase", "Pending"),))] == 0  # every phase shown
+    assert samples[("kfp_elastic_shard_queue", (("epoch", "1"), ("state", "todo")))] == 8
+    assert samples[("kfp_elastic_committed_step", ())] == 40
+    assert samples[("kfp_elastic_steps_per_second", ())] == 2.5
+    assert samples[("kfp_elastic_restarts_total", ())] == 1
+    assert samples[("kfp_elastic_lost_steps", ())] == 3
+    assert samples[("kfp_elastic_worker_failures_total", ())] == 1
+
+
+def test_every_documented_metric_is_exposed() -> None:
+    """docs/master.md's metrics table and the collector name the same series."""
+    table = (Path(__file__).resolve().parents[3] / "docs" / "master.md").read_text()
+    documented = set(re.findall(r"^\| `(kfp_elastic_[a-z_]+)", table, re.MULTILINE))
+    exposed = {name for name, _ in samples_of(render(SNAPSHOT))}
+    assert documented == exposed
+
+
+def test_metrics_endpoint_serves_the_current_snapshot_and_closes() -> None:
     metrics = Metrics()
     port = metrics.serve(0, "127.0.0.1")
     try:
-        metrics.update(world_size=2, steps_total=7)
+        metrics.update(world_size=2, committed_step=7)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-            assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-            body = reply.read().decode()
-        assert "kfp_elastic_world_size 2\n" in body and "kfp_elastic_steps_total 7\n" in body
+            assert reply.headers["Content-Type"].startswith("text/plain")
+            samples = samples_of(reply.read().decode())
+        assert samples[("kfp_elastic_world_size", ())] == 2
+        assert samples[("kfp_elastic_committed_step", ())] == 7
+        metrics.update(world_size=3)  # every scrape reads the latest snapshot
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            assert samples_of(reply.read().decode())[("kfp_elastic_world_size", ())] == 3
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as reply:
+            assert reply.read() == b"ok\n"
         with pytest.raises(urllib.error.HTTPError, match="404"):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=5)
     finally:

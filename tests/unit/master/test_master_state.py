@@ -14,7 +14,15 @@ import pytest
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.client import connect
-from kfp_elastic.master.state import MasterState, NotLeaderError, read_timeline
+from kfp_elastic.master.state import MasterState, NotLeaderError
+from kfp_elastic.master.timeline import (
+    Committed,
+    JobDone,
+    JobFailed,
+    MasterStarted,
+    of_type,
+    read_timeline,
+)
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from tests.helpers import REPO_ROOT
 
@@ -103,7 +111,7 @@ def test_a_master_that_lost_its_lease_cannot_write(
         with pytest.raises(NotLeaderError):
             old.set_status("failed", "stale master")
         with pytest.raises(NotLeaderError):
-            old.append_event("job_failed")
+            old.append_event(JobFailed())
         assert old.lost.is_set() and not old.is_leader
         assert new.status()["state"] == "running"
     finally:
@@ -117,21 +125,22 @@ def test_timeline_appends_in_order_with_unique_sequence_numbers(
     state = MasterState(client, prefix, lease_ttl=2)
     try:
         assert state.acquire(timeout=5)
-        first = state.append_event("master_started", run_id="x")
+        first = state.append_event(MasterStarted(run_id="x"))
         threads = [
-            threading.Thread(target=lambda i=i: state.append_event("committed", step=i))
+            threading.Thread(target=lambda i=i: state.append_event(Committed(step=i)))
             for i in range(8)
         ]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        state.append_event("job_done", message="ok")
+        state.append_event(JobDone(message="ok"))
         timeline = read_timeline(client, prefix)
-        assert [e["seq"] for e in timeline] == list(range(1, 11)) and first["seq"] == 1
-        assert timeline[0]["kind"] == "master_started" and timeline[-1]["kind"] == "job_done"
-        assert sorted(e["step"] for e in timeline[1:-1]) == list(range(8))
-        assert all(isinstance(e["t"], float) for e in timeline)
+        assert [e.seq for e in timeline] == list(range(1, 11)) and first.seq == 1
+        assert isinstance(timeline[0], MasterStarted) and timeline[0].run_id == "x"
+        assert isinstance(timeline[-1], JobDone) and timeline[-1].message == "ok"
+        assert sorted(e.step for e in of_type(timeline, Committed)) == list(range(8))
+        assert all(e.t > 0 for e in timeline)
         value, _ = client.get(f"{prefix}/events/0000000001")
         assert value is not None
     finally:

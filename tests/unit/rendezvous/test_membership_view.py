@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from kfp_elastic.rendezvous.keys import RunKeys
+from kfp_elastic.etcd.keys import RunKeys
 from kfp_elastic.rendezvous.membership_view import MembershipView
 from kfp_elastic.rendezvous.round_formation import (
     LeaderRecord,
