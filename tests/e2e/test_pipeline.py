@@ -1,7 +1,5 @@
-"""The pipeline: committed YAML = a fresh compile, the YAML parses into KFP's protos with no
-unknown field, and the whole DAG runs under kfp.local (embedded etcd, 2 local workers, one of
-them preempted mid-training); bad parameters fail the run with a clear message.
-"""
+"""The whole pipeline DAG under kfp.local (embedded etcd, 2 local workers, one of them preempted
+mid-training); bad parameters fail the run with a clear message."""
 
 from __future__ import annotations
 
@@ -14,13 +12,10 @@ import pytest
 import torch
 import yaml
 from google.protobuf import json_format
-from kfp.kubernetes import kubernetes_executor_config_pb2
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from kfp_elastic.components import BASE_IMAGE
 from kfp_elastic.components.common import run_pids
-from kfp_elastic.pipelines.compile import ROOT, stale, targets
-from kfp_elastic.pipelines.elastic_training import CONFIG_ENV, SNAPSHOT_MOUNT
+from kfp_elastic.pipelines.compile import ROOT
 from kfp_elastic.pipelines.run_local import SESSION_ENV, artifact_metadata, outputs
 from kfp_elastic.worker.evaluate import evaluate
 from tests.helpers import run_pipeline_locally as run_locally
@@ -40,84 +35,6 @@ def parse_spec(document: dict[str, Any]) -> pipeline_spec_pb2.PipelineSpec:
     return json_format.ParseDict(
         document, pipeline_spec_pb2.PipelineSpec(), ignore_unknown_fields=False
     )
-
-
-# ------------------------------------------------------------------------------ compiled YAML
-
-
-def test_committed_yaml_equals_a_fresh_compile() -> None:
-    assert stale() == [], "run: kfp-elastic compile"
-
-
-@pytest.mark.parametrize("path", sorted(targets()), ids=lambda p: str(p.relative_to(ROOT)))
-def test_yaml_parses_into_kfp_protos_without_unknown_fields(path: Path) -> None:
-    spec_doc, *platform_docs = documents(path)
-    spec = parse_spec(spec_doc)
-    assert spec.schema_version == "2.1.0" and spec.sdk_version.startswith("kfp-2.17")
-    for executor in spec.deployment_spec["executors"].values():
-        container = executor["container"]
-        assert container["image"] == BASE_IMAGE
-        assert "pip install" not in " ".join(container["command"])  # install_kfp_package=False
-    for platform_doc in platform_docs:
-        platform = json_format.ParseDict(
-            platform_doc, pipeline_spec_pb2.PlatformSpec(), ignore_unknown_fields=False
-        )
-        executors = json_format.MessageToDict(platform.platforms["kubernetes"])
-        for config in executors["deploymentSpec"]["executors"].values():
-            json_format.ParseDict(
-                config,
-                kubernetes_executor_config_pb2.KubernetesExecutorConfig(),
-                ignore_unknown_fields=False,
-            )
-
-
-def test_pipeline_shape() -> None:
-    spec_doc, platform_doc = documents(PIPELINE_YAML)
-    spec = parse_spec(spec_doc)
-    root = spec.root.dag.tasks
-    assert set(root) == {"exit-handler-1", "stop-workers"}
-    exit_task = root["stop-workers"]
-    assert (
-        exit_task.trigger_policy.strategy
-        == pipeline_spec_pb2.PipelineTaskSpec.TriggerPolicy.ALL_UPSTREAM_TASKS_COMPLETED
-    )
-    inner = spec.components["comp-exit-handler-1"].dag.tasks
-    assert set(inner) == {"shard-dataset", "elastic-train", "evaluate"}
-    assert list(inner["elastic-train"].dependent_tasks) == ["shard-dataset"]
-    assert list(inner["evaluate"].dependent_tasks) == ["elastic-train"]
-    assert not inner["elastic-train"].caching_options.enable_cache
-    train_component = spec.components["comp-elastic-train"]
-    assert {"model", "metrics", "report"} <= set(train_component.output_definitions.artifacts)
-    assert set(train_component.output_definitions.parameters) == {
-        "final_loss",
-        "steps",
-        "restarts",
-        "goodput",
-    }
-    passthrough = {p.field for p in train_component.task_config_passthroughs}
-    enum = pipeline_spec_pb2.TaskConfigPassthroughType
-    assert passthrough == {
-        enum.KUBERNETES_TOLERATIONS,
-        enum.KUBERNETES_NODE_SELECTOR,
-        enum.KUBERNETES_AFFINITY,
-        enum.KUBERNETES_VOLUMES,
-    }
-    config = json_format.ParseDict(
-        platform_doc["platforms"]["kubernetes"]["deploymentSpec"]["executors"][
-            "exec-elastic-train"
-        ],
-        kubernetes_executor_config_pb2.KubernetesExecutorConfig(),
-        ignore_unknown_fields=False,
-    )
-    assert config.pvc_mount[0].mount_path == SNAPSHOT_MOUNT
-    assert (
-        config.pvc_mount[0].pvc_name_parameter.component_input_parameter
-        == "pipelinechannel--snapshot_pvc"
-    )
-    assert config.config_map_as_env[0].optional
-    assert {e.env_var for e in config.config_map_as_env[0].key_to_env} == set(CONFIG_ENV)
-    assert {f.field_path for f in config.field_path_as_env} == {"metadata.name", "metadata.uid"}
-    assert config.tolerations[0].key == "nvidia.com/gpu"
 
 
 # ------------------------------------------------------------------------------ kfp.local
