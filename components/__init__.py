@@ -5,4 +5,6 @@ so the same component runs under ``kfp.local`` (project installed) and in a clus
 
 # The image every component runs in (and the default worker image): the project's worker image
 # with kfp installed (build it with the extra that adds kfp, see docs/pipelines.md).
-BASE_IMAGE = "ghcr.io/kfp-elastic/worker:0.1.0"
+from kfp_elastic.master.spec import DEFAULT_WORKER_IMAGE
+
+BASE_IMAGE = DEFAULT_WORKER_IMAGE

@@ -18,38 +18,46 @@ import logging
 import os
 import signal
 import sys
-import tempfile
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, fields
+from typing import Any, get_args, get_type_hints
 
 from kfp_elastic.etcd import settings as etcd_settings
 from kfp_elastic.etcd.settings import ConfigError, EtcdSettings
-from kfp_elastic.master.job import ElasticJob, JobSpec, LauncherFactory
-from kfp_elastic.master.launcher import Launcher
-from kfp_elastic.master.local_launcher import LocalLauncher
-from kfp_elastic.master.pod_spec_checks import PASSWORD_SECRET_ENV, TLS_SECRET_ENV
-from kfp_elastic.master.state import MasterState
-from kfp_elastic.rendezvous.config import ETCD_KEYS
+from kfp_elastic.master.job import ElasticJob
+from kfp_elastic.master.spec import (
+    RUNTIME_MODULE,
+    Data,
+    Entry,
+    JobSpec,
+    KubernetesSettings,
+    Launch,
+    LocalSettings,
+    Policy,
+    Size,
+    Training,
+    flag_of,
+)
+from kfp_elastic.master.wiring import launcher_factory
 
 log = logging.getLogger("kfp_elastic.master")
 
 _MODULE_FLAGS = ("-m", "--module", "--no-python", "--no_python")
-_SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 def split_entry(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """(master arguments, worker entry) split at the first ``--``; the entry as torchrun gets
-    it (``-m kfp_elastic.worker`` when empty or when it starts with options)."""
+    it (``-m kfp_elastic.worker`` when empty or when it starts with options; none without
+    ``--``: then ``--model-def`` says what to run)."""
     argv = list(argv)
     if "--" not in argv:
-        return argv, ["-m", "kfp_elastic.worker"]
+        return argv, []
     cut = argv.index("--")
     rest = argv[cut + 1 :]
     if not rest:
-        rest = ["-m", "kfp_elastic.worker"]
+        rest = ["-m", RUNTIME_MODULE]
     elif rest[0].startswith("-") and rest[0] not in _MODULE_FLAGS:
-        rest = ["-m", "kfp_elastic.worker", *rest]
+        rest = ["-m", RUNTIME_MODULE, *rest]
     return argv[:cut], rest
 
 
@@ -61,6 +69,32 @@ def parse_conf(text: str | None, what: str) -> dict[str, str]:
             raise ValueError(f"{what}: expected KEY=VALUE, got {item!r}")
         conf[key.strip()] = value.strip()
     return conf
+
+
+def parse_rdzv_conf(text: str) -> dict[str, str]:
+    return parse_conf(text, "--rdzv-conf")
+
+
+def _add_fields(group: Any, section: type, conf: Mapping[str, Any] | None = None) -> None:
+    """One flag per field of ``section`` that has one, with the contract's default and help."""
+    hints = get_type_hints(section)
+    for f in fields(section):
+        flag = flag_of(f.name, section)
+        if flag is None or "help" not in f.metadata:
+            continue
+        kind = hints[f.name]
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        text = f.metadata["help"]
+        if kind is bool:  # the flag turns the default off (--no-shuffle)
+            group.add_argument(flag, dest=f.name, action="store_false", help=text)
+            continue
+        if f.name == "rdzv_conf":
+            convert: Any = parse_rdzv_conf
+        else:
+            convert = next((t for t in (int, float, str) if t in get_args(kind) or t is kind), str)
+        group.add_argument(
+            flag, dest=f.name, type=convert, default=default, help=text, **(conf or {})
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,212 +109,41 @@ def build_parser() -> argparse.ArgumentParser:
         endpoints_help="etcd as HOST:PORT[,HOST:PORT...] (https:// for TLS), or 'embedded' "
         "for a throw-away local etcd; every worker gets the same etcd settings",
     )
-    p.add_argument(
-        "--rdzv-conf",
-        help="more --rdzv-conf keys for the workers, KEY=VALUE,... (not the etcd connection: "
-        "the workers get the master's)",
-    )
-    p.add_argument("--min-workers", type=int, required=True)
-    p.add_argument("--max-workers", type=int, required=True)
-    p.add_argument("--nproc-per-worker", type=int, default=1, help="torchrun --nproc-per-node")
-    p.add_argument("--launcher", choices=("local", "kubernetes"), default="local")
-    data = p.add_argument_group("data (the master publishes the shard manifest)")
-    data.add_argument("--dataset-length", type=int)
-    data.add_argument("--shard-size", type=int)
-    data.add_argument("--shard-manifest", help='JSON file {"shards": [[id, start, end], ...]}')
-    data.add_argument("--epochs", type=int, default=1)
-    data.add_argument("--seed", type=int, default=0)
-    data.add_argument("--no-shuffle", action="store_true")
-    policy = p.add_argument_group("policy")
-    policy.add_argument(
-        "--max-wait",
-        type=float,
-        default=600.0,
-        help="seconds below --min-workers before the job fails",
-    )
-    policy.add_argument(
-        "--max-failures",
-        type=int,
-        default=3,
-        help="worker errors tolerated (preemptions do not count)",
-    )
-    policy.add_argument(
-        "--finish-grace",
-        type=float,
-        default=30.0,
-        help="seconds workers get to exit once the job is complete",
-    )
-    policy.add_argument(
-        "--leader-ttl",
-        type=float,
-        default=5.0,
-        help="leader lease TTL; a dead master's successor waits this long",
-    )
+    _add_fields(p.add_argument_group("what to run (or the entry after --)"), Entry)
+    _add_fields(p.add_argument_group("size"), Size)
+    _add_fields(p.add_argument_group("data (the master publishes the shard manifest)"), Data)
+    _add_fields(p.add_argument_group("training (with --model-def)"), Training)
+    _add_fields(p.add_argument_group("policy"), Policy)
+    launch = p.add_argument_group("launcher")
+    _add_fields(launch, Launch)
+    launch.set_defaults()
+    _add_fields(p.add_argument_group("local launcher"), LocalSettings)
+    _add_fields(p.add_argument_group("kubernetes launcher"), KubernetesSettings)
     p.add_argument("--metrics-port", type=int, help="serve /metrics here (0: a free port)")
     p.add_argument("--metrics-host", default="0.0.0.0")
-    p.add_argument("--workdir", help="local launcher: worker logs and exit records")
-    p.add_argument(
-        "--local-capacity",
-        type=int,
-        help="local launcher: run at most this many workers (others stay Pending)",
-    )
-    k8s = p.add_argument_group("kubernetes launcher")
-    k8s.add_argument("--image")
-    k8s.add_argument("--namespace", help="default: the master pod's own namespace")
-    k8s.add_argument("--priority-class", default="kfp-elastic-worker-low")
-    k8s.add_argument("--service-account", default="kfp-elastic-worker")
-    k8s.add_argument("--cpu")
-    k8s.add_argument("--memory")
-    k8s.add_argument("--gpu", type=int, default=0)
-    k8s.add_argument("--job-name", help="pod name prefix (DNS label; default: the run id)")
-    k8s.add_argument(
-        "--etcd-tls-secret",
-        default=os.environ.get(TLS_SECRET_ENV) or None,
-        help="Secret (ca.crt, tls.crt, tls.key) that worker pods mount for etcd TLS "
-        f"[env {TLS_SECRET_ENV}]",
-    )
-    k8s.add_argument(
-        "--etcd-password-secret",
-        default=os.environ.get(PASSWORD_SECRET_ENV) or None,
-        help="Secret whose key 'password' worker pods mount as their etcd password file "
-        f"[env {PASSWORD_SECRET_ENV}]",
-    )
     p.add_argument("--log-level", default="INFO")
     return p
 
 
 def make_spec(args: argparse.Namespace, entry: Sequence[str], etcd: EtcdSettings) -> JobSpec:
-    extra = {
-        k: v
-        for k, v in vars(args).items()
-        if k in ("image", "namespace", "priority_class", "local_capacity", "workdir")
-    }
+    """The job the parsed flags describe; ``entry``: what followed ``--`` (may be empty)."""
+
+    def section(cls: type, **more: Any) -> Any:
+        given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        return cls(**given, **more)
+
     return JobSpec(
         run_id=args.run_id,
-        min_workers=args.min_workers,
-        max_workers=args.max_workers,
-        nproc_per_worker=args.nproc_per_worker,
-        epochs=args.epochs,
-        max_wait_s=args.max_wait,
-        max_failures=args.max_failures,
-        dataset_length=args.dataset_length,
-        shard_size=args.shard_size,
-        shard_manifest=args.shard_manifest,
-        seed=args.seed,
-        shuffle=not args.no_shuffle,
-        entry=tuple(entry),
-        key_prefix=etcd.key_prefix,
-        launcher=args.launcher,
-        finish_grace_s=args.finish_grace,
-        leader_ttl_s=args.leader_ttl,
-        extra=extra,
+        entry=Entry(model_def=args.model_def or "", command=tuple(entry)),
+        size=section(Size),
+        data=section(Data),
+        training=section(Training),
+        etcd=etcd,
+        launch=section(
+            Launch, local=section(LocalSettings), kubernetes=section(KubernetesSettings)
+        ),
+        policy=section(Policy),
     )
-
-
-def worker_rdzv_conf(args: argparse.Namespace) -> dict[str, str]:
-    conf = parse_conf(args.rdzv_conf, "--rdzv-conf")
-    etcd_keys = sorted(set(conf) & {*ETCD_KEYS, "password"})
-    if etcd_keys:
-        raise ValueError(
-            f"--rdzv-conf {etcd_keys}: give the etcd connection with the --etcd-* flags "
-            "(or KFP_ELASTIC_ETCD_* variables); the master hands it to every worker"
-        )
-    return conf
-
-
-def make_launcher_factory(
-    args: argparse.Namespace, spec: JobSpec, etcd: EtcdSettings
-) -> LauncherFactory:
-    conf = worker_rdzv_conf(args)
-    endpoint = etcd.endpoint_text
-    if args.launcher == "kubernetes":
-        return _kubernetes_factory(args, spec, etcd, conf)
-    # Local workers share this machine's files: they get the very same settings.
-    env = {**etcd.to_env(), "KFP_ELASTIC_RUN_ID": spec.run_id}
-    workdir = args.workdir or tempfile.mkdtemp(prefix=f"kfp-elastic-{spec.run_id}-")
-    # The worker runtime's --snapshot-dir default; local workers share the filesystem.
-    env.setdefault(
-        "KFP_ELASTIC_SNAPSHOT_DIR",
-        os.environ.get("KFP_ELASTIC_SNAPSHOT_DIR") or str(Path(workdir).resolve() / "snapshots"),
-    )
-
-    def local(state: MasterState) -> Launcher:
-        return LocalLauncher(
-            run_id=spec.run_id,
-            endpoint=endpoint,
-            min_workers=spec.min_workers,
-            max_workers=spec.max_workers,
-            entry=spec.entry,
-            workdir=workdir,
-            nproc_per_worker=spec.nproc_per_worker,
-            rdzv_conf=conf,
-            env=env,
-            registry=state,
-            capacity=args.local_capacity,
-        )
-
-    return local
-
-
-def _kubernetes_factory(
-    args: argparse.Namespace, spec: JobSpec, etcd: EtcdSettings, conf: dict[str, str]
-) -> LauncherFactory:
-    from kubernetes import client, config
-
-    from kfp_elastic.master.k8s_launcher import KubernetesLauncher
-    from kfp_elastic.master.pod_spec import WorkerPodSpec, etcd_pod_fields
-
-    if not args.image:
-        raise ValueError("--launcher kubernetes needs --image")
-    etcd_fields = etcd_pod_fields(etcd, args.etcd_tls_secret, args.etcd_password_secret)
-    entry = list(spec.entry)
-    if entry[0] in ("--no-python", "--no_python"):
-        raise ValueError("--no-python entries are not supported by the kubernetes launcher")
-    module = entry[0] in ("-m", "--module")
-    script, script_args = (entry[1], entry[2:]) if module else (entry[0], entry[1:])
-    namespace = args.namespace or (
-        _SA_NAMESPACE.read_text().strip() if _SA_NAMESPACE.exists() else "default"
-    )
-    template = WorkerPodSpec(
-        job_name=args.job_name or spec.run_id,
-        run_id=spec.run_id,
-        image=args.image,
-        entrypoint=script,
-        module=module,
-        entrypoint_args=tuple(script_args),
-        rdzv_endpoint=etcd.endpoint_text,
-        min_nodes=spec.min_workers,
-        max_nodes=spec.max_workers,
-        nproc_per_node=spec.nproc_per_worker,
-        rdzv_conf=conf,
-        max_restarts=100,
-        priority_class=args.priority_class,
-        service_account=args.service_account,
-        cpu=args.cpu,
-        memory=args.memory,
-        gpu=args.gpu,
-        namespace=namespace,
-        **etcd_fields,
-    )
-
-    class OwnClientLauncher(KubernetesLauncher):
-        def close(self) -> None:
-            super().close()
-            api.close()
-
-    def kubernetes(state: MasterState) -> Launcher:
-        nonlocal api
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            # Read KUBECONFIG now: the client fixes its default path when first imported.
-            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-        api = client.ApiClient()
-        return OwnClientLauncher(template, namespace, api)
-
-    api: Any = None
-
-    return kubernetes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -309,8 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             etcd = etcd_settings.from_args(args)
             spec = make_spec(args, entry, etcd)
-            spec.validate()
-            factory = make_launcher_factory(args, spec, etcd)
+            factory = launcher_factory(spec)
             client = connect(etcd)
         except (ConfigError, ValueError) as error:
             parser.exit(2, f"kfp-elastic master: error: {error}\n")

@@ -15,18 +15,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS
-from kfp_elastic.etcd.keys import RunKeys, run_prefix_of
+from kfp_elastic.etcd.keys import RunKeys
 from kfp_elastic.master.launcher import Launcher, Reason, WorkerPhase, WorkerStatus
 from kfp_elastic.master.metrics import Metrics, TimelineStats
 from kfp_elastic.master.observer import Observer
-from kfp_elastic.master.scaling import Decision, ScalingPolicy, decide, is_active
+from kfp_elastic.master.scaling import Decision, decide, is_active
+from kfp_elastic.master.spec import JobSpec
 from kfp_elastic.master.state import MasterState, NotLeaderError
 from kfp_elastic.master.timeline import (
     JobDone,
@@ -39,75 +39,10 @@ from kfp_elastic.master.timeline import (
     WorkerLost,
     read_timeline,
 )
-from kfp_elastic.worker.data_plan import Shard, shards_for_length
-from kfp_elastic.worker.progress import Manifest, manifest_from_shards
 
 log = logging.getLogger(__name__)
 
-DEFAULT_KEY_PREFIX = "/kfp-elastic"
 REDELETE_S = 10.0
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    run_id: str
-    min_workers: int
-    max_workers: int
-    nproc_per_worker: int = 1
-    epochs: int = 1
-    max_wait_s: float = 600.0
-    max_failures: int = 3
-    dataset_length: int | None = None
-    shard_size: int | None = None
-    shard_manifest: str | None = None  # JSON file: {"shards": [[id, start, end], ...]}
-    seed: int = 0
-    shuffle: bool = True
-    entry: tuple[str, ...] = ("-m", "kfp_elastic.worker")
-    key_prefix: str = DEFAULT_KEY_PREFIX
-    launcher: str = "local"
-    finish_grace_s: float = 30.0  # after the job is complete, workers get this long to exit
-    leader_ttl_s: float = 5.0
-    reconcile_interval_s: float = 0.5
-    extra: dict[str, Any] = field(default_factory=dict)  # launcher settings, for the record
-
-    @property
-    def run_prefix(self) -> str:
-        return run_prefix_of(self.key_prefix, self.run_id)
-
-    @property
-    def policy(self) -> ScalingPolicy:
-        return ScalingPolicy(self.min_workers, self.max_workers, self.max_failures, self.max_wait_s)
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` naming the option at fault, before anything starts."""
-        if not self.run_id or "/" in self.run_id:
-            raise ValueError(f"--run-id must be non-empty and without '/', got {self.run_id!r}")
-        self.policy.validate()
-        if self.nproc_per_worker < 1:
-            raise ValueError(f"--nproc-per-worker must be >= 1, got {self.nproc_per_worker}")
-        if self.epochs < 1:
-            raise ValueError(f"--epochs must be >= 1, got {self.epochs}")
-        if self.shard_manifest and self.dataset_length is not None:
-            raise ValueError("give either --shard-manifest or --dataset-length, not both")
-        if (self.shard_size is None) != (self.dataset_length is None) and not self.shard_manifest:
-            raise ValueError("--dataset-length and --shard-size go together")
-        self.manifest()  # a bad manifest fails here
-
-    def manifest(self) -> Manifest | None:
-        if self.shard_manifest:
-            try:
-                data = json.loads(Path(self.shard_manifest).read_text())
-                shards = [Shard(*map(int, row)) for row in data["shards"]]
-            except (OSError, ValueError, KeyError, TypeError) as error:
-                raise ValueError(f"--shard-manifest {self.shard_manifest}: {error}") from error
-            return manifest_from_shards(shards, self.epochs, self.seed, self.shuffle)
-        if self.dataset_length is not None and self.shard_size is not None:
-            shards = shards_for_length(self.dataset_length, self.shard_size)
-            return manifest_from_shards(shards, self.epochs, self.seed, self.shuffle)
-        return None
-
-    def to_record(self) -> dict[str, Any]:
-        return {**asdict(self), "entry": list(self.entry)}
 
 
 @dataclass(frozen=True)
@@ -139,7 +74,7 @@ class ElasticJob:
         self.spec = spec
         self.client = client
         self.make_launcher = make_launcher
-        self.state = MasterState(client, spec.run_prefix, lease_ttl=spec.leader_ttl_s)
+        self.state = MasterState(client, spec.run_prefix, lease_ttl=spec.policy.leader_ttl_s)
         self.metrics = Metrics()
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
@@ -198,7 +133,7 @@ class ElasticJob:
         observer = Observer(
             self.client,
             state,
-            spec.nproc_per_worker,
+            spec.size.nproc_per_worker,
             TimelineStats().add_all(read_timeline(self.client, spec.run_prefix)),
             self._wake.set,
         )
@@ -237,17 +172,17 @@ class ElasticJob:
                 MasterStarted(
                     master=state.identity,
                     run_id=spec.run_id,
-                    min_workers=spec.min_workers,
-                    max_workers=spec.max_workers,
-                    nproc_per_worker=spec.nproc_per_worker,
-                    launcher=spec.launcher,
+                    min_workers=spec.size.min_workers,
+                    max_workers=spec.size.max_workers,
+                    nproc_per_worker=spec.size.nproc_per_worker,
+                    launcher=spec.launch.kind,
                 )
             )
             log.info(
                 "master started run=%s min=%d max=%d",
                 spec.run_id,
-                spec.min_workers,
-                spec.max_workers,
+                spec.size.min_workers,
+                spec.size.max_workers,
             )
         observer.start()
         threading.Thread(target=self._consume_events, daemon=True, name="launcher-events").start()
@@ -276,7 +211,7 @@ class ElasticJob:
                 )
                 workers = self._workers()
                 decision = decide(
-                    spec.policy,
+                    spec.scaling,
                     workers,
                     self._recorded(),
                     failures,
@@ -296,7 +231,7 @@ class ElasticJob:
                         for w in workers
                         if is_active(w) and w.name not in {o.name for o in decision.ended}
                     ]
-                    if not live or now - finishing_since >= spec.finish_grace_s:
+                    if not live or now - finishing_since >= spec.policy.finish_grace_s:
                         why = (
                             "committed progress is complete"
                             if observer.complete
@@ -308,7 +243,7 @@ class ElasticJob:
             except TRANSIENT_ERRORS as error:  # etcd restarting: the leader lease decides
                 log.warning("etcd unavailable, retrying in 1 s error=%r", error)
                 self._wake.wait(1.0)
-            self._wake.wait(spec.reconcile_interval_s)
+            self._wake.wait(spec.policy.reconcile_interval_s)
             self._wake.clear()
 
     # -- workers ------------------------------------------------------------------------------

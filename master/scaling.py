@@ -28,6 +28,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
+from kfp_elastic.master.spec import DEFAULT_MAX_FAILURES, DEFAULT_MAX_WAIT_S
 
 #: ``cause`` of an ended worker, as the timeline records it.
 CAUSES = {
@@ -46,21 +47,8 @@ CAUSES = {
 class ScalingPolicy:
     min_workers: int
     max_workers: int
-    max_failures: int = 3
-    max_wait_s: float = 600.0
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` naming the option when the policy cannot work."""
-        if self.min_workers < 1:
-            raise ValueError(f"--min-workers must be >= 1, got {self.min_workers}")
-        if self.max_workers < self.min_workers:
-            raise ValueError(
-                f"--min-workers={self.min_workers} is more than --max-workers={self.max_workers}"
-            )
-        if self.max_failures < 0:
-            raise ValueError(f"--max-failures must be >= 0, got {self.max_failures}")
-        if not self.max_wait_s > 0:
-            raise ValueError(f"--max-wait must be > 0 seconds, got {self.max_wait_s}")
+    max_failures: int = DEFAULT_MAX_FAILURES
+    max_wait_s: float = DEFAULT_MAX_WAIT_S
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
 from kfp_elastic.master.scaling import ScalingPolicy, decide, outcome_of
 
@@ -121,20 +119,6 @@ def test_outcome_of_unknown_reasons() -> None:
     assert not outcome_of(w(0, D, Reason.DELETED_EXTERNALLY)).failure
     assert outcome_of(w(0, S)).completed
     assert outcome_of(w(0, F, Reason.DELETED)).cause == "deleted"
-
-
-@pytest.mark.parametrize(
-    ("policy", "message"),
-    [
-        (ScalingPolicy(3, 2), "--min-workers=3 is more than --max-workers=2"),
-        (ScalingPolicy(0, 2), "--min-workers must be >= 1"),
-        (ScalingPolicy(1, 2, max_failures=-1), "--max-failures must be >= 0"),
-        (ScalingPolicy(1, 2, max_wait_s=0), "--max-wait must be > 0"),
-    ],
-)
-def test_bad_policies_fail_with_the_option_named(policy: ScalingPolicy, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        policy.validate()
 
 
 def test_a_worker_counts_the_failed_starts_its_agent_reported() -> None:

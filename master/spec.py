@@ -1,0 +1,434 @@
+"""The one description of an elastic job: what to run, its size, data, training, etcd, launcher
+and the master's policy; one set of defaults and one ``validate()``.
+
+The master CLI builds its flags from these fields, the KFP component builds a ``JobSpec`` from
+its parameters, and ``worker/options.py`` takes its defaults from here. KFP needs literal
+defaults in the component's and the pipeline's signatures: ``tests/unit/master/test_spec.py``
+fails naming any of them (or a CLI default) that disagrees with the defaults below.
+
+Every field has a CLI flag and a component parameter, both spelled from its name (``min_workers``
+→ ``--min-workers`` / ``min_workers``) unless its metadata says otherwise (``max_wait_s`` →
+``--max-wait``); errors name the field with both (``field_error``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kfp_elastic.etcd.keys import run_prefix_of
+from kfp_elastic.etcd.settings import DEFAULT_KEY_PREFIX, EtcdSettings
+
+if TYPE_CHECKING:
+    from kfp_elastic.master.scaling import ScalingPolicy
+    from kfp_elastic.worker.progress import Manifest
+
+# -- the defaults (the only ones: every signature and flag that repeats one is tested) ----------
+DEFAULT_MODEL_DEF = "kfp_elastic.worker.examples.digits"
+RUNTIME_MODULE = "kfp_elastic.worker"  # the built-in training runtime (``--model-def``)
+DEFAULT_MIN_WORKERS = 1
+DEFAULT_MAX_WORKERS = 2
+DEFAULT_NPROC_PER_WORKER = 1
+DEFAULT_EPOCHS = 1
+DEFAULT_SEED = 0
+DEFAULT_SHUFFLE = True
+DEFAULT_BATCH_SIZE = 32  # per worker, at the base world size
+DEFAULT_LEARNING_RATE = 0.1
+DEFAULT_BATCH_POLICY = "fixed-global-batch"
+# KFP parameters need one type: an int, where 0 means "auto" (as often as 1 % of the training
+# time allows; the runtime's --snapshot-every also takes the word).
+SNAPSHOT_EVERY_AUTO = 0
+DEFAULT_SNAPSHOT_EVERY = SNAPSHOT_EVERY_AUTO
+DEFAULT_STEP_TIME_S = 0.0  # no artificial minimum step time
+FINAL_MODEL_FILE = "model.pt"  # rank 0 writes the final weights here, in the snapshot directory
+DEFAULT_LAUNCHER = "local"
+LAUNCHERS = ("local", "kubernetes")
+# torchrun --max-restarts of every worker: restarts of its local process group after a process
+# failed. High, because the agent itself ends a failure that repeats at every start (issue 11)
+# and membership changes do not count against it.
+DEFAULT_WORKER_MAX_RESTARTS = 100
+# Kubernetes settings left empty come from these variables (the kfp-elastic-config ConfigMap
+# maps them into the master's pod), else from these defaults: see KubernetesSettings.resolved.
+DEFAULT_WORKER_IMAGE = "ghcr.io/kfp-elastic/worker:0.1.0"  # also the components' base image
+DEFAULT_PRIORITY_CLASS = "kfp-elastic-worker-low"
+DEFAULT_SERVICE_ACCOUNT = "kfp-elastic-worker"
+WORKER_IMAGE_ENV = "KFP_ELASTIC_WORKER_IMAGE"
+PRIORITY_CLASS_ENV = "KFP_ELASTIC_WORKER_PRIORITY_CLASS"
+SERVICE_ACCOUNT_ENV = "KFP_ELASTIC_WORKER_SERVICE_ACCOUNT"
+TLS_SECRET_ENV = "KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET"
+PASSWORD_SECRET_ENV = "KFP_ELASTIC_ETCD_PASSWORD_SECRET"
+DEFAULT_MAX_WAIT_S = 600.0
+DEFAULT_MAX_FAILURES = 3
+DEFAULT_FINISH_GRACE_S = 30.0
+DEFAULT_LEADER_TTL_S = 5.0
+DEFAULT_RECONCILE_INTERVAL_S = 0.5
+
+
+def _option(default: Any = MISSING, help: str = "", **names: Any) -> Any:
+    """A field with its help text; ``flag=``/``param=`` when not spelled from the field name,
+    ``None`` when the CLI or the component has no such option; ``factory=`` for mutable
+    defaults."""
+    factory = names.pop("factory", MISSING)
+    metadata = {"help": help, **names}
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def flag_of(name: str, section: type | None = None) -> str | None:
+    """The CLI flag of field ``name`` (of ``section``; any section when not given)."""
+    meta = _metadata(name, section)
+    return meta["flag"] if "flag" in meta else "--" + name.replace("_", "-")
+
+
+def param_of(name: str, section: type | None = None) -> str | None:
+    """The KFP component parameter of field ``name``."""
+    meta = _metadata(name, section)
+    return meta["param"] if "param" in meta else name
+
+
+def field_error(name: str, problem: str, section: type | None = None) -> ValueError:
+    """A ``ValueError`` naming field ``name`` and how a user sets it: ``min_workers
+    (--min-workers / min_workers) must be >= 1, got 0``."""
+    ways = [w for w in (flag_of(name, section), param_of(name, section)) if w]
+    return ValueError(f"{name} ({' / '.join(ways)}) {problem}" if ways else f"{name} {problem}")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What each torchrun agent runs: the built-in runtime with ``model_def`` (and the
+    ``Training`` settings), or ``command``: a script and its arguments, or ``-m MODULE ...``."""
+
+    model_def: str = _option("", "module or file with model/loss/dataset (built-in runtime)")
+    command: tuple[str, ...] = _option((), "script [args] or -m MODULE [args]", flag=None)
+
+
+@dataclass(frozen=True)
+class Size:
+    min_workers: int = _option(DEFAULT_MIN_WORKERS, "fewest workers to train with")
+    max_workers: int = _option(DEFAULT_MAX_WORKERS, "most workers")
+    nproc_per_worker: int = _option(
+        DEFAULT_NPROC_PER_WORKER, "processes per worker (torchrun --nproc-per-node; GPUs per pod)"
+    )
+
+
+@dataclass(frozen=True)
+class Data:
+    """The samples and their order; the master publishes the shard manifest from these."""
+
+    dataset_length: int | None = _option(None, "samples (with --shard-size)", param=None)
+    shard_size: int | None = _option(None, "samples per shard", param=None)
+    shard_manifest: str | None = _option(
+        None, 'JSON file {"shards": [[id, start, end], ...]}', param="shard_manifest"
+    )
+    epochs: int = _option(DEFAULT_EPOCHS, "passes over the data")
+    seed: int = _option(DEFAULT_SEED, "shuffle and initialization seed")
+    shuffle: bool = _option(DEFAULT_SHUFFLE, "shuffle the shards", flag="--no-shuffle", param=None)
+
+
+@dataclass(frozen=True)
+class Training:
+    """Settings of the built-in runtime (``Entry.model_def``)."""
+
+    batch_size: int = _option(DEFAULT_BATCH_SIZE, "per worker, at the base world size")
+    learning_rate: float = _option(DEFAULT_LEARNING_RATE, "at the base world size", flag="--lr")
+    batch_policy: str = _option(
+        DEFAULT_BATCH_POLICY, "fixed-global-batch | linear | sqrt (how a world size change scales)"
+    )
+    snapshot_every: int = _option(
+        DEFAULT_SNAPSHOT_EVERY,
+        "steps between snapshots (and data position commits); 0 = auto: as often as 1 %% of "
+        "the training time allows",
+    )
+    step_time: float = _option(DEFAULT_STEP_TIME_S, "minimum seconds per step (demos)")
+    snapshot_dir: str = _option(
+        "", "shared snapshot directory (default: $KFP_ELASTIC_SNAPSHOT_DIR, else WORKDIR/snapshots)"
+    )
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    workdir: str = _option("", "worker logs and exit records (default: a temporary directory)")
+    capacity: int | None = _option(
+        None, "run at most this many workers (others stay Pending)", flag="--local-capacity"
+    )
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    """Worker pods. Empty strings mean "from the environment, else the default" (``resolved``)."""
+
+    image: str = _option(
+        "", f"worker image (empty: ${WORKER_IMAGE_ENV}, else {DEFAULT_WORKER_IMAGE})"
+    )
+    namespace: str = _option("", "empty: the master pod's own namespace, else default")
+    priority_class: str = _option(
+        "",
+        f"worker pods' PriorityClass (empty: ${PRIORITY_CLASS_ENV}, else {DEFAULT_PRIORITY_CLASS})",
+    )
+    service_account: str = _option(
+        "",
+        f"worker pods' service account (empty: ${SERVICE_ACCOUNT_ENV}, else "
+        f"{DEFAULT_SERVICE_ACCOUNT})",
+    )
+    cpu: str = _option("", "CPU request per worker pod (empty: none)", param="worker_cpu")
+    memory: str = _option(
+        "", "memory request and limit per worker pod (empty: none)", param="worker_memory"
+    )
+    gpus: int = _option(0, "GPUs per worker pod", flag="--gpu", param="worker_gpus")
+    job_name: str = _option("", "pod name prefix (DNS label; empty: the run id)", param=None)
+    etcd_tls_secret: str = _option(
+        "",
+        "Secret (ca.crt, tls.crt, tls.key) worker pods mount for etcd TLS "
+        f"(empty: ${TLS_SECRET_ENV})",
+        param=None,
+    )
+    etcd_password_secret: str = _option(
+        "",
+        "Secret whose key 'password' worker pods mount as their etcd password file "
+        f"(empty: ${PASSWORD_SECRET_ENV})",
+        param=None,
+    )
+    # tolerations, node_selector, affinity, volumes, volume_mounts (the KFP task's settings)
+    pod_overrides: Mapping[str, Any] = _option(factory=dict, flag=None, param=None)
+    owner_reference: Mapping[str, Any] | None = _option(None, flag=None, param=None)
+
+    def resolved(self, env: Mapping[str, str]) -> KubernetesSettings:
+        """Empty settings filled from ``env`` (the ConfigMap's variables), else the defaults."""
+        return replace(
+            self,
+            image=self.image or env.get(WORKER_IMAGE_ENV) or DEFAULT_WORKER_IMAGE,
+            priority_class=self.priority_class
+            or env.get(PRIORITY_CLASS_ENV)
+            or DEFAULT_PRIORITY_CLASS,
+            service_account=self.service_account
+            or env.get(SERVICE_ACCOUNT_ENV)
+            or DEFAULT_SERVICE_ACCOUNT,
+            etcd_tls_secret=self.etcd_tls_secret or env.get(TLS_SECRET_ENV, ""),
+            etcd_password_secret=self.etcd_password_secret or env.get(PASSWORD_SECRET_ENV, ""),
+        )
+
+
+@dataclass(frozen=True)
+class Launch:
+    kind: str = _option(DEFAULT_LAUNCHER, "local | kubernetes", flag="--launcher", param=None)
+    rdzv_conf: Mapping[str, str] = _option(factory=dict, param=None)
+    worker_max_restarts: int = _option(
+        DEFAULT_WORKER_MAX_RESTARTS, "torchrun --max-restarts of each worker", param=None
+    )
+    local: LocalSettings = field(default_factory=LocalSettings)
+    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The master's rules."""
+
+    max_wait_s: float = _option(
+        DEFAULT_MAX_WAIT_S, "seconds below min_workers before the job fails", flag="--max-wait"
+    )
+    max_failures: int = _option(
+        DEFAULT_MAX_FAILURES, "worker errors tolerated (preemptions do not count)"
+    )
+    finish_grace_s: float = _option(
+        DEFAULT_FINISH_GRACE_S,
+        "seconds workers get to exit once the job is complete",
+        flag="--finish-grace",
+        param=None,
+    )
+    leader_ttl_s: float = _option(
+        DEFAULT_LEADER_TTL_S,
+        "leader lease TTL; a dead master's successor waits this long",
+        flag="--leader-ttl",
+        param=None,
+    )
+    reconcile_interval_s: float = _option(DEFAULT_RECONCILE_INTERVAL_S, flag=None, param=None)
+
+
+SECTIONS: tuple[type, ...] = (
+    Entry,
+    Size,
+    Data,
+    Training,
+    Launch,
+    LocalSettings,
+    KubernetesSettings,
+    Policy,
+)
+
+
+def _metadata(name: str, section: type | None) -> Mapping[str, Any]:
+    for candidate in (section,) if section else SECTIONS:
+        for f in fields(candidate):
+            if f.name == name:
+                return f.metadata
+    raise KeyError(f"no job spec field {name!r}")
+
+
+def defaults() -> dict[str, Any]:
+    """Field name → default, for every field with a literal default (the ones to agree on)."""
+    found: dict[str, Any] = {}
+    for section in SECTIONS:
+        for f in fields(section):
+            if f.default is not MISSING:
+                found[f.name] = f.default
+    return found
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    run_id: str
+    entry: Entry = field(default_factory=lambda: Entry(command=("-m", RUNTIME_MODULE)))
+    size: Size = field(default_factory=Size)
+    data: Data = field(default_factory=Data)
+    training: Training = field(default_factory=Training)
+    etcd: EtcdSettings | None = None  # None: tests and tools that only need the key prefix
+    launch: Launch = field(default_factory=Launch)
+    policy: Policy = field(default_factory=Policy)
+
+    @property
+    def key_prefix(self) -> str:
+        return self.etcd.key_prefix if self.etcd is not None else DEFAULT_KEY_PREFIX
+
+    @property
+    def run_prefix(self) -> str:
+        return run_prefix_of(self.key_prefix, self.run_id)
+
+    @property
+    def scaling(self) -> ScalingPolicy:
+        from kfp_elastic.master.scaling import ScalingPolicy
+
+        return ScalingPolicy(
+            self.size.min_workers,
+            self.size.max_workers,
+            self.policy.max_failures,
+            self.policy.max_wait_s,
+        )
+
+    @property
+    def snapshot_dir(self) -> Path | None:
+        return Path(self.training.snapshot_dir) if self.training.snapshot_dir else None
+
+    def worker_argv(self) -> tuple[str, ...]:
+        """What torchrun runs in every worker: the command, or the built-in runtime with the
+        model definition and the training settings."""
+        if self.entry.command:
+            return tuple(self.entry.command)
+        t, d = self.training, self.data
+        argv = ["-m", RUNTIME_MODULE, "--model-def", self.entry.model_def]
+        argv += ["--epochs", str(d.epochs), "--seed", str(d.seed)]
+        argv += ["--batch-size", str(t.batch_size), "--lr", str(t.learning_rate)]
+        argv += ["--policy", t.batch_policy, "--snapshot-every", str(t.snapshot_every)]
+        argv += ["--step-time", str(t.step_time)]
+        if self.snapshot_dir is not None:
+            argv += ["--snapshot-dir", str(self.snapshot_dir)]
+            argv += ["--output", str(self.snapshot_dir / FINAL_MODEL_FILE)]
+        return tuple(argv)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the field at fault (with its flag and parameter), before
+        anything starts."""
+        from kfp_elastic.worker.policy import BatchPolicy
+
+        if not self.run_id or "/" in self.run_id:
+            raise field_error("run_id", f"must be non-empty and without '/', got {self.run_id!r}")
+        entry, size, data, training = self.entry, self.size, self.data, self.training
+        if bool(entry.model_def) == bool(entry.command):
+            raise field_error(
+                "model_def", "or a command (after --): give exactly one of them", Entry
+            )
+        at_least = {
+            "min_workers": (size.min_workers, 1),
+            "nproc_per_worker": (size.nproc_per_worker, 1),
+            "epochs": (data.epochs, 1),
+            "batch_size": (training.batch_size, 1),
+            "snapshot_every": (training.snapshot_every, 0),
+            "step_time": (training.step_time, 0),
+            "max_failures": (self.policy.max_failures, 0),
+            "gpus": (self.launch.kubernetes.gpus, 0),
+            "worker_max_restarts": (self.launch.worker_max_restarts, 0),
+        }
+        for name, (value, low) in at_least.items():
+            if value < low:
+                raise field_error(name, f"must be >= {low}, got {value}")
+        if size.max_workers < size.min_workers:
+            raise field_error(
+                "max_workers", f"must be >= min_workers={size.min_workers}, got {size.max_workers}"
+            )
+        positive = {
+            "learning_rate": training.learning_rate,
+            "max_wait_s": self.policy.max_wait_s,
+            "finish_grace_s": self.policy.finish_grace_s,
+            "leader_ttl_s": self.policy.leader_ttl_s,
+            "reconcile_interval_s": self.policy.reconcile_interval_s,
+        }
+        for name, number in positive.items():
+            if number <= 0:
+                raise field_error(name, f"must be > 0, got {number}")
+        try:
+            BatchPolicy.parse(training.batch_policy)
+        except ValueError as error:
+            raise field_error("batch_policy", str(error)) from None
+        if self.launch.kind not in LAUNCHERS:
+            raise field_error(
+                "kind", f"must be one of {', '.join(LAUNCHERS)}, got {self.launch.kind!r}"
+            )
+        from kfp_elastic.rendezvous.config import ETCD_KEYS
+
+        etcd_keys = sorted(set(self.launch.rdzv_conf) & {*ETCD_KEYS, "password"})
+        if etcd_keys:
+            raise field_error(
+                "rdzv_conf",
+                f"{etcd_keys}: give the etcd connection with the --etcd-* flags (or the "
+                "KFP_ELASTIC_ETCD_* variables); the master hands it to every worker",
+            )
+        capacity = self.launch.local.capacity
+        if capacity is not None and capacity < 0:
+            raise field_error("capacity", f"must be >= 0, got {capacity}")
+        if entry.model_def and self.launch.kind == "kubernetes" and not training.snapshot_dir:
+            raise field_error(
+                "snapshot_dir",
+                "is needed by the kubernetes launcher: a directory on a volume that every "
+                "worker pod mounts (e.g. a ReadWriteMany PVC)",
+            )
+        if data.shard_manifest and data.dataset_length is not None:
+            raise field_error("shard_manifest", "or dataset_length: give one, not both")
+        if (data.shard_size is None) != (data.dataset_length is None) and not data.shard_manifest:
+            raise field_error("dataset_length", "and shard_size go together")
+        if self.etcd is not None:
+            self.etcd.validate()  # ConfigError names the flag or variable
+        self.manifest()  # a bad manifest fails here
+
+    def manifest(self) -> Manifest | None:
+        """The shard manifest the master publishes (None: the workers plan their own)."""
+        from kfp_elastic.worker.data_plan import Shard, shards_for_length
+        from kfp_elastic.worker.progress import manifest_from_shards
+
+        data = self.data
+        if data.shard_manifest:
+            try:
+                document = json.loads(Path(data.shard_manifest).read_text())
+                shards = [Shard(*map(int, row)) for row in document["shards"]]
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                raise field_error("shard_manifest", f"{data.shard_manifest}: {error}") from error
+            return manifest_from_shards(shards, data.epochs, data.seed, data.shuffle)
+        if data.dataset_length is not None and data.shard_size is not None:
+            shards = shards_for_length(data.dataset_length, data.shard_size)
+            return manifest_from_shards(shards, data.epochs, data.seed, data.shuffle)
+        return None
+
+    def to_record(self) -> dict[str, Any]:
+        """The spec as JSON values, for the master's record in etcd: the etcd connection only
+        as the variables a child gets (files, never a password)."""
+        record = asdict(replace(self, etcd=None))
+        etcd = self.etcd
+        record["etcd"] = etcd and {
+            "endpoints": etcd.endpoint_text,
+            "key_prefix": etcd.key_prefix,
+            "tls": etcd.uses_tls,
+            "user": etcd.user,
+        }
+        return json.loads(json.dumps(record))

@@ -1,0 +1,153 @@
+"""The launcher of a job, from its ``JobSpec``: the one place that turns the contract into local
+worker processes or worker pods. ``kfp-elastic master`` and the ``elastic_train`` component both
+call ``launcher_factory``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kfp_elastic.master.job import LauncherFactory
+from kfp_elastic.master.launcher import Launcher
+from kfp_elastic.master.spec import JobSpec, field_error
+from kfp_elastic.master.state import MasterState
+
+SNAPSHOT_DIR_ENV = "KFP_ELASTIC_SNAPSHOT_DIR"  # the worker runtime's --snapshot-dir default
+SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+_NO_PYTHON = ("--no-python", "--no_python")
+_MODULE = ("-m", "--module")
+
+
+def launcher_factory(spec: JobSpec) -> LauncherFactory:
+    """What ``ElasticJob`` calls (with its ``MasterState``) to get the job's launcher; raises
+    ``ValueError`` naming the field when the spec cannot be launched (checked here, before
+    anything starts)."""
+    spec.validate()
+    if spec.etcd is None:
+        raise field_error("endpoints", "missing: the workers need the etcd connection")
+    if spec.launch.kind == "kubernetes":
+        return _kubernetes(spec)
+    return _local(spec)
+
+
+def local_workdir(spec: JobSpec) -> Path:
+    """The local launcher's directory (worker logs, exit records): the given one or a new
+    temporary one."""
+    given = spec.launch.local.workdir
+    return Path(given or tempfile.mkdtemp(prefix=f"kfp-elastic-{spec.run_id}-")).resolve()
+
+
+def _local(spec: JobSpec) -> LauncherFactory:
+    from kfp_elastic.master.local_launcher import LocalLauncher
+
+    assert spec.etcd is not None
+    # Local workers share this machine's files: they get the very same etcd settings.
+    env = {**spec.etcd.to_env(), "KFP_ELASTIC_RUN_ID": spec.run_id}
+    workdir = local_workdir(spec)
+    env[SNAPSHOT_DIR_ENV] = str(
+        spec.snapshot_dir or os.environ.get(SNAPSHOT_DIR_ENV) or workdir / "snapshots"
+    )
+    endpoint = spec.etcd.endpoint_text
+
+    def local(state: MasterState) -> Launcher:
+        return LocalLauncher(
+            run_id=spec.run_id,
+            endpoint=endpoint,
+            min_workers=spec.size.min_workers,
+            max_workers=spec.size.max_workers,
+            entry=spec.worker_argv(),
+            workdir=workdir,
+            nproc_per_worker=spec.size.nproc_per_worker,
+            rdzv_conf=spec.launch.rdzv_conf,
+            env=env,
+            registry=state,
+            capacity=spec.launch.local.capacity,
+            max_restarts=spec.launch.worker_max_restarts,
+        )
+
+    return local
+
+
+def _kubernetes(spec: JobSpec) -> LauncherFactory:
+    from kfp_elastic.master.k8s_launcher import KubernetesLauncher
+
+    template = worker_pod_template(spec)
+
+    class OwnClientLauncher(KubernetesLauncher):
+        def close(self) -> None:
+            super().close()
+            self.api.close()
+
+    def kubernetes(state: MasterState) -> Launcher:
+        from kubernetes import client
+
+        load_kubernetes_config()
+        api = client.ApiClient()
+        launcher = OwnClientLauncher(template, template.namespace or "default", api)
+        launcher.api = api
+        return launcher
+
+    return kubernetes
+
+
+def worker_pod_template(spec: JobSpec) -> Any:
+    """The ``WorkerPodSpec`` every worker pod of ``spec`` is made from (a dry-run builder)."""
+    from kfp_elastic.master.pod_spec import WorkerPodSpec, etcd_pod_fields
+
+    k8s, etcd = spec.launch.kubernetes.resolved(os.environ), spec.etcd
+    assert etcd is not None
+    argv = list(spec.worker_argv())
+    if argv[0] in _NO_PYTHON:
+        raise field_error("command", "--no-python entries are not supported on kubernetes")
+    module = argv[0] in _MODULE
+    script, script_args = (argv[1], argv[2:]) if module else (argv[0], argv[1:])
+    overrides = k8s.pod_overrides
+    etcd_fields = etcd_pod_fields(
+        etcd, k8s.etcd_tls_secret or None, k8s.etcd_password_secret or None
+    )
+    return WorkerPodSpec(
+        job_name=k8s.job_name or spec.run_id,
+        run_id=spec.run_id,
+        image=k8s.image,
+        entrypoint=script,
+        module=module,
+        entrypoint_args=tuple(script_args),
+        rdzv_endpoint=etcd.endpoint_text,
+        min_nodes=spec.size.min_workers,
+        max_nodes=spec.size.max_workers,
+        nproc_per_node=spec.size.nproc_per_worker,
+        rdzv_conf=spec.launch.rdzv_conf,
+        max_restarts=spec.launch.worker_max_restarts,
+        priority_class=k8s.priority_class,
+        service_account=k8s.service_account,
+        cpu=k8s.cpu or None,
+        memory=k8s.memory or None,
+        gpu=k8s.gpus,
+        namespace=pod_namespace(k8s.namespace),
+        owner_reference=k8s.owner_reference,
+        tolerations=tuple(overrides.get("tolerations") or ()),
+        node_selector=dict(overrides.get("node_selector") or {}),
+        affinity=overrides.get("affinity") or None,
+        volumes=tuple(overrides.get("volumes") or ()),
+        volume_mounts=tuple(overrides.get("volume_mounts") or ()),
+        **etcd_fields,
+    )
+
+
+def load_kubernetes_config() -> None:
+    """In-cluster credentials (the pod's service account), else the kubeconfig."""
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        # $KUBECONFIG read now: the client fixes its default path when first imported.
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
+
+
+def pod_namespace(namespace: str = "") -> str:
+    """``namespace``, else this pod's own, else ``default``."""
+    return namespace or (SA_NAMESPACE.read_text().strip() if SA_NAMESPACE.exists() else "default")
