@@ -116,7 +116,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fields(p.add_argument_group("policy"), Policy)
     launch = p.add_argument_group("launcher")
     _add_fields(launch, Launch)
-    launch.set_defaults()
     _add_fields(p.add_argument_group("local launcher"), LocalSettings)
     _add_fields(p.add_argument_group("kubernetes launcher"), KubernetesSettings)
     p.add_argument("--metrics-port", type=int, help="serve /metrics here (0: a free port)")

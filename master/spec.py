@@ -126,7 +126,12 @@ class Data:
     )
     epochs: int = _option(DEFAULT_EPOCHS, "passes over the data")
     seed: int = _option(DEFAULT_SEED, "shuffle and initialization seed")
-    shuffle: bool = _option(DEFAULT_SHUFFLE, "shuffle the shards", flag="--no-shuffle", param=None)
+    shuffle: bool = _option(
+        DEFAULT_SHUFFLE,
+        "keep the shards in order (do not shuffle)",
+        flag="--no-shuffle",
+        param=None,
+    )
 
 
 @dataclass(frozen=True)
@@ -215,7 +220,12 @@ class KubernetesSettings:
 @dataclass(frozen=True)
 class Launch:
     kind: str = _option(DEFAULT_LAUNCHER, "local | kubernetes", flag="--launcher", param=None)
-    rdzv_conf: Mapping[str, str] = _option(factory=dict, param=None)
+    rdzv_conf: Mapping[str, str] = _option(
+        help="more --rdzv-conf keys for the workers, KEY=VALUE,... (not the etcd connection: "
+        "the workers get the master's)",
+        factory=dict,
+        param=None,
+    )
     worker_max_restarts: int = _option(
         DEFAULT_WORKER_MAX_RESTARTS, "torchrun --max-restarts of each worker", param=None
     )
@@ -432,3 +442,44 @@ class JobSpec:
             "user": etcd.user,
         }
         return json.loads(json.dumps(record))
+
+
+def spec_from_params(params: Mapping[str, Any], **values: Any) -> JobSpec:
+    """The job a KFP component's parameters describe: ``params`` by parameter name
+    (``worker_cpu``, ``max_wait_s``, ...; each must be one of the contract's), ``values`` by
+    field name for what the component works out itself (``run_id``, ``etcd``, ``kind``,
+    ``workdir``, ``pod_overrides``, ...). Nothing is validated here: ``validate()`` does it."""
+    by_param = {
+        param_of(f.name, section): (section, f.name)
+        for section in SECTIONS
+        for f in fields(section)
+        if "help" in f.metadata and param_of(f.name, section)
+    }
+    unknown = sorted(set(params) - set(by_param))
+    if unknown:
+        raise ValueError(f"not parameters of the job contract: {', '.join(unknown)}")
+    given: dict[type, dict[str, Any]] = {section: {} for section in SECTIONS}
+    for param, value in params.items():
+        section, name = by_param[param]
+        given[section][name] = value
+    top = {f.name for f in fields(JobSpec)}
+    for name, value in values.items():
+        if name in top:
+            continue
+        section = next((s for s in SECTIONS if name in {f.name for f in fields(s)}), None)
+        if section is None:
+            raise ValueError(f"no job spec field {name!r}")
+        given[section][name] = value
+
+    def build(section: type, **more: Any) -> Any:
+        return section(**given[section], **more)
+
+    return JobSpec(
+        entry=build(Entry),
+        size=build(Size),
+        data=build(Data),
+        training=build(Training),
+        launch=build(Launch, local=build(LocalSettings), kubernetes=build(KubernetesSettings)),
+        policy=build(Policy),
+        **{name: value for name, value in values.items() if name in top},
+    )

@@ -6,6 +6,7 @@ import argparse
 import os
 
 from kfp_elastic.etcd import settings as etcd_settings
+from kfp_elastic.master import spec as job  # the job contract: the defaults shared with it
 
 from .policy import BatchPolicy
 from .schedule import parse_snapshot_every
@@ -18,11 +19,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "torchrun ... -m kfp_elastic.worker --model-def M.",
     )
     parser.add_argument("--model-def", required=True, help="module with model/loss/dataset")
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=32, help="per worker, at base size")
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--epochs", type=int, default=job.DEFAULT_EPOCHS)
     parser.add_argument(
-        "--policy", default="fixed-global-batch", help="fixed-global-batch | linear | sqrt"
+        "--batch-size", type=int, default=job.DEFAULT_BATCH_SIZE, help="per worker, at base size"
+    )
+    parser.add_argument("--lr", type=float, default=job.DEFAULT_LEARNING_RATE)
+    parser.add_argument(
+        "--policy", default=job.DEFAULT_BATCH_POLICY, help="fixed-global-batch | linear | sqrt"
     )
     parser.add_argument(
         "--base-world-size",
@@ -31,11 +34,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="world size the policy scales from (default: the first one)",
     )
     parser.add_argument("--shard-size", type=int, default=0, help="samples per shard")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=job.DEFAULT_SEED)
     parser.add_argument(
         "--snapshot-every",
-        default="auto",
-        help="steps between snapshots, or auto (0 = auto): as often as --snapshot-overhead allows",
+        default=str(job.DEFAULT_SNAPSHOT_EVERY),
+        help="steps between snapshots, or auto (or 0): as often as --snapshot-overhead allows",
     )
     parser.add_argument(
         "--snapshot-overhead",
@@ -56,7 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--local-snapshot-dir", default=None, help="fast node-local copy")
     parser.add_argument("--output", help="write the final model state_dict here")
-    parser.add_argument("--step-time", type=float, default=0.0, help="min seconds per step")
+    parser.add_argument(
+        "--step-time", type=float, default=job.DEFAULT_STEP_TIME_S, help="min seconds per step"
+    )
     # The master hands its etcd settings to every worker as KFP_ELASTIC_ETCD_* variables.
     etcd_settings.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -69,11 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if min(args.epochs, args.batch_size) < 1:
         parser.error("--epochs and --batch-size must be >= 1")
     try:
-        args.snapshot_every = (
-            None
-            if args.snapshot_every.strip() == "0"
-            else parse_snapshot_every(args.snapshot_every)
-        )
+        args.snapshot_every = parse_snapshot_every(args.snapshot_every)
     except ValueError as error:
         parser.error(str(error))
     if not 0 < args.snapshot_overhead < 1 or args.snapshot_max_interval <= 0:

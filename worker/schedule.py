@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kfp_elastic.master.spec import SNAPSHOT_EVERY_AUTO
+
 SYNC_TARGET_S = 0.5  # seconds of training between syncs (the SIGTERM reaction time)
 FIRST_SYNC_GAP = 10  # steps to the first sync after a (re)start: no step time known yet
 MAX_SYNC_GAP = 1000
@@ -29,8 +31,9 @@ FIRST_SNAPSHOT_AFTER_S = 2.0  # auto: the first snapshot measures what one costs
 
 
 def parse_snapshot_every(text: str) -> int | None:
-    """``"auto"`` → None, else a positive step count; ValueError with the reason otherwise."""
-    if text.strip().lower() == "auto":
+    """``"auto"`` or ``"0"`` (the job contract's auto, master/spec.py) → None, else a positive
+    step count; ValueError with the reason otherwise."""
+    if text.strip().lower() in ("auto", str(SNAPSHOT_EVERY_AUTO)):
         return None
     try:
         steps = int(text)
@@ -39,7 +42,7 @@ def parse_snapshot_every(text: str) -> int | None:
             f"--snapshot-every must be a number of steps or 'auto', got {text!r}"
         ) from None
     if steps < 1:
-        raise ValueError(f"--snapshot-every must be >= 1 or 'auto', got {steps}")
+        raise ValueError(f"--snapshot-every must be >= 1, or 'auto' (or 0), got {steps}")
     return steps
 
 

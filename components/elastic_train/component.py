@@ -118,43 +118,45 @@ def elastic_train(
             "name": os.environ["KFP_ELASTIC_MASTER_POD"],
             "uid": os.environ["KFP_ELASTIC_MASTER_POD_UID"],
         }
-    request = run_job.TrainRequest(
+    spec = run_job.job_spec(
+        {
+            "model_def": model_def,
+            "shard_manifest": shard_manifest.path,
+            "min_workers": min_workers,
+            "max_workers": max_workers,
+            "nproc_per_worker": nproc_per_worker,
+            "epochs": epochs,
+            "batch_size": batch_size,
+            "learning_rate": learning_rate,
+            "batch_policy": batch_policy,
+            "snapshot_every": snapshot_every,
+            "step_time": step_time,
+            "seed": seed,
+            "image": image,
+            "priority_class": priority_class,
+            "service_account": service_account,
+            "namespace": namespace,
+            "worker_cpu": worker_cpu,
+            "worker_memory": worker_memory,
+            "worker_gpus": worker_gpus,
+            "max_wait_s": max_wait_s,
+            "max_failures": max_failures,
+        },
         run_id=rid,
-        model_def=model_def,
-        manifest_path=shard_manifest.path,
-        min_workers=min_workers,
-        max_workers=max_workers,
-        nproc_per_worker=nproc_per_worker,
-        epochs=epochs,
-        batch_size=batch_size,
-        learning_rate=learning_rate,
-        batch_policy=batch_policy,
-        snapshot_every=snapshot_every,
-        step_time=step_time,
-        seed=seed,
         launcher=launcher,
         etcd_endpoint=etcd_endpoint,
-        workdir=os.path.join(os.path.dirname(report.path), "job"),
         snapshot_dir=snapshot_dir,
-        inject_faults=inject_faults,
-        max_wait_s=max_wait_s,
-        max_failures=max_failures,
-        image=image,
-        priority_class=priority_class or os.environ.get("KFP_ELASTIC_WORKER_PRIORITY_CLASS", ""),
-        service_account=service_account or os.environ.get("KFP_ELASTIC_WORKER_SERVICE_ACCOUNT", ""),
-        namespace=namespace,
-        worker_cpu=worker_cpu,
-        worker_memory=worker_memory,
-        worker_gpus=worker_gpus,
+        workdir=os.path.join(os.path.dirname(report.path), "job"),
         pod_overrides=overrides,
         owner_reference=owner,
     )
+    kind = spec.launch.kind
     print(
-        f"elastic_train: run {rid}, {min_workers}..{max_workers} workers, launcher "
-        f"{request.resolved_launcher()}, model {model_def}",
+        f"elastic_train: run {rid}, {min_workers}..{max_workers} workers, launcher {kind}, "
+        f"model {model_def}",
         flush=True,
     )
-    result = run_job.run(request, say=lambda line: print(line, flush=True))
+    result = run_job.run(spec, inject_faults, say=lambda line: print(line, flush=True))
     summary = summarize(
         result.events, result.end_t, [(i.t, i.fault.action, i.target) for i in result.injected]
     )
@@ -168,10 +170,10 @@ def elastic_train(
         "batch_size": batch_size,
         "batch_policy": batch_policy,
         "snapshot_every": snapshot_every,
-        "launcher": request.resolved_launcher(),
+        "launcher": kind,
         "inject_faults": inject_faults or "-",
     }
-    local = request.resolved_launcher() == "local"
+    local = kind == "local"
     with open(report.path, "w") as stream:
         stream.write(
             render(

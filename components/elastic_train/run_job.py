@@ -16,83 +16,81 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kfp_elastic.components import BASE_IMAGE
-from kfp_elastic.components.common import (
-    in_cluster,
-    load_kubernetes_config,
-    pod_namespace,
-    reap_local_processes,
-)
+from kfp_elastic.components.common import in_cluster, reap_local_processes
 from kfp_elastic.components.elastic_train.faults import Fault, FaultInjector, Injected, parse_faults
 from kfp_elastic.components.elastic_train.summary import describe
 from kfp_elastic.components.shard_dataset.shard import read_manifest
 from kfp_elastic.etcd import settings as etcd_settings
 from kfp_elastic.etcd.settings import EtcdSettings
+from kfp_elastic.master.job import LauncherFactory
+from kfp_elastic.master.spec import FINAL_MODEL_FILE, JobSpec, spec_from_params
 from kfp_elastic.master.timeline import Event, TimelineTail, read_timeline
+from kfp_elastic.master.wiring import launcher_factory
 
 ENDPOINTS_ENV = etcd_settings.BY_NAME["endpoints"].env
 
-LAUNCHERS = ("local", "kubernetes")
 POLL_S = 0.5
 Say = Callable[[str], None]
-Factory = Callable[[Any], Any]  # MasterState -> Launcher (what ElasticJob calls)
 Act = Callable[[str, str], None]  # (fault action, worker name)
 
 
-@dataclass(frozen=True)
-class TrainRequest:
-    run_id: str
-    model_def: str
-    manifest_path: str
-    min_workers: int = 1
-    max_workers: int = 2
-    nproc_per_worker: int = 1
-    epochs: int = 1
-    batch_size: int = 32
-    learning_rate: float = 0.1
-    batch_policy: str = "fixed-global-batch"
-    snapshot_every: int = 0  # 0 = auto
-    step_time: float = 0.0
-    seed: int = 0
-    launcher: str = "auto"  # auto: kubernetes inside a pod, local elsewhere
-    # empty: $KFP_ELASTIC_ETCD_ENDPOINTS, else embedded (local launcher only); TLS, user and
-    # password file come from the other KFP_ELASTIC_ETCD_* variables (kfp_elastic.etcd.settings)
-    etcd_endpoint: str = ""
-    workdir: str = ""  # local launcher: worker logs; default: a temporary directory
-    snapshot_dir: str = ""  # root; the job uses {snapshot_dir}/{run_id}
-    inject_faults: str = ""
-    max_wait_s: float = 600.0
-    max_failures: int = 3
-    finish_grace_s: float = 30.0
-    # kubernetes launcher
-    image: str = ""
-    namespace: str = ""
-    priority_class: str = ""
-    service_account: str = ""
-    worker_cpu: str = ""
-    worker_memory: str = ""
-    worker_gpus: int = 0
-    pod_overrides: Mapping[str, Any] = field(default_factory=dict)  # tolerations, volumes, ...
-    owner_reference: Mapping[str, Any] | None = None
+def etcd_from(endpoint: str, env: Mapping[str, str] | None = None) -> EtcdSettings | None:
+    """How to reach etcd (the ``etcd_endpoint`` parameter over the environment); None: embed
+    one."""
+    env = os.environ if env is None else env
+    if not (endpoint or env.get(ENDPOINTS_ENV)):
+        return None
+    return etcd_settings.from_sources({"endpoints": endpoint}, env, {"endpoints": "etcd_endpoint"})
 
-    def etcd_settings(self, env: Mapping[str, str] | None = None) -> EtcdSettings | None:
-        """How to reach etcd (``etcd_endpoint`` over the environment); None: embed one."""
-        env = os.environ if env is None else env
-        if not (self.etcd_endpoint or env.get(ENDPOINTS_ENV)):
-            return None
-        return etcd_settings.from_sources(
-            {"endpoints": self.etcd_endpoint}, env, {"endpoints": "etcd_endpoint"}
+
+def resolve_launcher(launcher: str) -> str:
+    """``auto``: kubernetes inside a pod, local elsewhere."""
+    if launcher == "auto":
+        return "kubernetes" if in_cluster() else "local"
+    return launcher
+
+
+def job_spec(
+    params: Mapping[str, Any],
+    *,
+    run_id: str,
+    launcher: str = "auto",
+    etcd_endpoint: str = "",
+    snapshot_dir: str = "",
+    workdir: str = "",
+    env: Mapping[str, str] | None = None,
+    **values: Any,
+) -> JobSpec:
+    """The job of the component's contract parameters ``params`` (by parameter name) and the
+    settings it works out itself; ``ValueError`` names the input at fault."""
+    kind = resolve_launcher(launcher)
+    if kind not in ("local", "kubernetes"):
+        raise ValueError(f"launcher must be auto, local or kubernetes, got {launcher!r}")
+    etcd = etcd_from(etcd_endpoint, env)  # ConfigError (a ValueError) names the bad setting
+    if kind == "kubernetes" and etcd is None:
+        raise ValueError(
+            "the kubernetes launcher needs etcd_endpoint (worker pods cannot "
+            "reach an embedded etcd); deploy manifests/ and use its "
+            f"kfp-elastic-config ConfigMap ({ENDPOINTS_ENV}), or pass etcd_endpoint"
         )
-
-    def resolved_launcher(self) -> str:
-        if self.launcher == "auto":
-            return "kubernetes" if in_cluster() else "local"
-        return self.launcher
+    workdir = str(Path(workdir or f"/tmp/kfp-elastic-{run_id}").resolve())
+    # Snapshots of this run under the given root (a volume every pod mounts); the local
+    # launcher's default root is the work directory, kubernetes has none (validate says so).
+    root = snapshot_dir or (os.path.join(workdir, "snapshots") if kind == "local" else "")
+    return spec_from_params(
+        params,
+        run_id=run_id,
+        etcd=etcd,
+        kind=kind,
+        workdir=workdir,
+        snapshot_dir=os.path.join(root, run_id) if root else "",
+        **values,
+    )
 
 
 @dataclass
@@ -107,90 +105,30 @@ class TrainResult:
     end_t: float
 
 
-def validate(request: TrainRequest) -> tuple[Fault, ...]:
+def validate(spec: JobSpec, inject_faults: str = "") -> tuple[Fault, ...]:
     """Check every input before anything starts; ``ValueError`` names the input at fault."""
-    from kfp_elastic.worker.policy import BatchPolicy
-
-    if request.min_workers < 1:
-        raise ValueError(f"min_workers must be >= 1, got {request.min_workers}")
-    if request.min_workers > request.max_workers:
-        raise ValueError(
-            f"min_workers={request.min_workers} is more than max_workers={request.max_workers}"
-        )
-    for name in ("nproc_per_worker", "epochs", "batch_size"):
-        if getattr(request, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(request, name)}")
-    if request.snapshot_every < 0:
-        raise ValueError(
-            f"snapshot_every must be >= 1, or 0 for auto; got {request.snapshot_every}"
-        )
-    if request.learning_rate <= 0 or request.step_time < 0 or request.max_wait_s <= 0:
-        raise ValueError("learning_rate and max_wait_s must be > 0 and step_time >= 0")
-    if request.max_failures < 0 or request.worker_gpus < 0:
-        raise ValueError("max_failures and worker_gpus must be >= 0")
-    BatchPolicy.parse(request.batch_policy)
-    if request.launcher not in ("auto", *LAUNCHERS):
-        raise ValueError(f"launcher must be auto, local or kubernetes, got {request.launcher!r}")
-    etcd = request.etcd_settings()  # ConfigError (a ValueError) names the bad setting
-    if request.resolved_launcher() == "kubernetes":
-        if etcd is None:
-            raise ValueError(
-                "the kubernetes launcher needs etcd_endpoint (worker pods cannot "
-                "reach an embedded etcd); deploy manifests/ and use its "
-                f"kfp-elastic-config ConfigMap ({ENDPOINTS_ENV}), or pass etcd_endpoint"
-            )
-        if not request.snapshot_dir:
-            raise ValueError(
-                "the kubernetes launcher needs a snapshot_dir on a volume that "
-                "every worker pod mounts (mount a ReadWriteMany PVC on the task)"
-            )
-    return parse_faults(request.inject_faults, request.max_workers)
+    spec.validate()
+    return parse_faults(inject_faults, spec.size.max_workers)
 
 
-def preflight(request: TrainRequest) -> int:
+def preflight(spec: JobSpec) -> int:
     """The model definition loads and its train split matches the manifest; returns the
     number of samples."""
     from kfp_elastic.worker.model_def import load_model_def
 
-    shards, document = read_manifest(request.manifest_path)
+    assert spec.data.shard_manifest is not None
+    shards, document = read_manifest(spec.data.shard_manifest)
     total = sum(s.size for s in shards)
-    model_def = load_model_def(request.model_def)
+    model_def = load_model_def(spec.entry.model_def)
     length = len(model_def.dataset("train"))
     if length != total:
         raise ValueError(
             f"the shard manifest covers {total} samples (source "
             f"{document.get('source', '?')}) but dataset('train') of "
-            f"{request.model_def} has {length}: shard the dataset the model "
+            f"{spec.entry.model_def} has {length}: shard the dataset the model "
             "definition trains on"
         )
     return total
-
-
-def worker_entry(request: TrainRequest, snapshot_dir: Path) -> list[str]:
-    return [
-        "-m",
-        "kfp_elastic.worker",
-        "--model-def",
-        request.model_def,
-        "--epochs",
-        str(request.epochs),
-        "--batch-size",
-        str(request.batch_size),
-        "--lr",
-        str(request.learning_rate),
-        "--policy",
-        request.batch_policy,
-        "--seed",
-        str(request.seed),
-        "--snapshot-every",
-        str(request.snapshot_every),
-        "--snapshot-dir",
-        str(snapshot_dir),
-        "--output",
-        str(snapshot_dir / "model.pt"),
-        "--step-time",
-        str(request.step_time),
-    ]
 
 
 class LauncherHolder:
@@ -199,104 +137,30 @@ class LauncherHolder:
     launcher: Any = None
 
 
-def local_factory(
-    request: TrainRequest,
-    etcd: EtcdSettings,
-    entry: Sequence[str],
-    workdir: Path,
-    holder: LauncherHolder,
-) -> tuple[Factory, Act]:
-    from kfp_elastic.master.local_launcher import LocalLauncher
-
-    # Local workers share this machine's files: they get the very same etcd settings.
-    env = {**etcd.to_env(), "KFP_ELASTIC_RUN_ID": request.run_id}
+def launcher_and_faults(spec: JobSpec, holder: LauncherHolder) -> tuple[LauncherFactory, Act]:
+    """The job's launcher factory (``master.wiring``, as ``kfp-elastic master`` makes it),
+    keeping the launcher in ``holder``, and how a fault acts on one of its workers."""
+    make = launcher_factory(spec)
 
     def factory(state: Any) -> Any:
-        holder.launcher = LocalLauncher(
-            run_id=request.run_id,
-            endpoint=etcd.endpoint_text,
-            min_workers=request.min_workers,
-            max_workers=request.max_workers,
-            entry=entry,
-            workdir=workdir,
-            nproc_per_worker=request.nproc_per_worker,
-            env=env,
-            registry=state,
-        )
+        holder.launcher = make(state)
         return holder.launcher
 
-    def act(action: str, name: str) -> None:
-        (holder.launcher.kill if action == "kill" else holder.launcher.preempt)(name)
+    if spec.launch.kind == "local":
 
-    return factory, act
+        def act(action: str, name: str) -> None:
+            (holder.launcher.kill if action == "kill" else holder.launcher.preempt)(name)
 
+        return factory, act
 
-def kubernetes_factory(
-    request: TrainRequest, etcd: EtcdSettings, entry: Sequence[str], holder: LauncherHolder
-) -> tuple[Factory, Act]:
-    from kubernetes import client
+    def delete_pod(action: str, name: str) -> None:  # by "someone else", like an eviction
+        from kubernetes import client
 
-    from kfp_elastic.master.k8s_launcher import KubernetesLauncher
-    from kfp_elastic.master.pod_spec import (
-        PASSWORD_SECRET_ENV,
-        TLS_SECRET_ENV,
-        WorkerPodSpec,
-        etcd_pod_fields,
-    )
-
-    load_kubernetes_config()
-    namespace = pod_namespace(request.namespace)
-    overrides = dict(request.pod_overrides)
-    optional = {
-        k: v
-        for k, v in {
-            "priority_class": request.priority_class,
-            "service_account": request.service_account,
-            "cpu": request.worker_cpu or None,
-            "memory": request.worker_memory or None,
-        }.items()
-        if v
-    }
-    template = WorkerPodSpec(
-        job_name=request.run_id,
-        run_id=request.run_id,
-        image=request.image or os.environ.get("KFP_ELASTIC_WORKER_IMAGE") or BASE_IMAGE,
-        entrypoint="worker",
-        module=True,
-        entrypoint_args=tuple(entry[2:]),
-        rdzv_endpoint=etcd.endpoint_text,
-        min_nodes=request.min_workers,
-        max_nodes=request.max_workers,
-        nproc_per_node=request.nproc_per_worker,
-        max_restarts=100,
-        gpu=request.worker_gpus,
-        **etcd_pod_fields(
-            etcd,
-            os.environ.get(TLS_SECRET_ENV) or None,
-            os.environ.get(PASSWORD_SECRET_ENV) or None,
-        ),
-        namespace=namespace,
-        owner_reference=request.owner_reference,
-        tolerations=tuple(overrides.get("tolerations") or ()),
-        node_selector=dict(overrides.get("node_selector") or {}),
-        affinity=overrides.get("affinity") or None,
-        volumes=tuple(overrides.get("volumes") or ()),
-        volume_mounts=tuple(overrides.get("volume_mounts") or ()),
-        **optional,
-    )
-    api = client.ApiClient()
-    core = client.CoreV1Api(api)
-
-    def factory(state: Any) -> Any:
-        holder.launcher = KubernetesLauncher(template, namespace, api)
-        return holder.launcher
-
-    def act(action: str, name: str) -> None:  # a pod deleted by "someone else", like eviction
-        core.delete_namespaced_pod(
-            name, namespace, grace_period_seconds=0 if action == "kill" else None
+        client.CoreV1Api().delete_namespaced_pod(
+            name, holder.launcher.namespace, grace_period_seconds=0 if action == "kill" else None
         )
 
-    return factory, act
+    return factory, delete_pod
 
 
 def _watch(tail: TimelineTail, injector: FaultInjector, stop: threading.Event, say: Say) -> None:
@@ -323,22 +187,22 @@ def _watch(tail: TimelineTail, injector: FaultInjector, stop: threading.Event, s
         tail.wait(POLL_S)  # wakes at a new event, or after POLL_S for time-based faults
 
 
-def run(request: TrainRequest, say: Say = print) -> TrainResult:
-    """Run the job to its end; returns the result (the caller decides what a failure means)."""
+def run(spec: JobSpec, inject_faults: str = "", say: Say = print) -> TrainResult:
+    """Run the job to its end; returns the result (the caller decides what a failure means).
+    ``spec.etcd`` None: an embedded etcd (local launcher only)."""
     from kfp_elastic.etcd.client import connect
-    from kfp_elastic.master.job import ElasticJob, JobSpec
+    from kfp_elastic.master.job import ElasticJob
     from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 
     say = _safe(say)
-    faults = validate(request)
-    preflight(request)
-    launcher = request.resolved_launcher()
-    workdir = Path(request.workdir or f"/tmp/kfp-elastic-{request.run_id}").resolve()
+    faults = validate(spec, inject_faults)
+    preflight(spec)
+    launcher = spec.launch.kind
+    workdir = Path(spec.launch.local.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    snapshot_dir = Path(request.snapshot_dir or workdir / "snapshots") / request.run_id
-    entry = worker_entry(request, snapshot_dir)
-    etcd = request.etcd_settings()
-    embedded = EmbeddedEtcd(data_dir=workdir / "etcd").start() if etcd is None else None
+    assert spec.snapshot_dir is not None  # validate: kubernetes needs one, local has a default
+    snapshot_dir = spec.snapshot_dir
+    embedded = EmbeddedEtcd(data_dir=workdir / "etcd").start() if spec.etcd is None else None
     stop = threading.Event()
     holder = LauncherHolder()
     client = None
@@ -347,31 +211,12 @@ def run(request: TrainRequest, say: Say = print) -> TrainResult:
     injector: FaultInjector | None = None
     try:
         if embedded:
-            etcd = embedded.client_settings()
+            spec = replace(spec, etcd=embedded.client_settings())
             say(f"embedded etcd at {embedded.endpoint} (stops with this job)")
-        assert etcd is not None
-        run_prefix = etcd.run_prefix(request.run_id)
-        client = connect(etcd)
-        if launcher == "local":
-            factory, act = local_factory(request, etcd, entry, workdir, holder)
-        else:
-            factory, act = kubernetes_factory(request, etcd, entry, holder)
-        spec = JobSpec(
-            run_id=request.run_id,
-            min_workers=request.min_workers,
-            max_workers=request.max_workers,
-            nproc_per_worker=request.nproc_per_worker,
-            epochs=request.epochs,
-            max_wait_s=request.max_wait_s,
-            max_failures=request.max_failures,
-            shard_manifest=request.manifest_path,
-            seed=request.seed,
-            entry=tuple(entry),
-            key_prefix=etcd.key_prefix,
-            launcher=launcher,
-            finish_grace_s=request.finish_grace_s,
-            extra={"workdir": str(workdir), "component": "elastic_train"},
-        )
+        assert spec.etcd is not None
+        run_prefix = spec.run_prefix
+        client = connect(spec.etcd)
+        factory, act = launcher_and_faults(spec, holder)
         job = ElasticJob(spec, client, factory)
         injector = FaultInjector(
             faults, lambda: holder.launcher.list_workers() if holder.launcher else [], act
@@ -418,9 +263,9 @@ def run(request: TrainRequest, say: Say = print) -> TrainResult:
         for sig, handler in restore.items():
             signal.signal(sig, handler)
         if launcher == "local":
-            left = reap_local_processes(request.run_id)
+            left = reap_local_processes(spec.run_id)
             if left:
-                say(f"stopped {len(left)} leftover worker processes of {request.run_id}")
+                say(f"stopped {len(left)} leftover worker processes of {spec.run_id}")
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
@@ -441,7 +286,7 @@ def _safe(say: Say) -> Say:
 
 def _final_model(client: Any, run_prefix: str, snapshot_dir: Path) -> Path | None:
     """The model rank 0 wrote at the end, or else the final committed snapshot's weights."""
-    written = snapshot_dir / "model.pt"
+    written = snapshot_dir / FINAL_MODEL_FILE
     deadline = time.monotonic() + 5.0
     while not written.exists() and time.monotonic() < deadline:
         time.sleep(0.2)

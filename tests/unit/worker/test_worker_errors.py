@@ -144,7 +144,7 @@ def test_corrupt_snapshot_without_fallback_stops_and_keeps_state(
 def test_bad_snapshot_schedule_is_named_before_anything_starts(tmp_path: Path) -> None:
     for bad, reason in (
         (["--snapshot-every", "often"], "--snapshot-every must be a number"),
-        (["--snapshot-every", "-2"], "--snapshot-every must be >= 1 or 'auto'"),
+        (["--snapshot-every", "-2"], "--snapshot-every must be >= 1, or 'auto'"),
         (["--snapshot-overhead", "1.5"], "--snapshot-overhead must be in (0, 1)"),
     ):
         result = subprocess.run(
