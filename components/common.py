@@ -12,7 +12,6 @@ from pathlib import Path
 
 RUN_ID_ENV = "KFP_ELASTIC_RUN_ID"  # every local worker process of a run carries it
 RUN_ID_LABEL = "kfp-elastic.io/run-id"  # every worker pod of a run carries it
-SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 MAX_RUN_ID = 40  # pod names are {run_id}-worker-{index}-{attempt}, at most 63 characters
 
 
@@ -71,25 +70,11 @@ def reap_local_processes(value: str, grace_s: float = 3.0, env: str = RUN_ID_ENV
     return sorted(pids)
 
 
-def load_kubernetes_config() -> None:
-    """In-cluster credentials (the pod's service account), else the kubeconfig."""
-    from kubernetes import config
-
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        # $KUBECONFIG read now: the client reads it once, when it is first imported
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
-
-
-def pod_namespace(namespace: str = "") -> str:
-    """``namespace``, else this pod's own, else ``default``."""
-    return namespace or (SA_NAMESPACE.read_text().strip() if SA_NAMESPACE.exists() else "default")
-
-
 def delete_run_pods(run_id: str, namespace: str = "") -> list[str]:
     """Delete every worker pod labelled with ``run_id``; returns their names."""
     from kubernetes import client
+
+    from kfp_elastic.master.wiring import load_kubernetes_config, pod_namespace
 
     load_kubernetes_config()
     namespace = pod_namespace(namespace)

@@ -77,18 +77,22 @@ def _kubernetes(spec: JobSpec) -> LauncherFactory:
     template = worker_pod_template(spec)
 
     class OwnClientLauncher(KubernetesLauncher):
+        """Closes the API client it was made with (one per launcher)."""
+
+        def __init__(self, api: Any) -> None:
+            super().__init__(template, template.namespace, api)
+            self._api = api
+
         def close(self) -> None:
             super().close()
-            self.api.close()
+            self._api.close()
 
     def kubernetes(state: MasterState) -> Launcher:
         from kubernetes import client
 
+        # Read the credentials when the master starts the launcher, not at import time.
         load_kubernetes_config()
-        api = client.ApiClient()
-        launcher = OwnClientLauncher(template, template.namespace or "default", api)
-        launcher.api = api
-        return launcher
+        return OwnClientLauncher(client.ApiClient())
 
     return kubernetes
 

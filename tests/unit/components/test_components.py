@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -29,11 +30,7 @@ from kfp_elastic.components.elastic_train.faults import (
     parse_faults,
     pick_target,
 )
-from kfp_elastic.components.elastic_train.run_job import (
-    TrainRequest,
-    preflight,
-    validate,
-)
+from kfp_elastic.components.elastic_train.run_job import job_spec, preflight, validate
 from kfp_elastic.components.evaluate.component import evaluate
 from kfp_elastic.components.shard_dataset.component import shard_dataset
 from kfp_elastic.components.shard_dataset.shard import (
@@ -45,7 +42,7 @@ from kfp_elastic.components.shard_dataset.shard import (
     resolve,
 )
 from kfp_elastic.components.stop_workers.component import stop_workers
-from kfp_elastic.master.job import JobSpec
+from kfp_elastic.master.spec import Data, JobSpec
 from kfp_elastic.master.timeline import Committed, Event, JobDone, MasterStarted, RoundFormed
 from kfp_elastic.worker.data_plan import Shard
 from kfp_elastic.worker.examples import digits
@@ -97,9 +94,7 @@ def test_shard_dataset_of_the_example_is_what_the_master_reads(
     shards, document = read_manifest(manifest.path)
     assert document["num_samples"] == DIGITS_TRAIN == manifest.metadata["num_samples"]
     assert [s.size for s in shards] == [359, 359, 359, 360]
-    published = JobSpec(
-        run_id="r", min_workers=1, max_workers=2, epochs=2, shard_manifest=manifest.path
-    ).manifest()
+    published = JobSpec(run_id="r", data=Data(epochs=2, shard_manifest=manifest.path)).manifest()
     assert published is not None and published.num_samples == DIGITS_TRAIN
     assert published.epochs == 2 and len(published.shards) == 4
 
@@ -255,32 +250,43 @@ def test_fault_injector_waits_for_a_running_worker_of_the_slot() -> None:
 # ------------------------------------------------------------------------------ elastic_train
 
 
-def _request(manifest_path: str, **changes: Any) -> TrainRequest:
-    values: dict[str, Any] = {
-        "run_id": "r",
-        "model_def": DIGITS,
-        "manifest_path": manifest_path,
-        "launcher": "local",
-    }
-    return TrainRequest(**{**values, **changes})
+COMPONENT_ONLY = ("launcher", "etcd_endpoint", "snapshot_dir")
+
+
+def _request(manifest_path: str, **changes: Any) -> JobSpec:
+    """The JobSpec the component builds from its parameters (``changes`` by parameter name)."""
+    given = {"launcher": "local", **changes}
+    params = {k: v for k, v in given.items() if k not in COMPONENT_ONLY}
+    own = {k: v for k, v in given.items() if k in COMPONENT_ONLY}
+    return job_spec(
+        {"model_def": DIGITS, "shard_manifest": manifest_path, **params}, run_id="r", env={}, **own
+    )
 
 
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"min_workers": 3, "max_workers": 2}, "min_workers=3 is more than max_workers=2"),
-        ({"min_workers": 0}, "min_workers must be >= 1"),
-        ({"epochs": 0}, "epochs must be >= 1"),
-        ({"batch_policy": "cubic"}, "unknown batch policy 'cubic'"),
+        ({"min_workers": 3, "max_workers": 2}, "max_workers (--max-workers / max_workers) must be"),
+        ({"min_workers": 0}, "min_workers (--min-workers / min_workers) must be >= 1, got 0"),
+        ({"epochs": 0}, "epochs (--epochs / epochs) must be >= 1"),
+        ({"batch_policy": "cubic"}, "batch_policy (--batch-policy / batch_policy) unknown"),
+        ({"worker_gpus": -1}, "gpus (--gpu / worker_gpus) must be >= 0"),
         ({"launcher": "slurm"}, "launcher must be auto, local or kubernetes"),
         ({"launcher": "kubernetes"}, "needs etcd_endpoint"),
-        ({"launcher": "kubernetes", "etcd_endpoint": "etcd:2379"}, "needs a snapshot_dir"),
-        ({"inject_faults": "kill:worker-5@1s"}, "max_workers=2"),
+        (
+            {"launcher": "kubernetes", "etcd_endpoint": "etcd:2379"},
+            "snapshot_dir (--snapshot-dir / snapshot_dir) is needed by the kubernetes launcher",
+        ),
     ],
 )
 def test_bad_train_inputs_are_named(changes: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         validate(_request("unused", **changes))
+
+
+def test_bad_faults_are_named(manifest: Any) -> None:
+    with pytest.raises(ValueError, match="max_workers=2"):
+        validate(_request(manifest.path), "kill:worker-5@1s")
 
 
 def test_preflight_checks_the_model_def_against_the_manifest(tmp_path: Path, manifest: Any) -> None:
@@ -305,7 +311,7 @@ def _train_artifacts(tmp_path: Path) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("changes", "error", "message"),
     [
-        ({"min_workers": 3, "max_workers": 2}, ValueError, "min_workers=3 is more than"),
+        ({"min_workers": 3, "max_workers": 2}, ValueError, "must be >= min_workers=3"),
         ({"model_def": "no_such.module"}, ModelDefError, "no_such.module: module not found"),
     ],
 )

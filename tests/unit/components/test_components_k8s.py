@@ -5,6 +5,7 @@ handler deletes a run's pods. No pod runs here: training in pods needs a cluster
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,11 @@ import yaml
 from kfp_elastic.components.common import delete_run_pods
 from kfp_elastic.components.elastic_train.run_job import (
     LauncherHolder,
-    TrainRequest,
-    kubernetes_factory,
+    job_spec,
+    launcher_and_faults,
     validate,
-    worker_entry,
 )
+from kfp_elastic.master.spec import JobSpec
 from tests.fakes.fake_k8s import FakeKubernetes
 
 NS = "ml"
@@ -49,39 +50,48 @@ def k8s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKuberne
         yield fake
 
 
-def request(**changes: Any) -> TrainRequest:
-    values: dict[str, Any] = {
-        "run_id": RUN,
+def manifest_file(tmp_path: Path) -> str:
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"shards": [[0, 0, 100]]}))
+    return str(path)
+
+
+def request(env: dict[str, str] | None = None, **changes: Any) -> JobSpec:
+    params: dict[str, Any] = {
         "model_def": "kfp_elastic.worker.examples.digits",
-        "manifest_path": "unused",
+        "shard_manifest": "unused",
         "min_workers": 1,
         "max_workers": 3,
-        "launcher": "kubernetes",
-        "etcd_endpoint": "etcd:2379",
-        "snapshot_dir": "/mnt/kfp-elastic/snapshots",
         "namespace": NS,
         "worker_cpu": "1",
         "worker_memory": "2Gi",
         "priority_class": "kfp-elastic-worker-low",
         "service_account": "kfp-elastic-worker",
         "image": "registry.example/worker:1",
-        "pod_overrides": {
+    }
+    return job_spec(
+        {**params, **changes},
+        run_id=RUN,
+        launcher="kubernetes",
+        etcd_endpoint="etcd:2379",
+        snapshot_dir="/mnt/kfp-elastic/snapshots",
+        env=env or {},
+        pod_overrides={
             "tolerations": [TOLERATION],
             "volumes": [VOLUME],
             "volume_mounts": [MOUNT],
             "node_selector": {"pool": "gpu"},
         },
-        "owner_reference": OWNER,
-        "inject_faults": "kill:worker-1@step3",
-    }
-    return TrainRequest(**{**values, **changes})
+        owner_reference=OWNER,
+    )
 
 
-def test_worker_pods_carry_the_forwarded_task_settings(k8s: FakeKubernetes) -> None:
-    req = request()
-    assert validate(req)[0].action == "kill"
-    entry = worker_entry(req, Path(req.snapshot_dir) / RUN)
-    factory, act = kubernetes_factory(req, req.etcd_settings(env={}), entry, LauncherHolder())
+def test_worker_pods_carry_the_forwarded_task_settings(k8s: FakeKubernetes, tmp_path: Path) -> None:
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"shards": [[0, 0, 100]]}))
+    req = request(shard_manifest=str(manifest))
+    assert validate(req, "kill:worker-1@step3")[0].action == "kill"
+    factory, act = launcher_and_faults(req, LauncherHolder())
     launcher = factory(None)
     name = launcher.launch(1).name
     pod = k8s.pod(name)
@@ -95,6 +105,7 @@ def test_worker_pods_carry_the_forwarded_task_settings(k8s: FakeKubernetes) -> N
     assert container["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}
     args = container["args"]
     assert "--nnodes=1:3" in args and "--rdzv-endpoint=etcd:2379" in args
+    assert args[args.index("-m") + 1] == "kfp_elastic.worker" and "--max-restarts=100" in args
     assert args[args.index("--snapshot-dir") + 1] == f"/mnt/kfp-elastic/snapshots/{RUN}"
     assert args[args.index("--output") + 1] == f"/mnt/kfp-elastic/snapshots/{RUN}/model.pt"
 
@@ -115,14 +126,12 @@ def test_worker_pods_get_the_tasks_etcd_tls_and_password_through_secrets(
         "KFP_ELASTIC_ETCD_USER": "trainer",
         "KFP_ELASTIC_ETCD_PASSWORD_FILE": str(tmp_path / "password"),
     }
-    req = request()
-    etcd = req.etcd_settings(env=env)
-    entry = worker_entry(req, Path(req.snapshot_dir) / RUN)
+    req = request(env, shard_manifest=manifest_file(tmp_path))
     with pytest.raises(ValueError, match="KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET"):
-        kubernetes_factory(req, etcd, entry, LauncherHolder())
+        launcher_and_faults(req, LauncherHolder())
     monkeypatch.setenv("KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET", "etcd-client-tls")
     monkeypatch.setenv("KFP_ELASTIC_ETCD_PASSWORD_SECRET", "etcd-password")
-    factory, _ = kubernetes_factory(req, etcd, entry, LauncherHolder())
+    factory, _ = launcher_and_faults(req, LauncherHolder())
     pod = k8s.pod(factory(None).launch(0).name)
     container = pod["spec"]["containers"][0]
     secrets = {v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v}

@@ -14,10 +14,11 @@ import pytest
 
 from kfp_elastic.etcd import settings as etcd_settings
 from kfp_elastic.etcd.client import connect
-from kfp_elastic.master.cli import build_parser, make_launcher_factory, make_spec, split_entry
+from kfp_elastic.master.cli import build_parser, make_spec, split_entry
 from kfp_elastic.master.job import ElasticJob, JobResult
 from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import JobDone, WorkerLaunched, WorkerLost, of_type, read_timeline
+from kfp_elastic.master.wiring import launcher_factory
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from tests.fakes.fake_k8s import FakeKubernetes
 from tests.helpers import wait_for
@@ -84,9 +85,9 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
     args = build_parser().parse_args(own)
     settings = etcd_settings.from_args(args, env={})
     spec = make_spec(args, entry, settings)
-    assert spec.entry == ("-m", "kfp_elastic.worker", "--model-def", "m.py")
+    assert spec.worker_argv() == ("-m", "kfp_elastic.worker", "--model-def", "m.py")
     client = connect(settings)
-    job = ElasticJob(spec, client, make_launcher_factory(args, spec, settings))
+    job = ElasticJob(spec, client, launcher_factory(spec))
     results: list[JobResult] = []
     thread = threading.Thread(target=lambda: results.append(job.run()))
     thread.start()

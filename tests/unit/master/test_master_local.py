@@ -23,9 +23,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.client import connect
-from kfp_elastic.master.job import ElasticJob, JobResult, JobSpec
+from kfp_elastic.master.job import ElasticJob, JobResult
 from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
 from kfp_elastic.master.local_launcher import LocalLauncher
+from kfp_elastic.master.spec import Data, Entry, JobSpec, Policy, Size
 from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import (
     Committed,
@@ -243,23 +244,21 @@ def test_job_replaces_a_killed_worker_and_succeeds(
 ) -> None:
     spec = JobSpec(
         run_id=run_id,
-        min_workers=2,
-        max_workers=3,
-        dataset_length=320,
-        shard_size=40,
-        epochs=2,
-        max_wait_s=60,
-        leader_ttl_s=2,
-        entry=(
-            ENTRY,
-            "--state-dir",
-            str(tmp_path),
-            "--steps",
-            "40",
-            "--step-time",
-            "0.2",
-            "--commit-every",
-            "4",
+        size=Size(min_workers=2, max_workers=3),
+        data=Data(dataset_length=320, shard_size=40, epochs=2),
+        policy=Policy(max_wait_s=60, leader_ttl_s=2),
+        entry=Entry(
+            command=(
+                ENTRY,
+                "--state-dir",
+                str(tmp_path),
+                "--steps",
+                "40",
+                "--step-time",
+                "0.2",
+                "--commit-every",
+                "4",
+            )
         ),
     )
     launchers: list[LocalLauncher] = []
@@ -267,7 +266,7 @@ def test_job_replaces_a_killed_worker_and_succeeds(
     def factory(state: MasterState) -> LocalLauncher:
         launchers.append(
             make_launcher(
-                etcd, run_id, tmp_path, list(spec.entry[1:]), registry=state, nnodes=(2, 3)
+                etcd, run_id, tmp_path, list(spec.worker_argv()[1:]), registry=state, nnodes=(2, 3)
             )
         )
         return launchers[-1]
@@ -384,11 +383,9 @@ def test_below_min_for_longer_than_max_wait_fails_with_a_clear_message(
 ) -> None:
     spec = JobSpec(
         run_id=run_id,
-        min_workers=2,
-        max_workers=2,
-        max_wait_s=2,
-        leader_ttl_s=2,
-        entry=(ENTRY, "--state-dir", str(tmp_path), "--steps", "1000"),
+        size=Size(min_workers=2, max_workers=2),
+        policy=Policy(max_wait_s=2, leader_ttl_s=2),
+        entry=Entry(command=(ENTRY, "--state-dir", str(tmp_path), "--steps", "1000")),
     )
 
     def factory(state):
@@ -396,7 +393,7 @@ def test_below_min_for_longer_than_max_wait_fails_with_a_clear_message(
             etcd,
             run_id,
             tmp_path,
-            list(spec.entry[1:]),
+            list(spec.worker_argv()[1:]),
             registry=state,
             nnodes=(2, 2),
             capacity=1,
@@ -418,12 +415,9 @@ def test_failing_workers_exhaust_the_failure_budget(
 ) -> None:
     spec = JobSpec(
         run_id=run_id,
-        min_workers=1,
-        max_workers=1,
-        max_failures=1,
-        max_wait_s=60,
-        leader_ttl_s=2,
-        entry=(ENTRY, "--state-dir", str(tmp_path), "--exit-code", "3"),
+        size=Size(min_workers=1, max_workers=1),
+        policy=Policy(max_failures=1, max_wait_s=60, leader_ttl_s=2),
+        entry=Entry(command=(ENTRY, "--state-dir", str(tmp_path), "--exit-code", "3")),
     )
 
     def factory(state):
@@ -431,7 +425,7 @@ def test_failing_workers_exhaust_the_failure_budget(
             etcd,
             run_id,
             tmp_path,
-            list(spec.entry[1:]),
+            list(spec.worker_argv()[1:]),
             registry=state,
             max_restarts=0,
         )
@@ -473,5 +467,7 @@ def test_min_above_max_is_refused_at_once(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
     assert result.returncode == 2
-    assert "--min-workers=3 is more than --max-workers=2" in result.stderr
+    assert "max_workers (--max-workers / max_workers) must be >= min_workers=3, got 2" in (
+        result.stderr
+    )
     assert time.monotonic() - started < 10
