@@ -271,7 +271,7 @@ SECTIONS: tuple[type, ...] = (
 
 
 def _metadata(name: str, section: type | None) -> Mapping[str, Any]:
-    for candidate in (section,) if section else SECTIONS:
+    for candidate in (section,) if section else (*SECTIONS, JobSpec):
         for f in fields(candidate):
             if f.name == name:
                 return f.metadata
@@ -346,10 +346,6 @@ class JobSpec:
         if not self.run_id or "/" in self.run_id:
             raise field_error("run_id", f"must be non-empty and without '/', got {self.run_id!r}")
         entry, size, data, training = self.entry, self.size, self.data, self.training
-        if bool(entry.model_def) == bool(entry.command):
-            raise field_error(
-                "model_def", "or a command (after --): give exactly one of them", Entry
-            )
         at_least = {
             "min_workers": (size.min_workers, 1),
             "nproc_per_worker": (size.nproc_per_worker, 1),
@@ -398,6 +394,10 @@ class JobSpec:
         capacity = self.launch.local.capacity
         if capacity is not None and capacity < 0:
             raise field_error("capacity", f"must be >= 0, got {capacity}")
+        if bool(entry.model_def) == bool(entry.command):
+            raise field_error(
+                "model_def", "or a command (after --): give exactly one of them", Entry
+            )
         if entry.model_def and self.launch.kind == "kubernetes" and not training.snapshot_dir:
             raise field_error(
                 "snapshot_dir",

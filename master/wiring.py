@@ -27,7 +27,7 @@ def launcher_factory(spec: JobSpec) -> LauncherFactory:
     anything starts)."""
     spec.validate()
     if spec.etcd is None:
-        raise field_error("endpoints", "missing: the workers need the etcd connection")
+        raise ValueError("etcd (--etcd / etcd_endpoint) is missing: the workers need it")
     if spec.launch.kind == "kubernetes":
         return _kubernetes(spec)
     return _local(spec)

@@ -28,7 +28,21 @@ DEFAULT_ROOT = Path(tempfile.gettempdir()) / "kfp-elastic-runs"
 PIPELINE_NAME = "elastic-training"
 
 
+# The demo's own values, over the job contract's defaults (master/spec.py): more epochs, a
+# slower step and frequent snapshots so that the injected preemption lands mid-training.
+DEMO = {
+    "epochs": 3,
+    "snapshot_every": 5,
+    "step_time": 0.15,
+    "num_shards": 16,
+    "inject_faults": "preempt:worker-1@step15",
+}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from kfp_elastic.master import spec
+
+    default = {**spec.defaults(), "model_def": spec.DEFAULT_MODEL_DEF, **DEMO}
     p = argparse.ArgumentParser(
         prog="kfp-elastic run-local",
         description="Run the elastic-training pipeline on this "
@@ -41,23 +55,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_ROOT,
         help="where kfp.local writes every task's outputs",
     )
-    p.add_argument("--model-def", default="kfp_elastic.worker.examples.digits")
+    p.add_argument("--model-def", default=default["model_def"])
     p.add_argument("--dataset", default="", help="empty: the model definition's own dataset")
-    p.add_argument("--num-shards", type=int, default=16)
-    p.add_argument("--min-workers", type=int, default=1)
-    p.add_argument("--max-workers", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--snapshot-every", type=int, default=5)
+    p.add_argument("--num-shards", type=int, default=default["num_shards"])
+    for name in ("min_workers", "max_workers", "epochs", "batch_size", "snapshot_every"):
+        p.add_argument(spec.flag_of(name), type=int, default=default[name])
     p.add_argument(
         "--step-time",
         type=float,
-        default=0.15,
+        default=default["step_time"],
         help="minimum seconds per step, so the fault lands mid-training",
     )
     p.add_argument(
         "--inject-faults",
-        default="preempt:worker-1@step15",
+        default=default["inject_faults"],
         help="ACTION:worker-N@WHEN,... (WHEN: 20s or step10); '' for none",
     )
     p.add_argument(

@@ -1,0 +1,293 @@
+"""The job contract (master/spec.py): one set of defaults that every signature and flag repeating
+one agrees with, one validation whose errors name the field with its flag and parameter, and
+one launcher wiring (master/wiring.py) for the CLI and the component."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kfp_elastic.components.elastic_train.component import elastic_train
+from kfp_elastic.etcd.settings import EtcdSettings
+from kfp_elastic.master import spec as contract
+from kfp_elastic.master.cli import build_parser, make_spec, split_entry
+from kfp_elastic.master.local_launcher import LocalLauncher
+from kfp_elastic.master.spec import (
+    Data,
+    Entry,
+    JobSpec,
+    KubernetesSettings,
+    Launch,
+    LocalSettings,
+    Policy,
+    Size,
+    Training,
+    field_error,
+    spec_from_params,
+)
+from kfp_elastic.master.wiring import launcher_factory, worker_pod_template
+from kfp_elastic.pipelines import run_local
+from kfp_elastic.pipelines.elastic_training import elastic_training
+from kfp_elastic.worker import options as worker_options
+
+ETCD = EtcdSettings.for_endpoint("127.0.0.1:2379")
+# The component and the pipeline train the example model by default; the CLI needs one given.
+KFP_DEFAULTS = {**contract.defaults(), "model_def": contract.DEFAULT_MODEL_DEF}
+
+
+def disagreements(defaults: dict[str, Any], expected: dict[str, Any]) -> list[str]:
+    return [
+        f"{name}={value!r} (contract: {expected[name]!r})"
+        for name, value in defaults.items()
+        if name in expected and value != expected[name]
+    ]
+
+
+def by_param(defaults: dict[str, Any]) -> dict[str, Any]:
+    """Contract field name -> default, for the parameters named after a contract field."""
+    names = {
+        contract.param_of(f, section): f
+        for section in contract.SECTIONS
+        for f in section.__dataclass_fields__
+        if "help" in section.__dataclass_fields__[f].metadata
+    }
+    return {names[p]: value for p, value in defaults.items() if names.get(p)}
+
+
+def signature_defaults(function: Any) -> dict[str, Any]:
+    return {
+        name: p.default
+        for name, p in inspect.signature(function).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+
+
+# ------------------------------------------------------------------ one set of defaults
+
+
+def test_the_component_signature_agrees_with_the_contract() -> None:
+    defaults = by_param(signature_defaults(elastic_train.python_func))
+    assert {"min_workers", "snapshot_every", "max_wait_s", "gpus", "cpu"} <= set(defaults)
+    assert disagreements(defaults, KFP_DEFAULTS) == []
+
+
+def test_the_pipeline_signature_agrees_with_the_contract() -> None:
+    defaults = by_param(signature_defaults(elastic_training.pipeline_func))
+    assert {"min_workers", "max_workers", "epochs", "memory"} <= set(defaults)
+    assert disagreements(defaults, KFP_DEFAULTS) == []
+
+
+def test_the_master_cli_defaults_are_the_contract() -> None:
+    args = vars(build_parser().parse_args(["--run-id", "x"]))
+    flagged = {name for name in contract.defaults() if name in args}
+    assert {"min_workers", "max_workers", "max_wait_s", "kind", "capacity", "gpus"} <= flagged
+    assert disagreements(args, contract.defaults()) == []
+
+
+def test_the_worker_runtime_defaults_are_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KFP_ELASTIC_ETCD_ENDPOINTS", "127.0.0.1:2379")
+    args = worker_options.parse_args(["--model-def", "m", "--snapshot-dir", "/tmp/s"])
+    runtime = {
+        "epochs": args.epochs,
+        "seed": args.seed,
+        "batch_size": args.batch_size,
+        "learning_rate": args.lr,
+        "batch_policy": args.policy,
+        # the runtime parses the contract's 0 as "auto" (None)
+        "snapshot_every": contract.SNAPSHOT_EVERY_AUTO if args.snapshot_every is None else -1,
+        "step_time": args.step_time,
+    }
+    assert disagreements(runtime, contract.defaults()) == []
+
+
+def test_run_local_overrides_only_its_named_demo_values() -> None:
+    args = vars(run_local.parse_args([]))
+    expected = {**KFP_DEFAULTS, **run_local.DEMO}
+    assert disagreements(args, expected) == []
+    demo = {name: args[name] for name in run_local.DEMO}
+    assert demo == run_local.DEMO
+
+
+def test_a_disagreeing_default_is_named() -> None:
+    def component(min_workers: int = 2, worker_gpus: int = 0, log_level: str = "x") -> None: ...
+
+    found = disagreements(by_param(signature_defaults(component)), KFP_DEFAULTS)
+    assert found == ["min_workers=2 (contract: 1)"]
+
+
+# ------------------------------------------------------------------ one validation
+
+
+def job(**sections: Any) -> JobSpec:
+    return JobSpec(run_id="r", entry=Entry(model_def="m"), **sections)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (job(size=Size(min_workers=0)), "min_workers (--min-workers / min_workers) must be >= 1"),
+        (
+            job(size=Size(min_workers=3, max_workers=2)),
+            "max_workers (--max-workers / max_workers) must be >= min_workers=3, got 2",
+        ),
+        (job(size=Size(nproc_per_worker=0)), "nproc_per_worker (--nproc-per-worker / "),
+        (job(data=Data(epochs=0)), "epochs (--epochs / epochs) must be >= 1, got 0"),
+        (job(training=Training(batch_size=0)), "batch_size (--batch-size / batch_size)"),
+        (job(training=Training(learning_rate=0)), "learning_rate (--lr / learning_rate) must be >"),
+        (job(training=Training(snapshot_every=-1)), "snapshot_every (--snapshot-every / "),
+        (job(training=Training(batch_policy="cubic")), "batch_policy (--batch-policy / "),
+        (job(policy=Policy(max_wait_s=0)), "max_wait_s (--max-wait / max_wait_s) must be > 0"),
+        (job(policy=Policy(max_failures=-1)), "max_failures (--max-failures / max_failures)"),
+        (job(policy=Policy(leader_ttl_s=0)), "leader_ttl_s (--leader-ttl) must be > 0"),
+        (
+            job(launch=Launch(kubernetes=KubernetesSettings(gpus=-1))),
+            "gpus (--gpu / worker_gpus) must be >= 0",
+        ),
+        (job(launch=Launch(kind="slurm")), "kind (--launcher) must be one of local, kubernetes"),
+        (job(launch=Launch(local=LocalSettings(capacity=-1))), "capacity (--local-capacity / "),
+        (job(launch=Launch(rdzv_conf={"cacert": "x"})), "rdzv_conf (--rdzv-conf) ['cacert']"),
+        (
+            job(launch=Launch(kind="kubernetes")),
+            "snapshot_dir (--snapshot-dir / snapshot_dir) is needed by the kubernetes launcher",
+        ),
+        (job(data=Data(dataset_length=10)), "dataset_length (--dataset-length) and shard_size"),
+        (
+            job(data=Data(dataset_length=10, shard_size=5, shard_manifest="m.json")),
+            "shard_manifest (--shard-manifest / shard_manifest) or dataset_length",
+        ),
+        (job(data=Data(shard_manifest="/no/such.json")), "shard_manifest (--shard-manifest / "),
+        (replace(job(), run_id="a/b"), "run_id (--run-id / run_id) must be non-empty"),
+        (replace(job(), entry=Entry()), "model_def (--model-def / model_def) or a command"),
+        (
+            replace(job(), entry=Entry(model_def="m", command=("x.py",))),
+            "model_def (--model-def / model_def) or a command",
+        ),
+    ],
+)
+def test_errors_name_the_field_its_flag_and_its_parameter(spec: JobSpec, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        spec.validate()
+
+
+def test_the_defaults_validate() -> None:
+    job().validate()
+    JobSpec(run_id="r", entry=Entry(command=("train.py",)), etcd=ETCD).validate()
+
+
+def test_field_error_spells_flag_and_parameter_from_the_name() -> None:
+    assert (
+        str(field_error("min_workers", "is bad"))
+        == "min_workers (--min-workers / min_workers) is bad"
+    )
+    assert str(field_error("memory", "x")) == "memory (--memory / worker_memory) x"
+    assert str(field_error("finish_grace_s", "x")) == "finish_grace_s (--finish-grace) x"
+
+
+# ------------------------------------------------------------------ deriving
+
+
+def test_the_builtin_entry_carries_the_training_settings() -> None:
+    spec = job(
+        data=Data(epochs=2, seed=7),
+        training=Training(batch_size=8, snapshot_every=0, snapshot_dir="/snap/r"),
+    )
+    argv = spec.worker_argv()
+    assert argv[:4] == ("-m", "kfp_elastic.worker", "--model-def", "m")
+    pairs = dict(zip(argv[4::2], argv[5::2], strict=True))
+    assert pairs["--epochs"] == "2" and pairs["--seed"] == "7" and pairs["--batch-size"] == "8"
+    assert pairs["--snapshot-every"] == "0" and pairs["--policy"] == "fixed-global-batch"
+    assert pairs["--output"] == "/snap/r/model.pt"
+    command = replace(spec, entry=Entry(command=("train.py", "--x")))
+    assert command.worker_argv() == ("train.py", "--x")
+
+
+def test_the_component_parameters_build_the_spec() -> None:
+    spec = spec_from_params(
+        {"min_workers": 2, "worker_cpu": "2", "max_wait_s": 9.0, "model_def": "m"},
+        run_id="r",
+        kind="kubernetes",
+        pod_overrides={"tolerations": []},
+    )
+    assert spec.size.min_workers == 2 and spec.launch.kubernetes.cpu == "2"
+    assert spec.policy.max_wait_s == 9.0 and spec.launch.kind == "kubernetes"
+    assert spec.launch.kubernetes.pod_overrides == {"tolerations": []}
+    with pytest.raises(ValueError, match="not parameters of the job contract: log_level"):
+        spec_from_params({"log_level": "INFO"}, run_id="r")
+
+
+def test_the_cli_builds_the_builtin_entry_from_model_def() -> None:
+    own, entry = split_entry(["--run-id", "r", "--model-def", "m", "--batch-size", "4"])
+    spec = make_spec(build_parser().parse_args(own), entry, ETCD)
+    assert spec.entry == Entry(model_def="m") and spec.training.batch_size == 4
+    own, entry = split_entry(["--run-id", "r", "--", "--model-def", "m"])
+    assert make_spec(build_parser().parse_args(own), entry, ETCD).worker_argv() == (
+        "-m",
+        "kfp_elastic.worker",
+        "--model-def",
+        "m",
+    )
+
+
+def test_the_record_is_json_and_holds_no_password(tmp_path: Path) -> None:
+    (tmp_path / "pw").write_text("hunter2")
+    etcd = EtcdSettings.for_endpoint("e:2379", user="u", password_file=str(tmp_path / "pw"))
+    record = replace(job(), etcd=etcd).to_record()
+    assert json.loads(json.dumps(record)) == record
+    assert record["size"]["min_workers"] == 1 and record["etcd"]["user"] == "u"
+    assert "hunter2" not in json.dumps(record)
+
+
+# ------------------------------------------------------------------ one wiring
+
+
+def test_the_local_launcher_gets_the_whole_spec(tmp_path: Path) -> None:
+    spec = JobSpec(
+        run_id="r",
+        entry=Entry(command=("train.py",)),
+        size=Size(min_workers=1, max_workers=3, nproc_per_worker=2),
+        etcd=ETCD,
+        launch=Launch(
+            rdzv_conf={"last_call_timeout": "1"},
+            worker_max_restarts=7,
+            local=LocalSettings(workdir=str(tmp_path), capacity=1),
+        ),
+    )
+    launcher = launcher_factory(spec)(None)  # type: ignore[arg-type]
+    assert isinstance(launcher, LocalLauncher)
+    assert launcher.rdzv_conf == {"last_call_timeout": "1"} and launcher.capacity == 1
+    assert launcher.max_restarts == 7 and launcher.nnodes == "1:3"
+    assert launcher.nproc_per_worker == 2 and launcher.workdir == tmp_path.resolve()
+    assert launcher.env["KFP_ELASTIC_ETCD_ENDPOINTS"] == "127.0.0.1:2379"
+    assert launcher.env["KFP_ELASTIC_SNAPSHOT_DIR"] == str(tmp_path.resolve() / "snapshots")
+
+
+def test_the_worker_pods_get_the_same_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KFP_ELASTIC_WORKER_PRIORITY_CLASS", "from-configmap")
+    monkeypatch.delenv("KFP_ELASTIC_WORKER_IMAGE", raising=False)
+    spec = JobSpec(
+        run_id="r",
+        entry=Entry(model_def="m"),
+        size=Size(min_workers=1, max_workers=3),
+        training=Training(snapshot_dir="/mnt/snap/r"),
+        etcd=ETCD,
+        launch=Launch(
+            kind="kubernetes",
+            rdzv_conf={"last_call_timeout": "1"},
+            worker_max_restarts=7,
+            kubernetes=KubernetesSettings(namespace="ml", gpus=1),
+        ),
+    )
+    template = worker_pod_template(spec)
+    assert template.rdzv_conf == {"last_call_timeout": "1"} and template.max_restarts == 7
+    assert template.priority_class == "from-configmap"
+    assert template.service_account == contract.DEFAULT_SERVICE_ACCOUNT
+    assert template.image == contract.DEFAULT_WORKER_IMAGE and template.gpu == 1
+    assert (template.min_nodes, template.max_nodes, template.namespace) == (1, 3, "ml")
+    assert template.module and template.entrypoint == "kfp_elastic.worker"
+    assert template.entrypoint_args == spec.worker_argv()[2:]
