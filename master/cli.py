@@ -4,11 +4,12 @@
         --launcher local --dataset-length 10000 --shard-size 500 --epochs 2 \\
         --workdir /tmp/job-1 -- -m kfp_elastic.worker --model-def my_model.py
 
-Everything after ``--`` is what each torchrun agent runs: a script and its arguments, or
-``-m MODULE ...``; arguments that start with ``-`` (other than ``-m``) go to the default entry
-``-m kfp_elastic.worker``. Exit codes: 0 succeeded, 1 failed (the message says why), 2 bad
-arguments,
-3 stepped down (SIGTERM or leadership lost; the workers keep running for the next master).
+The flags are the fields of the job contract (``master/spec.py``: its defaults and help). Each
+torchrun agent runs the built-in runtime with ``--model-def M`` (and the training flags), or
+everything after ``--``: a script and its arguments, or ``-m MODULE ...``; arguments that start
+with ``-`` (other than ``-m``) go to the default entry ``-m kfp_elastic.worker``. Exit codes: 0
+succeeded, 1 failed (the message says why), 2 bad arguments, 3 stepped down (SIGTERM or
+leadership lost; the workers keep running for the next master).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from typing import Any, get_args, get_type_hints
 
@@ -72,10 +73,13 @@ def parse_conf(text: str | None, what: str) -> dict[str, str]:
 
 
 def parse_rdzv_conf(text: str) -> dict[str, str]:
-    return parse_conf(text, "--rdzv-conf")
+    try:
+        return parse_conf(text, "--rdzv-conf")
+    except ValueError as error:  # argparse shows an ArgumentTypeError's own message
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _add_fields(group: Any, section: type, conf: Mapping[str, Any] | None = None) -> None:
+def _add_fields(group: Any, section: type) -> None:
     """One flag per field of ``section`` that has one, with the contract's default and help."""
     hints = get_type_hints(section)
     for f in fields(section):
@@ -92,9 +96,7 @@ def _add_fields(group: Any, section: type, conf: Mapping[str, Any] | None = None
             convert: Any = parse_rdzv_conf
         else:
             convert = next((t for t in (int, float, str) if t in get_args(kind) or t is kind), str)
-        group.add_argument(
-            flag, dest=f.name, type=convert, default=default, help=text, **(conf or {})
-        )
+        group.add_argument(flag, dest=f.name, type=convert, default=default, help=text)
 
 
 def build_parser() -> argparse.ArgumentParser:

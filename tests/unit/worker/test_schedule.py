@@ -15,7 +15,9 @@ from kfp_elastic.worker.schedule import (
 )
 
 
-@pytest.mark.parametrize(("text", "steps"), [("auto", None), (" AUTO ", None), ("0", None), ("7", 7)])
+@pytest.mark.parametrize(
+    ("text", "steps"), [("auto", None), (" AUTO ", None), ("0", None), ("7", 7)]
+)
 def test_parse_snapshot_every(text: str, steps: int | None) -> None:
     assert parse_snapshot_every(text) == steps
 
