@@ -97,7 +97,7 @@ def test_pipeline_runs_locally_through_a_preemption(
         (
             {"min_workers": 3, "max_workers": 2},
             "elastic-train",
-            "min_workers=3 is more than max_workers=2",
+            "max_workers (--max-workers / max_workers) must be >= min_workers=3, got 2",
         ),
         (
             {"model_def": "no_such_package.model"},
