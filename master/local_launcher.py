@@ -45,6 +45,7 @@ from kfp_elastic.master.launcher import (
     WorkerPhase,
     WorkerStatus,
 )
+from kfp_elastic.master.spec import DEFAULT_WORKER_MAX_RESTARTS
 from kfp_elastic.master.supervise import read_exit_file
 from kfp_elastic.rendezvous.local_agents import TAG_VAR, Agent
 
@@ -90,7 +91,7 @@ class LocalLauncher(Launcher):
         env: Mapping[str, str] | None = None,
         registry: WorkerRegistry | None = None,
         capacity: int | None = None,
-        max_restarts: int = 100,
+        max_restarts: int = DEFAULT_WORKER_MAX_RESTARTS,
         monitor_interval_s: float = 0.2,
         grace_s: float = 5.0,
         poll_interval_s: float = 0.2,
