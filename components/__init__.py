@@ -5,6 +5,6 @@ so the same component runs under ``kfp.local`` (project installed) and in a clus
 
 # The image every component runs in (and the default worker image): the project's worker image
 # with kfp installed (build it with the extra that adds kfp, see docs/pipelines.md).
-from kfp_elastic.master.spec import DEFAULT_WORKER_IMAGE
+from kfp_elastic.job_spec import DEFAULT_WORKER_IMAGE
 
 BASE_IMAGE = DEFAULT_WORKER_IMAGE

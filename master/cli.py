@@ -4,7 +4,8 @@
         --launcher local --dataset-length 10000 --shard-size 500 --epochs 2 \\
         --workdir /tmp/job-1 -- -m kfp_elastic.worker --model-def my_model.py
 
-The flags are the fields of the job contract (``master/spec.py``: its defaults and help). Each
+The flags are the fields of the job contract (``kfp_elastic/job_spec.py``: its defaults and
+help). Each
 torchrun agent runs the built-in runtime with ``--model-def M`` (and the training flags), or
 everything after ``--``: a script and its arguments, or ``-m MODULE ...``; arguments that start
 with ``-`` (other than ``-m``) go to the default entry ``-m kfp_elastic.worker``. Exit codes: 0
@@ -25,8 +26,7 @@ from typing import Any, get_args, get_type_hints
 
 from kfp_elastic.etcd import settings as etcd_settings
 from kfp_elastic.etcd.settings import ConfigError, EtcdSettings
-from kfp_elastic.master.job import ElasticJob
-from kfp_elastic.master.spec import (
+from kfp_elastic.job_spec import (
     RUNTIME_MODULE,
     Data,
     Entry,
@@ -39,6 +39,7 @@ from kfp_elastic.master.spec import (
     Training,
     flag_of,
 )
+from kfp_elastic.master.job import ElasticJob
 from kfp_elastic.master.wiring import launcher_factory
 
 log = logging.getLogger("kfp_elastic.master")

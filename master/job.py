@@ -22,11 +22,11 @@ from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS
 from kfp_elastic.etcd.keys import RunKeys
+from kfp_elastic.job_spec import JobSpec
 from kfp_elastic.master.launcher import Launcher, Reason, WorkerPhase, WorkerStatus
 from kfp_elastic.master.metrics import Metrics, TimelineStats
 from kfp_elastic.master.observer import Observer
 from kfp_elastic.master.scaling import Decision, decide, is_active
-from kfp_elastic.master.spec import JobSpec
 from kfp_elastic.master.state import MasterState, NotLeaderError
 from kfp_elastic.master.timeline import (
     JobDone,

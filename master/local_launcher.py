@@ -37,6 +37,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
+from kfp_elastic.job_spec import DEFAULT_WORKER_MAX_RESTARTS
 from kfp_elastic.master.launcher import (
     Launcher,
     Reason,
@@ -45,7 +46,6 @@ from kfp_elastic.master.launcher import (
     WorkerPhase,
     WorkerStatus,
 )
-from kfp_elastic.master.spec import DEFAULT_WORKER_MAX_RESTARTS
 from kfp_elastic.master.supervise import read_exit_file
 from kfp_elastic.rendezvous.local_agents import TAG_VAR, Agent
 

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
-from kfp_elastic.master.spec import DEFAULT_PRIORITY_CLASS as DEFAULT_PRIORITY_CLASS
-from kfp_elastic.master.spec import DEFAULT_SERVICE_ACCOUNT as DEFAULT_SERVICE_ACCOUNT
-from kfp_elastic.master.spec import PASSWORD_SECRET_ENV as PASSWORD_SECRET_ENV
-from kfp_elastic.master.spec import TLS_SECRET_ENV as TLS_SECRET_ENV
+from kfp_elastic.job_spec import DEFAULT_PRIORITY_CLASS as DEFAULT_PRIORITY_CLASS
+from kfp_elastic.job_spec import DEFAULT_SERVICE_ACCOUNT as DEFAULT_SERVICE_ACCOUNT
+from kfp_elastic.job_spec import PASSWORD_SECRET_ENV as PASSWORD_SECRET_ENV
+from kfp_elastic.job_spec import TLS_SECRET_ENV as TLS_SECRET_ENV
 from kfp_elastic.rendezvous.config import (
     ETCD_KEYS,
     ConfigError,
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from kfp_elastic.master.pod_spec import WorkerPodSpec
 
 # DEFAULT_PRIORITY_CLASS, DEFAULT_SERVICE_ACCOUNT: the names manifests/base creates (the job
-# contract, master/spec.py, holds them; the ConfigMap kfp-elastic-config repeats them).
+# contract, kfp_elastic/job_spec.py, holds them; the ConfigMap kfp-elastic-config repeats them).
 CONTAINER_NAME = "worker"
 
 LABEL_PREFIX = "kfp-elastic.io/"
@@ -48,7 +48,7 @@ ETCD_TLS_MOUNT = "/etc/kfp-elastic/etcd-tls"
 # ``password`` (a file, never an env value or an argument: both show in the pod spec).
 ETCD_AUTH_MOUNT = "/etc/kfp-elastic/etcd-auth"
 ETCD_PASSWORD_KEY = "password"
-# TLS_SECRET_ENV, PASSWORD_SECRET_ENV (master/spec.py): the variables naming the Secrets
+# TLS_SECRET_ENV, PASSWORD_SECRET_ENV (kfp_elastic/job_spec.py): the variables naming the Secrets
 # worker pods mount; the kfp-elastic-config ConfigMap (manifests/) sets them.
 _BUILTIN_VOLUMES = {"etcd-tls", "etcd-auth", "dshm"}
 # etcd settings that name files in the pod: set by build_pod from the Secrets it mounts.

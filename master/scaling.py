@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
+from kfp_elastic.job_spec import DEFAULT_MAX_FAILURES, DEFAULT_MAX_WAIT_S
 from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
-from kfp_elastic.master.spec import DEFAULT_MAX_FAILURES, DEFAULT_MAX_WAIT_S
 
 #: ``cause`` of an ended worker, as the timeline records it.
 CAUSES = {

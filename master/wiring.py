@@ -10,9 +10,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from kfp_elastic.job_spec import JobSpec, field_error
 from kfp_elastic.master.job import LauncherFactory
 from kfp_elastic.master.launcher import Launcher
-from kfp_elastic.master.spec import JobSpec, field_error
 from kfp_elastic.master.state import MasterState
 
 SNAPSHOT_DIR_ENV = "KFP_ELASTIC_SNAPSHOT_DIR"  # the worker runtime's --snapshot-dir default

@@ -28,7 +28,7 @@ DEFAULT_ROOT = Path(tempfile.gettempdir()) / "kfp-elastic-runs"
 PIPELINE_NAME = "elastic-training"
 
 
-# The demo's own values, over the job contract's defaults (master/spec.py): more epochs, a
+# The demo's own values, over the job contract's defaults (kfp_elastic/job_spec.py): more epochs, a
 # slower step and frequent snapshots so that the injected preemption lands mid-training.
 DEMO = {
     "epochs": 3,
@@ -40,7 +40,7 @@ DEMO = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from kfp_elastic.master import spec
+    from kfp_elastic import job_spec as spec
 
     default = {**spec.defaults(), "model_def": spec.DEFAULT_MODEL_DEF, **DEMO}
     p = argparse.ArgumentParser(

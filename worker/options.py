@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from kfp_elastic import job_spec as job  # the job contract: the defaults shared with it
 from kfp_elastic.etcd import settings as etcd_settings
-from kfp_elastic.master import spec as job  # the job contract: the defaults shared with it
 
 from .policy import BatchPolicy
 from .schedule import parse_snapshot_every

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kfp_elastic.master.spec import SNAPSHOT_EVERY_AUTO
+from kfp_elastic.job_spec import SNAPSHOT_EVERY_AUTO
 
 SYNC_TARGET_S = 0.5  # seconds of training between syncs (the SIGTERM reaction time)
 FIRST_SYNC_GAP = 10  # steps to the first sync after a (re)start: no step time known yet
@@ -31,8 +31,8 @@ FIRST_SNAPSHOT_AFTER_S = 2.0  # auto: the first snapshot measures what one costs
 
 
 def parse_snapshot_every(text: str) -> int | None:
-    """``"auto"`` or ``"0"`` (the job contract's auto, master/spec.py) → None, else a positive
-    step count; ValueError with the reason otherwise."""
+    """``"auto"`` or ``"0"`` (the job contract's auto, kfp_elastic/job_spec.py) → None, else a
+    positive step count; ValueError with the reason otherwise."""
     if text.strip().lower() in ("auto", str(SNAPSHOT_EVERY_AUTO)):
         return None
     try:

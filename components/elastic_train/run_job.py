@@ -27,8 +27,8 @@ from kfp_elastic.components.elastic_train.summary import describe
 from kfp_elastic.components.shard_dataset.shard import read_manifest
 from kfp_elastic.etcd import settings as etcd_settings
 from kfp_elastic.etcd.settings import EtcdSettings
+from kfp_elastic.job_spec import FINAL_MODEL_FILE, JobSpec, spec_from_params
 from kfp_elastic.master.job import LauncherFactory
-from kfp_elastic.master.spec import FINAL_MODEL_FILE, JobSpec, spec_from_params
 from kfp_elastic.master.timeline import Event, TimelineTail, read_timeline
 from kfp_elastic.master.wiring import launcher_factory
 

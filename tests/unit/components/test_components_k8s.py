@@ -20,7 +20,7 @@ from kfp_elastic.components.elastic_train.run_job import (
     launcher_and_faults,
     validate,
 )
-from kfp_elastic.master.spec import JobSpec
+from kfp_elastic.job_spec import JobSpec
 from tests.fakes.fake_k8s import FakeKubernetes
 
 NS = "ml"

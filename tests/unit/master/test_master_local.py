@@ -23,10 +23,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.client import connect
+from kfp_elastic.job_spec import Data, Entry, JobSpec, Policy, Size
 from kfp_elastic.master.job import ElasticJob, JobResult
 from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
 from kfp_elastic.master.local_launcher import LocalLauncher
-from kfp_elastic.master.spec import Data, Entry, JobSpec, Policy, Size
 from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import (
     Committed,

@@ -3,7 +3,7 @@ and the master's policy; one set of defaults and one ``validate()``.
 
 The master CLI builds its flags from these fields, the KFP component builds a ``JobSpec`` from
 its parameters, and ``worker/options.py`` takes its defaults from here. KFP needs literal
-defaults in the component's and the pipeline's signatures: ``tests/unit/master/test_spec.py``
+defaults in the component's and the pipeline's signatures: ``tests/unit/test_job_spec.py``
 fails naming any of them (or a CLI default) that disagrees with the defaults below.
 
 Every field has a CLI flag and a component parameter, both spelled from its name (``min_workers``

@@ -1,6 +1,6 @@
-"""The job contract (master/spec.py): one set of defaults that every signature and flag repeating
-one agrees with, one validation whose errors name the field with its flag and parameter, and
-one launcher wiring (master/wiring.py) for the CLI and the component."""
+"""The job contract (kfp_elastic/job_spec.py): one set of defaults that every signature and
+flag repeating one agrees with, one validation whose errors name the field with its flag and
+parameter, and one launcher wiring (master/wiring.py) for the CLI and the component."""
 
 from __future__ import annotations
 
@@ -13,12 +13,10 @@ from typing import Any
 
 import pytest
 
+from kfp_elastic import job_spec as contract
 from kfp_elastic.components.elastic_train.component import elastic_train
 from kfp_elastic.etcd.settings import EtcdSettings
-from kfp_elastic.master import spec as contract
-from kfp_elastic.master.cli import build_parser, make_spec, split_entry
-from kfp_elastic.master.local_launcher import LocalLauncher
-from kfp_elastic.master.spec import (
+from kfp_elastic.job_spec import (
     Data,
     Entry,
     JobSpec,
@@ -31,6 +29,8 @@ from kfp_elastic.master.spec import (
     field_error,
     spec_from_params,
 )
+from kfp_elastic.master.cli import build_parser, make_spec, split_entry
+from kfp_elastic.master.local_launcher import LocalLauncher
 from kfp_elastic.master.wiring import launcher_factory, worker_pod_template
 from kfp_elastic.pipelines import run_local
 from kfp_elastic.pipelines.elastic_training import elastic_training
