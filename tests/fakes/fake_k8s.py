@@ -478,6 +478,62 @@ class FakeKubernetes:
             status["conditions"] = list(merged.values())
             return self._record(ns, "MODIFIED", old, new)
 
+    def bind(self, ns: str, name: str, node: str) -> dict[str, Any]:
+        """The scheduler's binding (pods/binding): ``spec.nodeName``, ``PodScheduled=True``."""
+        with self._cond:
+            old = self._get(ns, name)
+            if old["spec"].get("nodeName"):
+                raise ApiError(409, "Conflict", f"pod {name} is already assigned to a node")
+            new = copy.deepcopy(old)
+            new["spec"]["nodeName"] = node
+            new["status"].pop("nominatedNodeName", None)
+            self._set_condition(new, {"type": "PodScheduled", "status": "True"})
+            return self._record(ns, "MODIFIED", old, new)
+
+    def mark_unschedulable(
+        self, ns: str, name: str, message: str, nominated_node: str | None = None
+    ) -> dict[str, Any]:
+        """The scheduler found no node: ``PodScheduled=False``, reason ``Unschedulable``;
+        ``nominated_node``: where its preemption victims are terminating."""
+        with self._cond:
+            old = self._get(ns, name)
+            new = copy.deepcopy(old)
+            if nominated_node:
+                new["status"]["nominatedNodeName"] = nominated_node
+            else:
+                new["status"].pop("nominatedNodeName", None)
+            self._set_condition(
+                new,
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": message,
+                },
+            )
+            return self._record(ns, "MODIFIED", old, new)
+
+    def update_status(self, ns: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """The kubelet's status write: ``status`` merged into the pod's (conditions and
+        containerStatuses by key, as a strategic merge patch does)."""
+        with self._cond:
+            old = self._get(ns, name)
+            new = copy.deepcopy(old)
+            new["status"] = merge_patch(old["status"], status, strategic=True)
+            return self._record(ns, "MODIFIED", old, new)
+
+    def remove_pod(self, ns: str, name: str) -> None:
+        """The kubelet confirms a graceful deletion (or pod GC force-deletes): the pod is
+        gone."""
+        with self._cond:
+            self._remove(ns, self._get(ns, name))
+
+    @staticmethod
+    def _set_condition(pod: dict[str, Any], condition: dict[str, Any]) -> None:
+        conditions = pod["status"].setdefault("conditions", [])
+        conditions[:] = [c for c in conditions if c["type"] != condition["type"]]
+        conditions.append({**condition, "lastTransitionTime": now_timestamp()})
+
     def _disrupt(self, name: str, reason: str, message: str, ns: str) -> None:
         with self._cond:
             self.set_phase(
