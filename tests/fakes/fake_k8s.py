@@ -210,6 +210,25 @@ class FakeKubernetes:
             "items": items,
         }
 
+    def replace_object(self, resource: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT: the whole object replaced; uid and creationTimestamp kept."""
+        name = obj.get("metadata", {}).get("name", "")
+        with self._cond:
+            old = self.get_object(resource, ns, name)
+            new = copy.deepcopy(obj)
+            new["metadata"] = {
+                **new["metadata"],
+                **{k: old["metadata"][k] for k in ("uid", "creationTimestamp")},
+            }
+            new.update(apiVersion=old["apiVersion"], kind=old["kind"])
+            if ns:
+                new["metadata"]["namespace"] = ns
+            self._rv += 1
+            new["metadata"]["resourceVersion"] = str(self._rv)
+            self._objects[(resource, ns, name)] = new
+            self._cond.notify_all()
+            return copy.deepcopy(new)
+
     def delete_object(self, resource: str, ns: str, name: str) -> dict[str, Any]:
         with self._cond:
             if (resource, ns, name) not in self._objects:

@@ -241,6 +241,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(201, fake.create_object(resource, ns, json.loads(raw or b"{}")))
         if method == "GET" and name:
             return self._send(200, fake.get_object(resource, ns, name))
+        if method == "PUT" and name:
+            return self._send(200, fake.replace_object(resource, ns, json.loads(raw or b"{}")))
         if method == "DELETE" and name:
             return self._send(200, fake.delete_object(resource, ns, name))
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {resource}")
