@@ -342,7 +342,10 @@ class Kubelet:
                 if spec.get("automountServiceAccountToken", True):
                     mounts[SERVICE_ACCOUNT_DIR] = str(self._service_account(pod_dir, ns))
                 env = container_env(pod, container, lookup, self._base_env(pod, mounts))
-                env = {k: rewrite_mount_paths(v, mounts) for k, v in env.items()}
+                env = {  # the mount map itself keeps the in-pod paths it maps
+                    k: v if k == MOUNTS_ENV else rewrite_mount_paths(v, mounts)
+                    for k, v in env.items()
+                }
                 argv = [
                     rewrite_mount_paths(expand_vars(a, env), mounts)
                     for a in (container.get("command") or []) + (container.get("args") or [])
@@ -373,8 +376,10 @@ class Kubelet:
                                 }
                             },
                             "ready": False,
+                            "started": False,
                             "restartCount": 0,
                             "image": c["image"],
+                            "imageID": "",
                         }
                         for c in spec["containers"]
                     ]
