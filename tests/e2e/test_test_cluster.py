@@ -65,7 +65,8 @@ def condition(core: client.CoreV1Api, name: str, kind: str) -> Any:
 
 
 SLEEP = "import time\nwhile True: time.sleep(0.1)"
-# Writes /flag/<pod name> when SIGTERMed (the path is a volume mount), then exits a second later.
+# Writes /flag/<pod name> when SIGTERMed (the path is a volume mount), then exits a second later;
+# /flag/<pod name>.ready says the handler is in place (Running only means the process started).
 ON_SIGTERM = """
 import os, signal, sys, time
 def stop(*_):
@@ -73,6 +74,7 @@ def stop(*_):
     time.sleep(1)
     sys.exit(143)
 signal.signal(signal.SIGTERM, stop)
+open('/flag/' + os.environ['POD'] + '.ready', 'w').close()
 while True: time.sleep(0.1)
 """
 
@@ -258,7 +260,7 @@ def test_higher_priority_pod_preempts_a_lower_one_gracefully(
 ) -> None:
     flags = test_cluster.root / "claims" / NS / "flags"
     core.create_namespaced_pod(NS, flagging_pod("worker", "2", "kfp-elastic-worker-low"))
-    assert eventually(lambda: phase(core, "worker") == "Running")
+    assert eventually(lambda: (flags / "worker.ready").exists())
     body = python_pod("serving", SLEEP, container={"resources": {"requests": {"cpu": "2"}}})
     core.create_namespaced_pod(NS, body)  # no class: priority 0 > -5
     assert eventually(lambda: gone(core, "worker") or condition(core, "worker", "DisruptionTarget"))
@@ -288,7 +290,8 @@ def test_priority_class_with_preemption_policy_never_does_not_preempt(
         }
     )
     core.create_namespaced_pod(NS, flagging_pod("low", "2", "kfp-elastic-worker-low"))
-    assert eventually(lambda: phase(core, "low") == "Running")
+    flags = test_cluster.root / "claims" / NS / "flags"
+    assert eventually(lambda: (flags / "low.ready").exists())
     polite = python_pod(
         "polite",
         SLEEP,
@@ -302,6 +305,7 @@ def test_priority_class_with_preemption_policy_never_does_not_preempt(
     assert condition(core, "low", "DisruptionTarget") is None and phase(core, "low") == "Running"
     core.delete_namespaced_pod("low", NS)  # graceful: the handler runs, then it is gone
     assert eventually(lambda: gone(core, "low"), timeout=20)
+    assert (flags / "low").read_text() == "sigterm"
     assert eventually(lambda: phase(core, "polite") == "Running")
     core.delete_namespaced_pod("polite", NS, grace_period_seconds=0)
     assert eventually(lambda: gone(core, "polite"))
