@@ -1,5 +1,6 @@
 """Shared fixtures: a real embedded etcd (plain, or with TLS + client certificates + user/password
-auth), unique run ids, handlers that are always shut down, a process marker for kfp.local runs."""
+auth), unique run ids, handlers that are always shut down, a process marker for kfp.local runs,
+and the test cluster (API server + scheduler + kubelets running pods as local processes)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from kfp_elastic.pipelines.run_local import SESSION_ENV
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.rendezvous.handler import ElasticEtcdRendezvousHandler, create_handler
 from kfp_elastic.rendezvous.testing_pki import generate_test_pki
+from tests.fakes.cluster import TestCluster
 
 logging.getLogger("kfp_elastic.rendezvous").setLevel(logging.INFO)
 
@@ -111,3 +113,15 @@ def make_handler(etcd: EmbeddedEtcd, run_id: str) -> Iterator[HandlerFactory]:
     yield make
     for handler in made:
         handler.leave("test teardown")
+
+
+@pytest.fixture
+def test_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
+    """One node (2 CPUs, 4 GiB); tests add, resize and remove nodes. Nothing any pod started
+    may outlive it."""
+    with TestCluster(
+        tmp_path_factory.mktemp("cluster"), nodes={"node-1": {"cpu": "2", "memory": "4Gi"}}
+    ) as cluster:
+        yield cluster
+    left = cluster.leftover_processes()
+    assert not left, f"test cluster processes left running: {left}"

@@ -3,17 +3,26 @@
 The real ``kubernetes`` client runs against it unchanged. It keeps what a controller depends
 on: a monotonic resourceVersion on every object, list and event; create/get/list/delete/patch
 with the real Status errors (404 NotFound, 409 AlreadyExists/Conflict, 422 Invalid, 403 from
-the Priority and ServiceAccount admission plugins); label selectors; graceful deletion of
-scheduled pods (deletionTimestamp, then the kubelet's terminal status, then DELETED); and
-watches that stream JSON lines from any retained resourceVersion, or one ERROR event with a 410
-Status when asked for compacted history. Test hooks play scheduler, kubelet and node lifecycle.
+the Priority and ServiceAccount admission plugins); pod specs checked with
+``kubernetes-validate --strict`` (422 with the validator's message); label selectors; graceful
+deletion of scheduled pods (deletionTimestamp, then the kubelet's terminal status, then DELETED);
+and watches that stream JSON lines from any retained resourceVersion, or one ERROR event with a
+410 Status when asked for compacted history.
+
+Besides pods it stores PriorityClasses (``spec.priority`` and ``preemptionPolicy`` resolved on pod
+create), ConfigMaps, Secrets and Nodes (create/get/list/delete, no watch), and garbage-collects:
+removing any object deletes the pods and objects whose ownerReferences name its uid. With
+``tls`` it serves HTTPS (what ``load_incluster_config()`` demands). Test hooks play scheduler,
+kubelet and node lifecycle by hand; ``tests/fakes/cluster/`` plays them for real.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import itertools
 import re
+import ssl
 import threading
 import time
 import uuid
@@ -50,25 +59,44 @@ class FakeKubernetes:
         service_accounts: set[str] | None = None,
         kubelet: bool = True,
         namespace: str = "default",
+        validate_pods: bool = True,
+        tls: tuple[str, str] | None = None,
     ) -> None:
+        """``kubelet=False``: deleted scheduled pods stay Terminating until a kubelet (a test
+        hook or :mod:`tests.fakes.cluster.kubelet`) finishes them. ``tls``: (certificate, key)
+        PEM files to serve HTTPS with."""
         self._cond = threading.Condition()
         self._rv = 100
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
+        # every other kind: (resource, namespace or "", name) -> object
+        self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._history: deque[tuple[int, str, str, dict | None, dict]] = deque()
         self._max_history = history
         self._floor = self._rv  # watches from a resourceVersion below this get 410
         self._streams: set[_Stream] = set()
         self._held = self._stopping = False
         self._ips = itertools.count(10)
-        self.priority_classes = PRIORITY_CLASSES if priority_classes is None else priority_classes
+        for name, (value, policy) in (
+            PRIORITY_CLASSES if priority_classes is None else priority_classes
+        ).items():
+            self.create_object(
+                "priorityclasses",
+                "",
+                {"metadata": {"name": name}, "value": value, "preemptionPolicy": policy},
+            )
+        self.validate_pods = validate_pods
         self.service_accounts = SERVICE_ACCOUNTS if service_accounts is None else service_accounts
         self.namespace = namespace  # what the test hooks act on by default
         self.kubelet = kubelet  # False: deleted scheduled pods stay Terminating until finished
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self._server = Server(("127.0.0.1", 0), Handler)
         self._server.fake = self
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         self.port = self._server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="fake-k8s", kwargs={"poll_interval": 0.05}
         )
@@ -94,7 +122,132 @@ class FakeKubernetes:
         while len(self._history) > self._max_history:
             self._floor = self._history.popleft()[0]
         self._cond.notify_all()
+        if kind == "DELETED":
+            self._collect_dependents(new["metadata"]["uid"])
         return copy.deepcopy(new)
+
+    def _collect_dependents(self, owner_uid: str) -> None:
+        """The garbage collector (background propagation): the owner is gone, so delete every
+        pod and object whose ownerReferences name it (lock held; the lock is reentrant)."""
+
+        def owned(obj: dict[str, Any]) -> bool:
+            refs = obj["metadata"].get("ownerReferences") or []
+            return any(ref.get("uid") == owner_uid for ref in refs)
+
+        pods = [(ns, name) for (ns, name), pod in self._pods.items() if owned(pod)]
+        objects = [key for key, obj in self._objects.items() if owned(obj)]
+        for ns, name in pods:
+            if (ns, name) in self._pods:
+                self.delete(ns, name)
+        for resource, ns, name in objects:
+            if (resource, ns, name) in self._objects:
+                self.delete_object(resource, ns, name)
+
+    def wait_for_change(self, seen: int, timeout: float) -> int:
+        """Block until anything (pods or other objects) changed after resourceVersion ``seen``
+        or ``timeout`` passed; the current resourceVersion. What the scheduler and kubelets of
+        the test cluster wait on instead of watching over HTTP."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._rv > seen or self._stopping, timeout)
+            return self._rv
+
+    def pods_snapshot(self) -> list[dict[str, Any]]:
+        """Copies of every pod in every namespace."""
+        with self._cond:
+            return [copy.deepcopy(p) for p in self._pods.values()]
+
+    # -- other kinds: priority classes, config maps, secrets, nodes -----------------------
+
+    def create_object(self, resource: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+        kind, api_version = OBJECT_KINDS[resource]
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        name = meta.get("name", "")
+        if not name or len(name) > 253 or not _NAME.fullmatch(name):
+            raise ApiError(
+                422, "Invalid", f"{kind} {name!r} is invalid: metadata.name: Invalid value"
+            )
+        if resource == "secrets":  # the API server stores stringData base64-encoded in data
+            for key, value in (obj.pop("stringData", None) or {}).items():
+                obj.setdefault("data", {})[key] = base64.b64encode(value.encode()).decode()
+        if resource == "priorityclasses":
+            obj.setdefault("preemptionPolicy", "PreemptLowerPriority")
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_timestamp())
+        if ns:
+            meta["namespace"] = ns
+        obj.update(apiVersion=api_version, kind=kind)
+        with self._cond:
+            if (resource, ns, name) in self._objects:
+                raise ApiError(409, "AlreadyExists", f'{resource} "{name}" already exists')
+            self._rv += 1
+            meta["resourceVersion"] = str(self._rv)
+            self._objects[(resource, ns, name)] = obj
+            self._cond.notify_all()
+            return copy.deepcopy(obj)
+
+    def get_object(self, resource: str, ns: str, name: str) -> dict[str, Any]:
+        with self._cond:
+            if (resource, ns, name) not in self._objects:
+                raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            return copy.deepcopy(self._objects[(resource, ns, name)])
+
+    def list_objects(self, resource: str, ns: str, labels: str = "") -> dict[str, Any]:
+        selector = parse_label_selector(labels)
+        with self._cond:
+            items = [
+                copy.deepcopy(obj)
+                for (r, n, _), obj in sorted(self._objects.items())
+                if r == resource
+                and n == ns
+                and labels_match(selector, obj["metadata"].get("labels") or {})
+            ]
+            rv = str(self._rv)
+        kind, api_version = OBJECT_KINDS[resource]
+        return {
+            "kind": f"{kind}List",
+            "apiVersion": api_version,
+            "metadata": {"resourceVersion": rv},
+            "items": items,
+        }
+
+    def replace_object(self, resource: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT: the whole object replaced; uid and creationTimestamp kept."""
+        name = obj.get("metadata", {}).get("name", "")
+        with self._cond:
+            old = self.get_object(resource, ns, name)
+            new = copy.deepcopy(obj)
+            new["metadata"] = {
+                **new["metadata"],
+                **{k: old["metadata"][k] for k in ("uid", "creationTimestamp")},
+            }
+            new.update(apiVersion=old["apiVersion"], kind=old["kind"])
+            if ns:
+                new["metadata"]["namespace"] = ns
+            self._rv += 1
+            new["metadata"]["resourceVersion"] = str(self._rv)
+            self._objects[(resource, ns, name)] = new
+            self._cond.notify_all()
+            return copy.deepcopy(new)
+
+    def delete_object(self, resource: str, ns: str, name: str) -> dict[str, Any]:
+        with self._cond:
+            if (resource, ns, name) not in self._objects:
+                raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            obj = self._objects.pop((resource, ns, name))
+            self._rv += 1
+            self._cond.notify_all()
+            self._collect_dependents(obj["metadata"]["uid"])
+            return copy.deepcopy(obj)
+
+    @property
+    def priority_classes(self) -> dict[str, tuple[int, str]]:
+        """name -> (value, preemptionPolicy) of every PriorityClass."""
+        with self._cond:
+            return {
+                name: (obj["value"], obj["preemptionPolicy"])
+                for (r, _, name), obj in self._objects.items()
+                if r == "priorityclasses"
+            }
 
     def _get(self, ns: str, name: str) -> dict[str, Any]:
         if (ns, name) not in self._pods:
@@ -129,8 +282,11 @@ class FakeKubernetes:
             problems.append("spec.restartPolicy: Unsupported value")
         if problems:
             raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: ' + ", ".join(problems))
+        if self.validate_pods:
+            _validate_strict(pod)
         pc = spec.get("priorityClassName")
-        if pc is not None and pc not in self.priority_classes:
+        priority_classes = self.priority_classes
+        if pc is not None and pc not in priority_classes:
             raise ApiError(
                 403,
                 "Forbidden",
@@ -146,7 +302,10 @@ class FakeKubernetes:
             )
         spec["serviceAccount"] = sa
         if pc is not None:
-            spec["priority"], spec["preemptionPolicy"] = self.priority_classes[pc]
+            spec["priority"], spec["preemptionPolicy"] = priority_classes[pc]
+        else:  # no class and no globalDefault class: priority 0
+            spec.setdefault("priority", 0)
+            spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
         spec.setdefault("restartPolicy", "Always")
         spec.setdefault("terminationGracePeriodSeconds", 30)
         spec.setdefault("dnsPolicy", "ClusterFirst")
@@ -338,6 +497,62 @@ class FakeKubernetes:
             status["conditions"] = list(merged.values())
             return self._record(ns, "MODIFIED", old, new)
 
+    def bind(self, ns: str, name: str, node: str) -> dict[str, Any]:
+        """The scheduler's binding (pods/binding): ``spec.nodeName``, ``PodScheduled=True``."""
+        with self._cond:
+            old = self._get(ns, name)
+            if old["spec"].get("nodeName"):
+                raise ApiError(409, "Conflict", f"pod {name} is already assigned to a node")
+            new = copy.deepcopy(old)
+            new["spec"]["nodeName"] = node
+            new["status"].pop("nominatedNodeName", None)
+            self._set_condition(new, {"type": "PodScheduled", "status": "True"})
+            return self._record(ns, "MODIFIED", old, new)
+
+    def mark_unschedulable(
+        self, ns: str, name: str, message: str, nominated_node: str | None = None
+    ) -> dict[str, Any]:
+        """The scheduler found no node: ``PodScheduled=False``, reason ``Unschedulable``;
+        ``nominated_node``: where its preemption victims are terminating."""
+        with self._cond:
+            old = self._get(ns, name)
+            new = copy.deepcopy(old)
+            if nominated_node:
+                new["status"]["nominatedNodeName"] = nominated_node
+            else:
+                new["status"].pop("nominatedNodeName", None)
+            self._set_condition(
+                new,
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": message,
+                },
+            )
+            return self._record(ns, "MODIFIED", old, new)
+
+    def update_status(self, ns: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """The kubelet's status write: ``status`` merged into the pod's (conditions and
+        containerStatuses by key, as a strategic merge patch does)."""
+        with self._cond:
+            old = self._get(ns, name)
+            new = copy.deepcopy(old)
+            new["status"] = merge_patch(old["status"], status, strategic=True)
+            return self._record(ns, "MODIFIED", old, new)
+
+    def remove_pod(self, ns: str, name: str) -> None:
+        """The kubelet confirms a graceful deletion (or pod GC force-deletes): the pod is
+        gone."""
+        with self._cond:
+            self._remove(ns, self._get(ns, name))
+
+    @staticmethod
+    def _set_condition(pod: dict[str, Any], condition: dict[str, Any]) -> None:
+        conditions = pod["status"].setdefault("conditions", [])
+        conditions[:] = [c for c in conditions if c["type"] != condition["type"]]
+        conditions.append({**condition, "lastTransitionTime": now_timestamp()})
+
     def _disrupt(self, name: str, reason: str, message: str, ns: str) -> None:
         with self._cond:
             self.set_phase(
@@ -491,6 +706,28 @@ class FakeKubernetes:
 
 class _Stream:
     closed = False
+
+
+# resource (the URL's plural) -> (kind, apiVersion) of the kinds other than Pod
+OBJECT_KINDS = {
+    "priorityclasses": ("PriorityClass", "scheduling.k8s.io/v1"),
+    "configmaps": ("ConfigMap", "v1"),
+    "secrets": ("Secret", "v1"),
+    "nodes": ("Node", "v1"),
+}
+
+
+def _validate_strict(pod: dict[str, Any]) -> None:
+    """``kubernetes-validate --strict`` against the newest schema it has; 422 on failure."""
+    import kubernetes_validate
+
+    body = {**pod, "apiVersion": "v1", "kind": "Pod"}
+    try:
+        kubernetes_validate.validate(body, kubernetes_validate.latest_version(), strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        name = pod["metadata"].get("name", "")
+        path = ".".join(str(p) for p in exc.path)
+        raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: {path}: {exc.message}') from exc
 
 
 def _mutable_spec(spec: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,12 @@ if TYPE_CHECKING:
     from tests.fakes.fake_k8s import FakeKubernetes
 
 _PATH = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+)(?P<sub>/status)?)?")
+# every other kind the fake stores (see fake_k8s.OBJECT_KINDS): namespaced or cluster-scoped
+_OBJECT_PATH = re.compile(
+    r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<resource>configmaps|secrets)(?:/(?P<name>[^/]+))?"
+    r"|/api/v1/(?P<cluster_resource>nodes)(?:/(?P<node>[^/]+))?"
+    r"|/apis/scheduling\.k8s\.io/v1/(?P<pc_resource>priorityclasses)(?:/(?P<pc>[^/]+))?"
+)
 _REQUIREMENT = re.compile(
     r"\s*(?P<neg>!)?\s*(?P<key>[A-Za-z0-9./_-]+)\s*(?:(?P<op>==|=|!=)\s*"
     r"(?P<val>[A-Za-z0-9._-]*)|\s+(?P<set>in|notin)\s*\((?P<vals>[^)]*)\))?\s*"
@@ -181,6 +187,9 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         try:
+            other = _OBJECT_PATH.fullmatch(url.path)
+            if other:
+                return self._dispatch_object(method, other, query, raw)
             m = _PATH.fullmatch(url.path)
             if not m:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -218,6 +227,25 @@ class Handler(BaseHTTPRequestHandler):
             self._send(exc.status["code"], exc.status)
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             self._send(400, ApiError(400, "BadRequest", f"bad request: {exc}").status)
+
+    def _dispatch_object(
+        self, method: str, m: re.Match[str], query: dict[str, str], raw: bytes
+    ) -> None:
+        fake = self.server.fake
+        resource = m["resource"] or m["cluster_resource"] or m["pc_resource"]
+        ns = m["ns"] or ""
+        name = m["name"] or m["node"] or m["pc"]
+        if method == "GET" and name is None:
+            return self._send(200, fake.list_objects(resource, ns, query.get("labelSelector", "")))
+        if method == "POST" and name is None:
+            return self._send(201, fake.create_object(resource, ns, json.loads(raw or b"{}")))
+        if method == "GET" and name:
+            return self._send(200, fake.get_object(resource, ns, name))
+        if method == "PUT" and name:
+            return self._send(200, fake.replace_object(resource, ns, json.loads(raw or b"{}")))
+        if method == "DELETE" and name:
+            return self._send(200, fake.delete_object(resource, ns, name))
+        raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {resource}")
 
     def _handle(self) -> None:
         self._dispatch(self.command)

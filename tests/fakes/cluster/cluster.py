@@ -1,0 +1,148 @@
+"""``TestCluster``: API server + scheduler + kubelets, started and torn down together."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kfp_elastic.components.common import run_pids
+from kfp_elastic.rendezvous.testing_pki import generate_test_pki
+from tests.fakes.cluster.kubelet import CLUSTER_ENV, ClusterAccess, Kubelet
+from tests.fakes.cluster.scheduler import Scheduler
+from tests.fakes.fake_k8s import FakeKubernetes
+from tests.fakes.fake_k8s_wire import ApiError
+
+log = logging.getLogger(__name__)
+
+
+class TestCluster:
+    """``with TestCluster(tmp_path, nodes={"node-1": {"cpu": "2"}}) as cluster:``
+
+    ``cluster.api`` is the API server (its test hooks too), ``cluster.client()`` a real
+    ``kubernetes`` ApiClient for it. Nodes come and go at run time (:meth:`add_node`,
+    :meth:`remove_node`, :meth:`set_capacity`). On exit every pod process is killed, every
+    thread joined and the server closed; :meth:`leftover_processes` says whether any escaped.
+    """
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(
+        self,
+        root: str | Path,
+        nodes: dict[str, dict[str, str | int]] | None = None,
+        namespace: str = "default",
+        **api_options: Any,
+    ) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        pki = generate_test_pki(self.root / "pki")
+        self.ca_file = pki.ca
+        self.id = uuid.uuid4().hex
+        self.api = FakeKubernetes(
+            namespace=namespace,
+            kubelet=False,
+            tls=(str(pki.server.cert), str(pki.server.key)),
+            **api_options,
+        )
+        self.access = ClusterAccess(
+            host="127.0.0.1",
+            port=self.api.port,
+            ca_file=self.ca_file,
+            token=f"test-cluster-{uuid.uuid4().hex}",
+            cluster_id=self.id,
+        )
+        self.kubelets: dict[str, Kubelet] = {}
+        self.scheduler = Scheduler(self.api)
+        for name, capacity in (nodes or {"node-1": {"cpu": "4", "memory": "8Gi"}}).items():
+            self.add_node(name, **capacity)
+
+    def __enter__(self) -> TestCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def namespace(self) -> str:
+        return self.api.namespace
+
+    def client(self) -> Any:
+        """A ``kubernetes.client.ApiClient`` that trusts the cluster's CA; close it after use."""
+        from kubernetes import client
+
+        configuration = client.Configuration()
+        configuration.host = self.api.url
+        configuration.ssl_ca_cert = str(self.ca_file)
+        configuration.api_key = {"authorization": f"Bearer {self.access.token}"}
+        return client.ApiClient(configuration)
+
+    # -- nodes -------------------------------------------------------------------------
+
+    @staticmethod
+    def _node(name: str, capacity: dict[str, str | int]) -> dict[str, Any]:
+        resources = {
+            key.replace("gpu", "nvidia.com/gpu") if key == "gpu" else key: str(value)
+            for key, value in capacity.items()
+        }
+        resources.setdefault("pods", "110")
+        return {
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+            },
+        }
+
+    def add_node(self, name: str, **capacity: str | int) -> None:
+        """A node with ``capacity`` (``cpu``, ``memory``, ``gpu`` for ``nvidia.com/gpu``) and a
+        kubelet that starts running what the scheduler binds to it."""
+        self.kubelets[name] = Kubelet(self.api, name, self.root, self.access)
+        self.api.create_object("nodes", "", self._node(name, capacity))
+        log.info("event=node_added node=%s capacity=%s", name, capacity)
+
+    def set_capacity(self, name: str, **capacity: str | int) -> None:
+        """Change what a node can hold (pods already on it stay)."""
+        self.api.replace_object("nodes", "", self._node(name, capacity))
+        log.info("event=node_resized node=%s capacity=%s", name, capacity)
+
+    def remove_node(self, name: str) -> None:
+        """The node is gone: its processes die at once (SIGKILL), its pods get
+        ``DisruptionTarget`` (DeletionByTaintManager), turn Failed and are deleted."""
+        self.api.delete_object("nodes", "", name)
+        for ns, pod in self.kubelets.pop(name).lose():
+            try:
+                self.api.lose_node(pod, ns=ns)
+            except ApiError:
+                pass  # already deleted
+        for pod in self.api.pods_snapshot():  # bound but never started there
+            if pod["spec"].get("nodeName") == name:
+                try:
+                    self.api.lose_node(pod["metadata"]["name"], ns=pod["metadata"]["namespace"])
+                except ApiError:
+                    pass
+        log.info("event=node_removed node=%s", name)
+
+    # -- inspection --------------------------------------------------------------------
+
+    def log(self, name: str, container: str | None = None, ns: str | None = None) -> str:
+        """What a pod's container wrote (stdout and stderr), from the node that ran it."""
+        ns = ns or self.namespace
+        for kubelet in self.kubelets.values():
+            path = kubelet.log_path(ns, name, container or "*")
+            if path is not None:
+                return path.read_text()
+        return ""
+
+    def leftover_processes(self) -> set[int]:
+        """Live processes started by this cluster's pods."""
+        return run_pids(self.id, CLUSTER_ENV)
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+        for name in list(self.kubelets):
+            self.kubelets.pop(name).stop()
+        self.api.stop()

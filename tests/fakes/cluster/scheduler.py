@@ -1,0 +1,256 @@
+"""The test cluster's scheduler: binds Pending pods to nodes that fit their resource requests,
+marks the others ``PodScheduled=False``/``Unschedulable``, and preempts lower-priority pods the
+way kube-scheduler does (``DisruptionTarget``, then a graceful delete the kubelet carries out).
+
+:func:`plan` is the pure decision over a snapshot of nodes and pods; :class:`Scheduler` runs it
+whenever anything in the API server changed and applies what it decided.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.fakes.fake_k8s import FakeKubernetes
+from tests.fakes.fake_k8s_wire import ApiError
+
+log = logging.getLogger(__name__)
+
+SCHEDULER_NAME = "default-scheduler"
+RESOURCES = ("cpu", "memory", "nvidia.com/gpu")
+_QUANTITY = re.compile(r"(?P<number>[0-9.]+)(?P<suffix>m|k|M|G|T|Ki|Mi|Gi|Ti)?")
+_SUFFIX = {
+    None: 1,
+    "m": 1e-3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
+
+PodKey = tuple[str, str]  # (namespace, name)
+Resources = dict[str, float]
+
+
+def parse_quantity(text: str | int | float) -> float:
+    """A Kubernetes quantity ("500m", "2", "4Gi") as a number of units."""
+    m = _QUANTITY.fullmatch(str(text).strip())
+    if not m:
+        raise ValueError(f"not a quantity: {text!r}")
+    return float(m["number"]) * _SUFFIX[m["suffix"]]
+
+
+def pod_requests(pod: dict[str, Any]) -> Resources:
+    """What the pod asks for: the sum of its containers' requests (limits where a container
+    gives no request, as the API server defaults them)."""
+    total = dict.fromkeys(RESOURCES, 0.0)
+    for container in pod["spec"].get("containers") or []:
+        resources = container.get("resources") or {}
+        asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        for name in RESOURCES:
+            if name in asked:
+                total[name] += parse_quantity(asked[name])
+    return total
+
+
+def node_capacity(node: dict[str, Any]) -> Resources:
+    status = node.get("status") or {}
+    given = status.get("allocatable") or status.get("capacity") or {}
+    return {name: parse_quantity(given.get(name, 0)) for name in RESOURCES}
+
+
+def _fits(need: Resources, free: Resources) -> bool:
+    return all(need[r] <= free[r] + 1e-9 for r in RESOURCES)
+
+
+def _minus(a: Resources, b: Resources) -> Resources:
+    return {r: a[r] - b[r] for r in RESOURCES}
+
+
+def _plus(a: Resources, b: Resources) -> Resources:
+    return {r: a[r] + b[r] for r in RESOURCES}
+
+
+def _key(pod: dict[str, Any]) -> PodKey:
+    return pod["metadata"]["namespace"], pod["metadata"]["name"]
+
+
+def _priority(pod: dict[str, Any]) -> int:
+    return int(pod["spec"].get("priority") or 0)
+
+
+@dataclass
+class Plan:
+    """What one scheduling pass decided."""
+
+    binds: list[tuple[PodKey, str]] = field(default_factory=list)
+    unschedulable: list[tuple[PodKey, str]] = field(default_factory=list)
+    # preemptor -> the node whose victims are (or will be) terminating for it
+    nominated: list[tuple[PodKey, str]] = field(default_factory=list)
+    victims: list[PodKey] = field(default_factory=list)
+
+
+def plan(nodes: dict[str, Resources], pods: list[dict[str, Any]]) -> Plan:
+    """One pass of the scheduler over ``nodes`` (name -> allocatable) and every pod.
+
+    Pods bound to a node use its capacity until they are terminal (terminating ones too, as in
+    Kubernetes). Pending pods go highest priority first, then oldest; each binds to the first
+    node (by name) it fits on. One that fits nowhere is Unschedulable and, unless its
+    ``preemptionPolicy`` is ``Never``, preempts: if pods already terminating would make room it
+    waits for them, otherwise it picks the node needing the fewest victims (then the lowest
+    highest-victim priority) among pods of lower priority, lowest priority first, and reprieves
+    any victim it can do without.
+    """
+    out = Plan()
+    free = dict(nodes)
+    terminating: dict[str, Resources] = {n: dict.fromkeys(RESOURCES, 0.0) for n in nodes}
+    running: dict[str, list[dict[str, Any]]] = {n: [] for n in nodes}
+    pending = []
+    for pod in pods:
+        node = pod["spec"].get("nodeName")
+        if pod["status"].get("phase") in ("Succeeded", "Failed"):
+            continue
+        if not node:
+            if not pod["metadata"].get("deletionTimestamp"):
+                pending.append(pod)
+            continue
+        if node not in free:
+            continue  # its node is gone; the node lifecycle deals with it
+        need = pod_requests(pod)
+        free[node] = _minus(free[node], need)
+        if pod["metadata"].get("deletionTimestamp"):
+            terminating[node] = _plus(terminating[node], need)
+        else:
+            running[node].append(pod)
+    pending.sort(key=lambda p: (-_priority(p), int(p["metadata"].get("resourceVersion") or 0)))
+    for pod in pending:
+        need = pod_requests(pod)
+        node = next((n for n in sorted(free) if _fits(need, free[n])), None)
+        if node is not None:
+            out.binds.append((_key(pod), node))
+            free[node] = _minus(free[node], need)
+            continue
+        out.unschedulable.append(
+            (_key(pod), f"0/{len(nodes)} nodes are available: insufficient resources.")
+        )
+        if pod["spec"].get("preemptionPolicy") == "Never":
+            continue
+        waiting = next(
+            (n for n in sorted(free) if _fits(need, _plus(free[n], terminating[n]))), None
+        )
+        if waiting is not None:
+            out.nominated.append((_key(pod), waiting))
+            terminating[waiting] = _minus(terminating[waiting], need)  # claimed by this pod
+            continue
+        best: tuple[tuple[int, int], str, list[dict[str, Any]]] | None = None
+        for node in sorted(free):
+            victims = _victims(need, free[node], terminating[node], running[node], _priority(pod))
+            if victims is None:
+                continue
+            rank = (len(victims), max(_priority(v) for v in victims))
+            if best is None or rank < best[0]:
+                best = (rank, node, victims)
+        if best is None:
+            continue
+        _, node, victims = best
+        out.nominated.append((_key(pod), node))
+        for victim in victims:
+            out.victims.append(_key(victim))
+            running[node].remove(victim)
+            terminating[node] = _plus(terminating[node], pod_requests(victim))
+        terminating[node] = _minus(terminating[node], need)
+    return out
+
+
+def _victims(
+    need: Resources,
+    free: Resources,
+    terminating: Resources,
+    running: list[dict[str, Any]],
+    priority: int,
+) -> list[dict[str, Any]] | None:
+    """The fewest lower-priority pods whose removal lets ``need`` fit, or None."""
+    room = _plus(free, terminating)
+    candidates = sorted((p for p in running if _priority(p) < priority), key=_priority)
+    chosen = []
+    for pod in candidates:
+        if _fits(need, room):
+            break
+        chosen.append(pod)
+        room = _plus(room, pod_requests(pod))
+    if not _fits(need, room):
+        return None
+    for pod in sorted(chosen, key=_priority, reverse=True):  # reprieve the most important
+        without = _minus(room, pod_requests(pod))
+        if _fits(need, without):
+            chosen.remove(pod)
+            room = without
+    return chosen
+
+
+class Scheduler:
+    """Runs :func:`plan` on every change in ``api`` and applies it, until :meth:`stop`."""
+
+    def __init__(self, api: FakeKubernetes) -> None:
+        self.api = api
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="test-cluster-scheduler")
+        self._thread.start()
+
+    def _loop(self) -> None:
+        seen = 0
+        while not self._stop.is_set():
+            seen = self.api.wait_for_change(seen, timeout=0.5)
+            if self._stop.is_set():
+                return
+            try:
+                self.schedule_once()
+            except Exception:  # a bug here must not silently stop scheduling
+                log.exception("event=schedule_failed")
+
+    def schedule_once(self) -> None:
+        nodes = {
+            node["metadata"]["name"]: node_capacity(node)
+            for node in self.api.list_objects("nodes", "")["items"]
+            if not node.get("spec", {}).get("unschedulable")
+        }
+        pods = self.api.pods_snapshot()
+        by_key = {_key(p): p for p in pods}
+        decided = plan(nodes, pods)
+        for (ns, name), node in decided.binds:
+            self._apply(self.api.bind, ns, name, node)
+            log.info("event=pod_bound pod=%s/%s node=%s", ns, name, node)
+        nominated = dict(decided.nominated)
+        for (ns, name), message in decided.unschedulable:
+            status = by_key[(ns, name)]["status"]
+            condition = next(
+                (c for c in status.get("conditions") or [] if c["type"] == "PodScheduled"), {}
+            )
+            node = nominated.get((ns, name))
+            if condition.get("reason") == "Unschedulable" and status.get("nominatedNodeName") == (
+                node
+            ):
+                continue  # nothing new to say: no write, so no change to wake anyone
+            self._apply(self.api.mark_unschedulable, ns, name, message, node)
+            log.info("event=pod_unschedulable pod=%s/%s nominated=%s", ns, name, node)
+        for ns, name in decided.victims:
+            log.info("event=pod_preempted pod=%s/%s", ns, name)
+            self._apply(self.api.preempt, name, ns=ns)
+
+    @staticmethod
+    def _apply(action: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            action(*args, **kwargs)
+        except ApiError as exc:  # the pod changed or went since the snapshot: next pass
+            log.info("event=schedule_skipped reason=%s", exc.status["reason"])
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -1,0 +1,211 @@
+"""The test cluster's pure decisions: scheduling and preemption (scheduler.plan), and how the
+kubelet builds a container's env, mounts and volume files."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes.cluster.kubelet import (
+    PodConfigError,
+    container_env,
+    exit_code,
+    expand_vars,
+    prepare_volumes,
+    rewrite_mount_paths,
+)
+from tests.fakes.cluster.scheduler import parse_quantity, plan, pod_requests
+
+
+def pod(
+    name: str,
+    cpu: str = "1",
+    priority: int = 0,
+    node: str | None = None,
+    policy: str = "PreemptLowerPriority",
+    rv: int = 1,
+    terminating: bool = False,
+    phase: str = "Pending",
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "ns", "resourceVersion": str(rv)}
+    if terminating:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    spec: dict[str, Any] = {
+        "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}],
+        "priority": priority,
+        "preemptionPolicy": policy,
+    }
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
+
+
+def cpus(n: float) -> dict[str, float]:
+    return {"cpu": n, "memory": 1e12, "nvidia.com/gpu": 0}
+
+
+def test_quantities_and_requests() -> None:
+    assert parse_quantity("500m") == 0.5
+    assert parse_quantity("2Gi") == 2 * 2**30
+    assert parse_quantity(3) == 3
+    with pytest.raises(ValueError):
+        parse_quantity("lots")
+    two = pod("a", cpu="1500m")
+    two["spec"]["containers"].append(
+        {"name": "gpu", "resources": {"limits": {"nvidia.com/gpu": "1", "memory": "1Gi"}}}
+    )
+    assert pod_requests(two) == {"cpu": 1.5, "memory": 2**30, "nvidia.com/gpu": 1}
+
+
+def test_binds_what_fits_and_leaves_the_rest_unschedulable() -> None:
+    decided = plan({"n1": cpus(2)}, [pod("a", rv=1), pod("b", rv=2), pod("c", rv=3)])
+    assert decided.binds == [(("ns", "a"), "n1"), (("ns", "b"), "n1")]
+    assert [key for key, _ in decided.unschedulable] == [("ns", "c")]
+    assert not decided.victims  # same priority: nothing to preempt
+
+
+def test_gpu_slots_are_capacity() -> None:
+    gpu_pod = pod("g", cpu="0")
+    gpu_pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = "1"
+    no_gpu = plan({"n1": cpus(8)}, [gpu_pod])
+    one_gpu = plan({"n1": {**cpus(8), "nvidia.com/gpu": 1}}, [gpu_pod])
+    assert not no_gpu.binds and one_gpu.binds == [(("ns", "g"), "n1")]
+
+
+def test_higher_priority_goes_first() -> None:
+    decided = plan({"n1": cpus(1)}, [pod("low", rv=1), pod("high", priority=10, rv=2)])
+    assert decided.binds == [(("ns", "high"), "n1")]
+
+
+def test_preempts_the_fewest_lowest_priority_pods_on_one_node() -> None:
+    running = [
+        pod("n1-a", priority=1, node="n1"),
+        pod("n1-b", priority=1, node="n1"),
+        pod("n2-a", cpu="2", priority=5, node="n2"),
+        pod("n3-a", cpu="2", priority=-5, node="n3"),
+    ]
+    decided = plan(
+        {"n1": cpus(2), "n2": cpus(2), "n3": cpus(2)}, [*running, pod("x", cpu="2", priority=10)]
+    )
+    assert decided.victims == [("ns", "n3-a")]  # one victim, and the least important
+    assert decided.nominated == [(("ns", "x"), "n3")]
+
+
+def test_reprieves_victims_it_does_not_need() -> None:
+    running = [
+        pod("tiny", cpu="0.5", priority=-5, node="n1"),
+        pod("big", cpu="1.5", priority=0, node="n1"),
+    ]
+    decided = plan({"n1": cpus(2)}, [*running, pod("x", cpu="1.5", priority=10)])
+    assert decided.victims == [("ns", "big")]
+
+
+def test_never_preempts_with_policy_never_or_equal_priority() -> None:
+    running = [pod("low", cpu="2", priority=-5, node="n1")]
+    never = plan({"n1": cpus(2)}, [*running, pod("x", cpu="2", priority=10, policy="Never")])
+    equal = plan({"n1": cpus(2)}, [*running, pod("x", cpu="2", priority=-5)])
+    assert not never.victims and not equal.victims
+    assert [k for k, _ in never.unschedulable] == [("ns", "x")]
+
+
+def test_waits_for_terminating_victims_instead_of_preempting_again() -> None:
+    pods = [
+        pod("victim", cpu="2", priority=-5, node="n1", terminating=True),
+        pod("other", cpu="2", priority=-5, node="n2"),
+        pod("x", cpu="2", priority=10),
+    ]
+    decided = plan({"n1": cpus(2), "n2": cpus(2)}, pods)
+    assert not decided.victims
+    assert decided.nominated == [(("ns", "x"), "n1")]
+
+
+def test_terminal_pods_free_their_capacity_and_pods_of_gone_nodes_are_ignored() -> None:
+    pods = [pod("done", cpu="2", node="n1", phase="Succeeded"), pod("lost", node="gone")]
+    decided = plan({"n1": cpus(2)}, [*pods, pod("x", cpu="2")])
+    assert decided.binds == [(("ns", "x"), "n1")]
+
+
+# -- kubelet -------------------------------------------------------------------------------
+
+
+def test_mount_paths_are_rewritten_at_path_boundaries() -> None:
+    mounts = {"/etc/tls": "/host/tls", "/etc/tls/ca": "/host/ca", "/data": "/host/data"}
+    assert rewrite_mount_paths("--ca=/etc/tls/ca.crt", mounts) == "--ca=/host/tls/ca.crt"
+    assert rewrite_mount_paths("/etc/tls/ca/x.pem", mounts) == "/host/ca/x.pem"
+    assert rewrite_mount_paths("/data", mounts) == "/host/data"
+    assert rewrite_mount_paths("/database /etc/tlsx", mounts) == "/database /etc/tlsx"
+    assert rewrite_mount_paths("open('/data/x')", mounts) == "open('/host/data/x')"
+
+
+def test_env_resolves_value_from_and_expands_variables() -> None:
+    objects = {
+        ("configmaps", "cfg"): {"kind": "ConfigMap", "data": {"endpoint": "e:1", "a": "A"}},
+        ("secrets", "sec"): {"kind": "Secret", "data": {"pw": base64.b64encode(b"s3").decode()}},
+    }
+    the_pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u-1", "labels": {"run": "r7"}},
+        "spec": {"nodeName": "n1"},
+    }
+    container = {
+        "envFrom": [{"configMapRef": {"name": "cfg"}, "prefix": "CFG_"}],
+        "env": [
+            {"name": "EP", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "endpoint"}}},
+            {"name": "PW", "valueFrom": {"secretKeyRef": {"name": "sec", "key": "pw"}}},
+            {"name": "NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+            {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "RUN", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['run']"}}},
+            {"name": "URL", "value": "http://$(IP):80/$(NAME)/$(MISSING)/$$(NAME)"},
+            {
+                "name": "OPT",
+                "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k", "optional": True}},
+            },
+        ],
+    }
+    env = container_env(the_pod, container, lambda r, n: objects.get((r, n)), {"BASE": "1"})
+    assert env["CFG_endpoint"] == "e:1" and env["CFG_a"] == "A" and env["BASE"] == "1"
+    assert (env["EP"], env["PW"], env["NAME"], env["UID"]) == ("e:1", "s3", "p", "u-1")
+    assert (env["IP"], env["RUN"]) == ("127.0.0.1", "r7")
+    assert env["URL"] == "http://127.0.0.1:80/p/$(MISSING)/$(NAME)"
+    assert "OPT" not in env
+    missing = {"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "no", "key": "k"}}}]}
+    with pytest.raises(PodConfigError, match='secret "no" not found'):
+        container_env(the_pod, missing, lambda r, n: None, {})
+    assert expand_vars("$(A)$(B)", {"A": "1"}) == "1$(B)"
+
+
+def test_volumes_become_host_directories(tmp_path: Path) -> None:
+    objects = {
+        ("secrets", "tls"): {
+            "kind": "Secret",
+            "data": {
+                k: base64.b64encode(v.encode()).decode() for k, v in {"ca": "C", "x": "X"}.items()
+            },
+        },
+        ("configmaps", "cfg"): {"kind": "ConfigMap", "data": {"a.yaml": "a: 1"}},
+    }
+    volumes = [
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "shared", "persistentVolumeClaim": {"claimName": "ckpt"}},
+        {"name": "tls", "secret": {"secretName": "tls", "items": [{"key": "ca", "path": "d/ca"}]}},
+        {"name": "cfg", "configMap": {"name": "cfg"}},
+    ]
+    the_pod = {"metadata": {"name": "p"}, "spec": {"volumes": volumes}}
+    found = prepare_volumes(
+        the_pod, tmp_path / "pod", tmp_path / "claims", lambda r, n: objects.get((r, n))
+    )
+    assert found["shared"] == tmp_path / "claims" / "ckpt" and found["shared"].is_dir()
+    assert found["scratch"].is_dir()
+    assert (found["tls"] / "d" / "ca").read_text() == "C"
+    assert not (found["tls"] / "x").exists()  # only the items asked for
+    assert (found["cfg"] / "a.yaml").read_text() == "a: 1"
+    the_pod["spec"]["volumes"] = [{"name": "v", "csi": {"driver": "x"}}]
+    with pytest.raises(PodConfigError, match="not supported"):
+        prepare_volumes(the_pod, tmp_path / "p2", tmp_path / "claims", lambda r, n: None)
+
+
+def test_exit_codes_as_a_runtime_reports_them() -> None:
+    assert (exit_code(0), exit_code(3), exit_code(-15), exit_code(-9)) == (0, 3, 143, 137)
