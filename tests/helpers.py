@@ -6,8 +6,9 @@ use it too); it is re-exported here so tests import everything from one place.
 
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,16 @@ def eventually(predicate: Callable[[], object], timeout: float = 10.0, poll: flo
     return bool(predicate())
 
 
+def master_command(entry: Sequence[str] = (), **flags: object) -> list[str]:
+    """``python -m kfp_elastic.master --flag value ... [-- ENTRY]``: each keyword is a flag
+    (``min_workers=2`` → ``--min-workers 2``; ``True`` → the bare flag)."""
+    command = [sys.executable, "-m", "kfp_elastic.master"]
+    for name, value in flags.items():
+        flag = "--" + name.replace("_", "-")
+        command += [flag] if value is True else [flag, str(value)]
+    return [*command, "--", *entry] if entry else command
+
+
 __all__ = [
     "REPO_ROOT",
     "TESTS_ROOT",
@@ -51,6 +62,7 @@ __all__ = [
     "AgentGroup",
     "eventually",
     "first_step_with_world",
+    "master_command",
     "free_port",
     "new_run_id",
     "read_events",

@@ -10,7 +10,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from kfp import dsl
 from kfp_elastic.components.common import run_pids
 from kfp_elastic.components.elastic_train.component import elastic_train
 from kfp_elastic.components.shard_dataset.component import shard_dataset
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, master_command
 
 IMPORT_ERROR = "RuntimeError: raises_at_import: this model definition is broken on purpose"
 WORKER_ERROR = "RuntimeError: raises_in_workers: this model definition is broken on the workers"
@@ -42,28 +41,15 @@ def _kill_run(run_id: str) -> None:
 def test_a_model_def_raising_at_import_fails_the_master_fast_with_its_error(
     tmp_path: Path, etcd: Any, run_id: str
 ) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "kfp_elastic.master",
-        "--run-id",
-        run_id,
-        "--etcd",
-        etcd.endpoint,
-        "--min-workers",
-        "2",
-        "--max-workers",
-        "2",
-        "--max-wait",
-        "120",
-        "--workdir",
-        str(tmp_path / "work"),
-        "--",
-        "-m",
-        "kfp_elastic.worker",
-        "--model-def",
-        "tests.model_defs.raises_at_import",
-    ]
+    command = master_command(
+        ["-m", "kfp_elastic.worker", "--model-def", "tests.model_defs.raises_at_import"],
+        run_id=run_id,
+        etcd=etcd.endpoint,
+        min_workers="2",
+        max_workers="2",
+        max_wait="120",
+        workdir=str(tmp_path / "work"),
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "KFP_ELASTIC_RUN_ID": run_id}
     started = time.monotonic()
     try:

@@ -7,7 +7,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from kfp_elastic.etcd.client import connect
 from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import EventKind, read_timeline
 from kfp_elastic.worker.progress import Progress
-from tests.helpers import REPO_ROOT, sigkill_process_tree, wait_for
+from tests.helpers import REPO_ROOT, master_command, sigkill_process_tree, wait_for
 
 EPOCHS, SAMPLES = 3, 480
 
@@ -34,50 +33,37 @@ def test_every_sample_once_through_master_and_etcd_restarts(
     tmp_path: Path, private_etcd, run_id: str
 ) -> None:
     etcd = private_etcd
-    command = [
-        sys.executable,
-        "-m",
-        "kfp_elastic.master",
-        "--run-id",
-        run_id,
-        "--etcd",
-        etcd.endpoint,
-        "--min-workers",
-        "2",
-        "--max-workers",
-        "3",
-        "--leader-ttl",
-        "2",
-        "--max-wait",
-        "120",
-        "--rdzv-conf",
-        "last_call_timeout=1",
-        "--workdir",
-        str(tmp_path / "work"),
-        "--dataset-length",
-        str(SAMPLES),
-        "--shard-size",
-        "40",
-        "--epochs",
-        str(EPOCHS),
-        "--",
-        "-m",
-        "kfp_elastic.worker",
-        "--model-def",
-        "tests.model_defs.counting",
-        "--epochs",
-        str(EPOCHS),
-        "--batch-size",
-        "4",
-        "--snapshot-every",
-        "3",
-        "--step-time",
-        "0.05",
-        "--snapshot-dir",
-        str(tmp_path / "snap"),
-        "--output",
-        str(tmp_path / "model.pt"),
-    ]
+    command = master_command(
+        [
+            "-m",
+            "kfp_elastic.worker",
+            "--model-def",
+            "tests.model_defs.counting",
+            "--epochs",
+            str(EPOCHS),
+            "--batch-size",
+            "4",
+            "--snapshot-every",
+            "3",
+            "--step-time",
+            "0.05",
+            "--snapshot-dir",
+            str(tmp_path / "snap"),
+            "--output",
+            str(tmp_path / "model.pt"),
+        ],
+        run_id=run_id,
+        etcd=etcd.endpoint,
+        min_workers="2",
+        max_workers="3",
+        leader_ttl="2",
+        max_wait="120",
+        rdzv_conf="last_call_timeout=1",
+        workdir=str(tmp_path / "work"),
+        dataset_length=str(SAMPLES),
+        shard_size="40",
+        epochs=str(EPOCHS),
+    )
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO_ROOT),

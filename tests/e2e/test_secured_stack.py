@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from kfp_elastic.master.timeline import EventKind, read_timeline
 from kfp_elastic.pipelines.run_local import SESSION_ENV, artifact_metadata, outputs
 from kfp_elastic.worker.progress import Progress
 from tests.conftest import SecureEtcd
-from tests.helpers import REPO_ROOT, run_pipeline_locally, wait_for
+from tests.helpers import REPO_ROOT, master_command, run_pipeline_locally, wait_for
 
 EPOCHS, SAMPLES, SHARD = 2, 160, 40
 pytestmark = pytest.mark.filterwarnings(
@@ -46,59 +45,41 @@ def test_master_with_local_workers_trains_exactly_once_on_a_secured_etcd(
     tmp_path: Path, secure_etcd: SecureEtcd, run_id: str
 ) -> None:
     etcd = secure_etcd.settings
-    command = [
-        sys.executable,
-        "-m",
-        "kfp_elastic.master",
-        "--run-id",
-        run_id,
+    command = master_command(
+        [
+            "--model-def",
+            "tests.model_defs.counting",
+            "--epochs",
+            str(EPOCHS),
+            "--batch-size",
+            "4",
+            "--snapshot-every",
+            "3",
+            "--step-time",
+            "0.02",
+            "--snapshot-dir",
+            str(tmp_path / "snap"),
+            "--output",
+            str(tmp_path / "model.pt"),
+        ],
         # The connection as flags (the workers get it as KFP_ELASTIC_ETCD_* env).
-        "--etcd",
-        etcd.endpoint_text,
-        "--etcd-cacert",
-        str(etcd.cacert),
-        "--etcd-cert",
-        str(etcd.cert),
-        "--etcd-key",
-        str(etcd.key),
-        "--etcd-user",
-        str(etcd.user),
-        "--etcd-password-file",
-        str(etcd.password_file),
-        "--min-workers",
-        "2",
-        "--max-workers",
-        "2",
-        "--max-wait",
-        "120",
-        "--max-failures",
-        "0",
-        "--rdzv-conf",
-        "last_call_timeout=1",
-        "--workdir",
-        str(tmp_path / "work"),
-        "--dataset-length",
-        str(SAMPLES),
-        "--shard-size",
-        str(SHARD),
-        "--epochs",
-        str(EPOCHS),
-        "--",
-        "--model-def",
-        "tests.model_defs.counting",
-        "--epochs",
-        str(EPOCHS),
-        "--batch-size",
-        "4",
-        "--snapshot-every",
-        "3",
-        "--step-time",
-        "0.02",
-        "--snapshot-dir",
-        str(tmp_path / "snap"),
-        "--output",
-        str(tmp_path / "model.pt"),
-    ]
+        run_id=run_id,
+        etcd=etcd.endpoint_text,
+        etcd_cacert=str(etcd.cacert),
+        etcd_cert=str(etcd.cert),
+        etcd_key=str(etcd.key),
+        etcd_user=str(etcd.user),
+        etcd_password_file=str(etcd.password_file),
+        min_workers="2",
+        max_workers="2",
+        max_wait="120",
+        max_failures="0",
+        rdzv_conf="last_call_timeout=1",
+        workdir=str(tmp_path / "work"),
+        dataset_length=str(SAMPLES),
+        shard_size=str(SHARD),
+        epochs=str(EPOCHS),
+    )
     # Nothing of etcd's in the master's environment: all it knows comes from its flags.
     env = {k: v for k, v in os.environ.items() if not k.startswith("KFP_ELASTIC_ETCD_")}
     env.update(PYTHONPATH=str(REPO_ROOT), COUNTING_SAMPLES=str(SAMPLES), KFP_ELASTIC_RUN_ID=run_id)

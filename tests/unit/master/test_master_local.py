@@ -43,7 +43,7 @@ from kfp_elastic.master.timeline import (
     read_timeline,
 )
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
-from tests.helpers import REPO_ROOT, WORKER_ENTRY, read_events, wait_for
+from tests.helpers import REPO_ROOT, WORKER_ENTRY, master_command, read_events, wait_for
 
 ENTRY = str(WORKER_ENTRY)
 RDZV = {"last_call_timeout": "0.5"}
@@ -319,37 +319,27 @@ def test_job_replaces_a_killed_worker_and_succeeds(
 def test_master_sigkill_and_restart_keeps_the_workers(
     etcd: EmbeddedEtcd, client: Any, tmp_path: Path, run_id: str, reaper: Any
 ) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "kfp_elastic.master",
-        "--run-id",
-        run_id,
-        "--etcd",
-        etcd.endpoint,
-        "--min-workers",
-        "2",
-        "--max-workers",
-        "2",
-        "--leader-ttl",
-        "2",
-        "--rdzv-conf",
-        "last_call_timeout=0.5",
-        "--workdir",
-        str(tmp_path / "work"),
-        "--max-wait",
-        "60",
-        "--",
-        ENTRY,
-        "--state-dir",
-        str(tmp_path),
-        "--steps",
-        "50",
-        "--step-time",
-        "0.2",
-        "--commit-every",
-        "5",
-    ]
+    command = master_command(
+        [
+            ENTRY,
+            "--state-dir",
+            str(tmp_path),
+            "--steps",
+            "50",
+            "--step-time",
+            "0.2",
+            "--commit-every",
+            "5",
+        ],
+        run_id=run_id,
+        etcd=etcd.endpoint,
+        min_workers="2",
+        max_workers="2",
+        leader_ttl="2",
+        rdzv_conf="last_call_timeout=0.5",
+        workdir=str(tmp_path / "work"),
+        max_wait="60",
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "KFP_ELASTIC_RUN_ID": run_id}
     logs = [open(tmp_path / f"master{i}.log", "wb") for i in range(2)]  # noqa: SIM115
     first = subprocess.Popen(command, stdout=logs[0], stderr=subprocess.STDOUT, env=env)
