@@ -26,6 +26,7 @@ from kfp_elastic.rendezvous.local_agents import (
     wait_for,
     wait_for_events,
 )
+from kfp_elastic.worker.progress import Progress
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTS_ROOT = REPO_ROOT / "tests"
@@ -41,6 +42,15 @@ def eventually(predicate: Callable[[], object], timeout: float = 10.0, poll: flo
             return True
         time.sleep(poll)
     return bool(predicate())
+
+
+def committed_step(progress: Progress) -> int:
+    """The run's committed step; -1 while etcd does not answer (a test restarting it)."""
+    try:
+        record, _ = progress.committed_record()
+    except Exception:  # noqa: BLE001 - etcd restarting
+        return -1
+    return record.step if record else 0
 
 
 def master_command(entry: Sequence[str] = (), **flags: object) -> list[str]:
@@ -60,6 +70,7 @@ __all__ = [
     "WORKER_ENTRY",
     "Agent",
     "AgentGroup",
+    "committed_step",
     "eventually",
     "first_step_with_world",
     "master_command",

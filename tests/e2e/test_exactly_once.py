@@ -12,7 +12,7 @@ import torch
 
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.worker.progress import Progress
-from tests.helpers import AgentGroup, new_run_id, wait_for
+from tests.helpers import AgentGroup, committed_step, new_run_id, wait_for
 
 EPOCHS = 3
 SAMPLES = 480
@@ -52,14 +52,6 @@ def start(group: AgentGroup, etcd, run_id: str, workdir: Path, name: str):
         name=name,
         env={"COUNTING_SAMPLES": str(SAMPLES)},
     )
-
-
-def committed_step(progress: Progress) -> int:
-    try:
-        record, _ = progress.committed_record()
-    except Exception:  # noqa: BLE001 - etcd restarting
-        return -1
-    return record.step if record else 0
 
 
 def test_exactly_once_through_kill_sigterm_join_and_etcd_restart(

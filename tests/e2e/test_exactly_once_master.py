@@ -16,17 +16,9 @@ from kfp_elastic.etcd.client import connect
 from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import EventKind, read_timeline
 from kfp_elastic.worker.progress import Progress
-from tests.helpers import REPO_ROOT, master_command, sigkill_process_tree, wait_for
+from tests.helpers import REPO_ROOT, committed_step, master_command, sigkill_process_tree, wait_for
 
 EPOCHS, SAMPLES = 3, 480
-
-
-def committed_step(progress: Progress) -> int:
-    try:
-        record, _ = progress.committed_record()
-    except Exception:  # noqa: BLE001 - etcd restarting
-        return -1
-    return record.step if record else 0
 
 
 def test_every_sample_once_through_master_and_etcd_restarts(

@@ -10,31 +10,16 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
-from google.protobuf import json_format
-from kfp.pipeline_spec import pipeline_spec_pb2
 
 from kfp_elastic.components.common import run_pids
-from kfp_elastic.pipelines.compile import ROOT
 from kfp_elastic.pipelines.run_local import SESSION_ENV, artifact_metadata, outputs
 from kfp_elastic.worker.evaluate import evaluate
 from tests.helpers import run_pipeline_locally as run_locally
 
-PIPELINE_YAML = ROOT / "pipelines" / "elastic_training.yaml"
 pytestmark = pytest.mark.filterwarnings(
     "ignore:.*non-Python base image:RuntimeWarning",
     "ignore:.*have no effect in the current local runner",
 )
-
-
-def documents(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
-
-
-def parse_spec(document: dict[str, Any]) -> pipeline_spec_pb2.PipelineSpec:
-    return json_format.ParseDict(
-        document, pipeline_spec_pb2.PipelineSpec(), ignore_unknown_fields=False
-    )
 
 
 # ------------------------------------------------------------------------------ kfp.local
