@@ -210,7 +210,9 @@ class WatchedPrefix:
         ]
         return ranges + ([(self._shown, None)] if self._shown else [])
 
-    def _load_and_watch(self, start_revision: int | None = None) -> None:
+    def _load_and_watch(self, start_revision: int | None = None, resync: bool = False) -> None:
+        """``resync``: this load replaces a lost watch; counted as the new copy is published,
+        so a reader that sees the re-read data also sees the count."""
         with self._load_lock:
             self._cancel_watches()
             if self._stopped.is_set():
@@ -239,6 +241,7 @@ class WatchedPrefix:
                 self._revision = max(self._revision, revision)
                 self._loaded_at = revision
                 self._loaded_narrow = narrow
+                self._resyncs += int(resync)
                 self._position += 1
                 self._log.clear()
                 self._log_floor = self._position
@@ -309,9 +312,8 @@ class WatchedPrefix:
                     return
                 switching = self._narrow != self._loaded_narrow  # asked for, not a lost watch
                 try:
-                    self._load_and_watch()
+                    self._load_and_watch(resync=not switching)
                     if not switching:
-                        self._resyncs += 1
                         log.info("watch resumed prefix=%s revision=%d", self._prefix, self.revision)
                     break
                 except Exception as error:  # noqa: BLE001 - etcd down: try again later
