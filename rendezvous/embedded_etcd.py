@@ -270,8 +270,11 @@ class EmbeddedEtcd:
             return json.loads(reply.read()).get("health") == "true"
 
     # -- etcdctl and auth -------------------------------------------------------------------------
-    def etcdctl_command(self, *args: str, user: tuple[str, str] | None = None) -> list[str]:
-        """``etcdctl`` against this server with its TLS files and ``user`` (default: ``auth``)."""
+    def etcdctl_command(
+        self, *args: str, user: tuple[str, str] | None = None
+    ) -> tuple[list[str], dict[str, str]]:
+        """(``etcdctl`` against this server with its TLS files, the env it needs). ``user``
+        (default: ``auth``) goes in the env: a password on a command line shows in ``ps``."""
         command = [
             find_etcd_binary("etcdctl"),
             f"--endpoints={self.client_url}",
@@ -282,21 +285,24 @@ class EmbeddedEtcd:
             command.append(f"--cacert={self.tls.ca}")
             if self.tls.client_cert_auth:
                 command += [f"--cert={self.tls.cert}", f"--key={self.tls.key}"]
+        env = {**os.environ, "ETCDCTL_API": "3"}
         credentials = user or self.auth
         if credentials:
-            command += [f"--user={credentials[0]}", f"--password={credentials[1]}"]
-        return command + list(args)
+            env.update(ETCDCTL_USER=credentials[0], ETCDCTL_PASSWORD=credentials[1])
+        return command + list(args), env
 
-    def etcdctl(self, *args: str, user: tuple[str, str] | None = None) -> str:
+    def etcdctl(
+        self, *args: str, user: tuple[str, str] | None = None, stdin: str | None = None
+    ) -> str:
         """Run ``etcdctl ARGS`` (v3 API); return its stdout, raise with its stderr on failure."""
-        command = self.etcdctl_command(*args, user=user)
+        command, env = self.etcdctl_command(*args, user=user)
         result = subprocess.run(
             command,
             capture_output=True,
             text=True,
             timeout=ETCDCTL_TIMEOUT_S,
-            env={**os.environ, "ETCDCTL_API": "3"},
-            stdin=subprocess.DEVNULL,
+            env=env,
+            input=stdin if stdin is not None else "",
         )
         if result.returncode != 0:
             shown = " ".join(args)
@@ -313,7 +319,8 @@ class EmbeddedEtcd:
 
         Works before and after ``enable_auth`` (afterwards etcdctl logs in as root).
         """
-        self.etcdctl("user", "add", name, f"--new-user-password={password}", "--interactive=false")
+        # --interactive=false reads the new password from stdin (not from the command line).
+        self.etcdctl("user", "add", name, "--interactive=false", stdin=password + "\n")
         if key_prefix is not None:
             role = role or f"{name}-rw"
             self.etcdctl("role", "add", role)

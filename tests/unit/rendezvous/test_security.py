@@ -287,3 +287,11 @@ def test_auth_survives_token_expiry(pki: TestPki, make_handler: HandlerFactory) 
         assert info.world_size == 1
         time.sleep(2.5)  # a quiet training phase, longer than the token TTL
         handler.set_closed()
+
+
+def test_etcdctl_gets_passwords_through_env_and_stdin_not_argv(tmp_path: Path) -> None:
+    etcd = EmbeddedEtcd(data_dir=str(tmp_path / "data"))
+    etcd.auth = ("root", "s3cret-root")
+    command, env = etcd.etcdctl_command("user", "add", "trainer", "--interactive=false")
+    assert not any("s3cret" in part for part in command)
+    assert (env["ETCDCTL_USER"], env["ETCDCTL_PASSWORD"]) == ("root", "s3cret-root")
