@@ -14,6 +14,7 @@ from kfp_elastic.etcd.settings import ENV_VARS as ETCD_ENV
 from kfp_elastic.master.pod_spec_checks import (
     ETCD_AUTH_MOUNT,
     ETCD_TLS_MOUNT,
+    MASTER_POD_LABELS,
     PASSWORD_SECRET_ENV,
     TLS_SECRET_ENV,
 )
@@ -114,6 +115,10 @@ def elastic_training(
         kubernetes.use_secret_as_volume(
             train, ETCD_PASSWORD_SECRET, mount_path=ETCD_AUTH_MOUNT, optional=True
         )
+        # The NetworkPolicy in manifests/base lets only pods with these labels (and the worker
+        # pods) reach etcd's client port.
+        for key, value in MASTER_POD_LABELS.items():
+            kubernetes.add_pod_label(train, key, value)
         # The master pod owns its worker pods: deleting it deletes them.
         kubernetes.use_field_path_as_env(train, "KFP_ELASTIC_MASTER_POD", "metadata.name")
         kubernetes.use_field_path_as_env(train, "KFP_ELASTIC_MASTER_POD_UID", "metadata.uid")
