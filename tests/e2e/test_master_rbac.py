@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,7 +77,7 @@ def cluster(test_cluster: TestCluster, monkeypatch: pytest.MonkeyPatch) -> Itera
 
 
 def test_master_role_allows_every_call_and_grants_nothing_unused(
-    cluster: TestCluster, etcd: EmbeddedEtcd, run_id: str, tmp_path: Any
+    cluster: TestCluster, etcd: EmbeddedEtcd, run_id: str, tmp_path: Path
 ) -> None:
     ns = cluster.namespace
     master = master_command(
