@@ -36,8 +36,13 @@ RUN_ID_LABEL = LABEL_PREFIX + "run-id"
 INDEX_LABEL = LABEL_PREFIX + "worker-index"
 ATTEMPT_LABEL = LABEL_PREFIX + "attempt"
 COMPONENT_LABEL = "app.kubernetes.io/component"
+PART_OF_LABEL = "app.kubernetes.io/part-of"
+# The master's pod (the KFP training task, or a pod running `kfp-elastic master`) carries these;
+# with the worker pods' labels below they are what manifests/base/networkpolicy.yaml lets reach
+# etcd's client port.
+MASTER_POD_LABELS = {PART_OF_LABEL: "kfp-elastic", COMPONENT_LABEL: "master"}
 _FIXED_LABELS = {
-    "app.kubernetes.io/part-of": "kfp-elastic",
+    PART_OF_LABEL: "kfp-elastic",
     COMPONENT_LABEL: "worker",
     "app.kubernetes.io/managed-by": "kfp-elastic-master",
 }

@@ -11,11 +11,11 @@ from kfp_elastic.components.evaluate.component import evaluate
 from kfp_elastic.components.shard_dataset.component import shard_dataset
 from kfp_elastic.components.stop_workers.component import stop_workers
 from kfp_elastic.etcd.settings import ENV_VARS as ETCD_ENV
+from kfp_elastic.job_spec import KUBERNETES_ENV_VARS
 from kfp_elastic.master.pod_spec_checks import (
     ETCD_AUTH_MOUNT,
     ETCD_TLS_MOUNT,
-    PASSWORD_SECRET_ENV,
-    TLS_SECRET_ENV,
+    MASTER_POD_LABELS,
 )
 
 # Where the snapshot PVC is mounted in the elastic_train pod (and, forwarded through
@@ -24,14 +24,7 @@ SNAPSHOT_MOUNT = "/mnt/kfp-elastic"
 # Made by manifests/base (kustomize): the etcd settings (KFP_ELASTIC_ETCD_*), the Secrets
 # worker pods mount for etcd, worker image, priority class, ... (missing keys are left unset).
 CONFIG_MAP = "kfp-elastic-config"
-CONFIG_ENV = (
-    *ETCD_ENV,
-    TLS_SECRET_ENV,
-    PASSWORD_SECRET_ENV,
-    "KFP_ELASTIC_WORKER_IMAGE",
-    "KFP_ELASTIC_WORKER_PRIORITY_CLASS",
-    "KFP_ELASTIC_WORKER_SERVICE_ACCOUNT",
-)
+CONFIG_ENV = (*ETCD_ENV, *KUBERNETES_ENV_VARS)
 # The master (the elastic_train task) mounts the same etcd Secrets as its worker pods, at the
 # same paths, so the ConfigMap's KFP_ELASTIC_ETCD_CACERT/... name files in both. Optional: a
 # plain-HTTP etcd without auth needs neither.
@@ -114,6 +107,10 @@ def elastic_training(
         kubernetes.use_secret_as_volume(
             train, ETCD_PASSWORD_SECRET, mount_path=ETCD_AUTH_MOUNT, optional=True
         )
+        # The NetworkPolicy in manifests/base lets only pods with these labels (and the worker
+        # pods) reach etcd's client port.
+        for key, value in MASTER_POD_LABELS.items():
+            kubernetes.add_pod_label(train, key, value)
         # The master pod owns its worker pods: deleting it deletes them.
         kubernetes.use_field_path_as_env(train, "KFP_ELASTIC_MASTER_POD", "metadata.name")
         kubernetes.use_field_path_as_env(train, "KFP_ELASTIC_MASTER_POD_UID", "metadata.uid")

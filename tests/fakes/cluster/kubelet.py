@@ -333,6 +333,8 @@ class Kubelet:
         meta, spec = pod["metadata"], pod["spec"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         pod_dir = self.root / "pods" / f"{ns}_{name}_{uid}"
+        # Also without volumes or a service-account token: the logs and the working dir live here.
+        pod_dir.mkdir(parents=True, exist_ok=True)
         lookup = self._lookup(ns)
         try:
             volumes = prepare_volumes(pod, pod_dir, self.claims_dir / ns, lookup)

@@ -18,6 +18,7 @@ from tests.fakes.cluster.kubelet import (
     rewrite_mount_paths,
 )
 from tests.fakes.cluster.scheduler import parse_quantity, plan, pod_requests
+from tests.fakes.fake_k8s_wire import api_call
 
 
 def pod(
@@ -209,3 +210,37 @@ def test_volumes_become_host_directories(tmp_path: Path) -> None:
 
 def test_exit_codes_as_a_runtime_reports_them() -> None:
     assert (exit_code(0), exit_code(3), exit_code(-15), exit_code(-9)) == (0, 3, 143, 137)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "query", "expected"),
+    [
+        ("GET", "/api/v1/namespaces/ns/pods", {}, ("list", "", "pods", "")),
+        ("GET", "/api/v1/namespaces/ns/pods", {"watch": "True"}, ("watch", "", "pods", "")),
+        ("GET", "/api/v1/namespaces/ns/pods/p", {}, ("get", "", "pods", "")),
+        ("GET", "/api/v1/namespaces/ns/pods/p/log", {}, ("get", "", "pods", "log")),
+        ("POST", "/api/v1/namespaces/ns/pods", {}, ("create", "", "pods", "")),
+        ("PATCH", "/api/v1/namespaces/ns/pods/p/status", {}, ("patch", "", "pods", "status")),
+        ("DELETE", "/api/v1/namespaces/ns/pods/p", {}, ("delete", "", "pods", "")),
+        ("DELETE", "/api/v1/namespaces/ns/pods", {}, ("deletecollection", "", "pods", "")),
+        (
+            "POST",
+            "/apis/events.k8s.io/v1/namespaces/ns/events",
+            {},
+            ("create", "events.k8s.io", "events", ""),
+        ),
+        (
+            "GET",
+            "/apis/scheduling.k8s.io/v1/priorityclasses/x",
+            {},
+            ("get", "scheduling.k8s.io", "priorityclasses", ""),
+        ),
+    ],
+)
+def test_requests_are_recorded_as_rbac_sees_them(
+    method: str, path: str, query: dict[str, str], expected: tuple[str, str, str, str]
+) -> None:
+    call = api_call(method, path, query)
+    assert call is not None
+    assert (call.verb, call.group, call.resource, call.subresource) == expected
+    assert api_call("GET", "/version", {}) is None

@@ -1,0 +1,142 @@
+"""The master's Role (manifests/base/rbac.yaml) against the API calls the master really makes.
+
+The master runs as a pod of the test cluster under its service account (in-cluster config, as in
+a real cluster) with the Kubernetes launcher; its worker pods run torchrun with the built-in
+runtime on a tiny model. One worker is preempted and replaced, so create, list, watch and delete
+all happen; the exit handler's cleanup (``stop_workers``) runs as a pod too. The fake API server
+records every request as RBAC sees it; the scheduler and kubelets call it directly, so what it
+recorded over HTTP is exactly what the two pods asked for.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kfp_elastic.etcd.client import connect
+from kfp_elastic.master.pod_spec_checks import MASTER_POD_LABELS, RUN_ID_LABEL
+from kfp_elastic.master.timeline import WorkerLaunched, WorkerLost, of_type, read_timeline
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.worker.progress import Progress
+from tests.fakes.cluster import TestCluster
+from tests.helpers import (
+    REPO_ROOT,
+    committed_step,
+    master_command,
+    one,
+    render,
+    role_allows,
+    wait_for,
+)
+
+MASTER_SA = "kfp-elastic-master"
+# Verbs the Role grants that the run below does not exercise, each with the reason it stays.
+JUSTIFIED: dict[tuple[str, str, str], str] = {}
+
+
+def phase(cluster: TestCluster, name: str) -> str | None:
+    for pod in cluster.api.pods_snapshot():
+        if pod["metadata"]["name"] == name:
+            return pod["status"].get("phase", "Pending")
+    return None
+
+
+def workers(cluster: TestCluster, run_id: str) -> dict[str, str]:
+    return {
+        p["metadata"]["name"]: p["status"].get("phase", "Pending")
+        for p in cluster.api.pods_snapshot()
+        if p["metadata"].get("labels", {}).get(RUN_ID_LABEL) == run_id
+        and not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def python_pod(name: str, command: list[str], **labels: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "restartPolicy": "Never",
+            "serviceAccountName": MASTER_SA,
+            "containers": [
+                {"name": "main", "image": "kfp-elastic-master:test", "command": command}
+            ],
+        },
+    }
+
+
+@pytest.fixture
+def cluster(test_cluster: TestCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestCluster]:
+    # Pod processes inherit this PYTHONPATH: the worker pods import tests.model_defs.counting.
+    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
+    yield test_cluster
+
+
+def test_master_role_allows_every_call_and_grants_nothing_unused(
+    cluster: TestCluster, etcd: EmbeddedEtcd, run_id: str, tmp_path: Path
+) -> None:
+    ns = cluster.namespace
+    master = master_command(
+        run_id=run_id,
+        etcd=etcd.endpoint,
+        model_def="tests.model_defs.counting",
+        min_workers="1",
+        max_workers="2",
+        dataset_length="240",
+        shard_size="40",
+        epochs="1",
+        batch_size="4",
+        snapshot_every="3",
+        step_time="0.1",
+        snapshot_dir=str(tmp_path / "snapshots"),
+        launcher="kubernetes",
+        image="kfp-elastic-worker:test",
+        namespace=ns,
+        leader_ttl="2",
+        finish_grace="5",
+        rdzv_conf="last_call_timeout=1",
+    )
+    cluster.api.create(ns, python_pod("master", master, **MASTER_POD_LABELS))
+    client = connect(etcd.client_settings())
+    progress = Progress(client, f"/kfp-elastic/{run_id}")
+    try:
+        wait_for(lambda: committed_step(progress) >= 3, 90, 0.2, "training under way")
+        first = sorted(workers(cluster, run_id))
+        cluster.api.preempt(first[0], ns=ns)  # graceful: SIGTERM, the master replaces it
+        wait_for(lambda: phase(cluster, "master") in ("Succeeded", "Failed"), 120, 0.2, "job end")
+        assert phase(cluster, "master") == "Succeeded", cluster.log("master")[-4000:]
+        timeline = read_timeline(client, f"/kfp-elastic/{run_id}")
+        assert [e.name for e in of_type(timeline, WorkerLost)] == [first[0]]
+        assert len(of_type(timeline, WorkerLaunched)) == len(first) + 1  # the replacement
+    finally:
+        client.close()
+    cleanup = [
+        sys.executable,
+        "-c",
+        "from kfp_elastic.components.common import delete_run_pods; "
+        f"print(delete_run_pods({run_id!r}, {ns!r}))",
+    ]
+    cluster.api.create(ns, python_pod("stop-workers", cleanup))
+    wait_for(lambda: phase(cluster, "stop-workers") == "Succeeded", 60, 0.2, "exit handler")
+
+    calls = {
+        (c.group, c.resource + (f"/{c.subresource}" if c.subresource else ""), c.verb)
+        for c in cluster.api.api_calls
+    }
+    role = one(render("base"), "Role", MASTER_SA)
+    refused = {call for call in calls if not role_allows(role, *call)}
+    assert not refused, f"the Role refuses calls the code makes: {sorted(refused)}"
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    unused = granted - calls - set(JUSTIFIED)
+    assert not unused, f"the Role grants what nothing calls: {sorted(unused)}"
+    assert ("", "pods", "delete") in calls and ("", "pods", "watch") in calls
