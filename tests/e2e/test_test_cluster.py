@@ -341,13 +341,16 @@ def test_in_cluster_config_inside_a_pod_reaches_the_api_server(
         "config.load_incluster_config()\n"
         "ns = open('/var/run/secrets/kubernetes.io/serviceaccount/namespace').read()\n"
         "pods = client.CoreV1Api().list_namespaced_pod(ns).items\n"
-        "print('pods:', ','.join(sorted(p.metadata.name for p in pods)))"
+        "print('pods:', ','.join(sorted(p.metadata.name for p in pods)))\n"
+        "from kfp_elastic.master import wiring\n"  # reads its own namespace from the SA files
+        "print('own namespace file:', wiring.SA_NAMESPACE.exists())"
     )
     core.create_namespaced_pod(NS, python_pod("incluster", code))
     assert eventually(lambda: phase(core, "incluster") in TERMINAL, timeout=30)
     log = test_cluster.log("incluster")
     assert phase(core, "incluster") == "Succeeded", log
     assert "pods: incluster" in log
+    assert "own namespace file: True" in log
     assert any(path == f"/api/v1/namespaces/{NS}/pods" for _, path, _ in test_cluster.api.requests)
 
 
