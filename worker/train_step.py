@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -151,7 +152,11 @@ class TrainStep:
             for group, lr in zip(groups, scheduled, strict=True):
                 group["lr"] = lr
         if self.scheduler is not None:
-            self.scheduler.step()
+            with warnings.catch_warnings():
+                # A step the GradScaler skipped (inf/NaN) still advances the schedule: the
+                # schedule counts the runtime's steps. torch warns about that; it is intended.
+                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()`")
+                self.scheduler.step()
         self.stepping = False
         self.optimizer.zero_grad(set_to_none=True)
 
