@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -155,7 +156,9 @@ class TrainStep:
             with warnings.catch_warnings():
                 # A step the GradScaler skipped (inf/NaN) still advances the schedule: the
                 # schedule counts the runtime's steps. torch warns about that; it is intended.
-                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()`")
+                warnings.filterwarnings(
+                    "ignore", re.escape("Detected call of `lr_scheduler.step()`")
+                )
                 self.scheduler.step()
         self.stepping = False
         self.optimizer.zero_grad(set_to_none=True)
