@@ -25,6 +25,7 @@ from kfp_elastic.worker.model_def import (
 from kfp_elastic.worker.policy import BatchPolicy, step_shape
 from kfp_elastic.worker.snapshot import Snapshotter
 from kfp_elastic.worker.train_step import TrainStep, micro_batches, rng_state, set_rng_state
+from tests.helpers import assert_same_state
 
 FULL = "tests.model_defs.full_state"
 
@@ -137,21 +138,6 @@ def _train(stepper: TrainStep, md: ModelDef, steps: int, start: int = 0) -> list
     return lrs
 
 
-def _assert_same(left: Any, right: Any, where: str = "state") -> None:
-    if isinstance(left, torch.Tensor):
-        assert isinstance(right, torch.Tensor) and torch.equal(left, right), where
-    elif isinstance(left, dict):
-        assert set(left) == set(right), where
-        for key in left:
-            _assert_same(left[key], right[key], f"{where}[{key!r}]")
-    elif isinstance(left, list | tuple):
-        assert len(left) == len(right), where
-        for index, (a, b) in enumerate(zip(left, right, strict=True)):
-            _assert_same(a, b, f"{where}[{index}]")
-    else:
-        assert left == right, f"{where}: {left!r} != {right!r}"
-
-
 @pytest.mark.parametrize("amp", ["fp16", "bf16", "none"])
 def test_state_after_snapshot_and_restore_equals_the_state_before(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, amp: str
@@ -171,14 +157,14 @@ def test_state_after_snapshot_and_restore_equals_the_state_before(
     after = _stepper(md)
     after.load_state_dict(loaded)
     set_rng_state(loaded)
-    _assert_same(before.state_dict(), after.state_dict())
+    assert_same_state(before.state_dict(), after.state_dict())
     assert after.lr == before.lr
 
     set_rng_state(saved)
     expected = _train(before, md, 5, start=6)
     set_rng_state(loaded)
     assert _train(after, md, 5, start=6) == expected  # the same LR sequence
-    _assert_same(before.state_dict(), after.state_dict())  # and the same training
+    assert_same_state(before.state_dict(), after.state_dict())  # and the same training
 
 
 def test_policy_lr_scale_multiplies_the_scheduled_lr_only_inside_the_step() -> None:
