@@ -2,16 +2,18 @@
 (``$TIMED_MODEL_DEF``, default ``kfp_elastic.worker.examples.digits``) plus one timestamp per
 optimizer step.
 
-Nothing of the runtime changes: model, loss, data, collate and optimizer are the wrapped
-module's; the optimizer only gets a ``register_step_post_hook`` that appends one line
+Nothing of the runtime changes: model, loss, data, collate, optimizer and the training-state
+hooks (scheduler, AMP, clipping, accumulation) are the wrapped module's; the optimizer only
+gets a ``register_step_post_hook`` that appends one line
 
-    {"t": time.time(), "step": S, "rank": R, "world": W, "pid": P}
+    {"t": time.time(), "step": S, "rank": R, "world": W, "pid": P, "lr": LR}
 
 to ``$TIMED_STEPS_FILE`` with a single ``os.write`` (O_APPEND: the processes of a job share the
 file, and a SIGKILLed process has lost nothing it wrote) each time ``optimizer.step()`` returns.
 ``S`` is the runtime's global step number: the ``step`` local of ``worker.runner.Trainer._train``
 (the steps done before the one now finishing, + 1), read from the calling frames; set
-``TIMED_STEP_NUMBERS=0`` to skip that look-up (``S`` is then null). ``benchmarks/
+``TIMED_STEP_NUMBERS=0`` to skip that look-up (``S`` is then null). ``LR`` is the first parameter
+group's learning rate the step used (batch-policy scale included). ``benchmarks/
 static_ddp_baseline.py`` writes the same lines, so both sides pay the same few µs per step.
 
 ``TIMED_ETCD_REQUEST_TIMEOUT=S`` (benchmark only): the runtime's etcd client gets an S-second
@@ -55,6 +57,11 @@ dataset = _inner.dataset
 collate = _inner.collate
 if _inner.evaluate is not None:
     evaluate = _inner.evaluate
+if _inner.scheduler is not None:
+    scheduler = _inner.scheduler
+AMP = _inner.amp
+CLIP_GRAD_NORM = _inner.clip_grad_norm
+GRAD_ACCUMULATION = _inner.grad_accumulation
 
 
 def _runner_step() -> int | None:
@@ -78,7 +85,7 @@ class StepLog:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.pid = os.getpid()
 
-    def emit(self, step: int | None) -> None:
+    def emit(self, step: int | None, lr: float | None = None) -> None:
         if self.fd is not None:
             record = {
                 "t": time.time(),
@@ -86,6 +93,7 @@ class StepLog:
                 "rank": self.rank,
                 "world": self.world,
                 "pid": self.pid,
+                "lr": lr,
             }
             os.write(self.fd, (json.dumps(record) + "\n").encode())
 
@@ -93,10 +101,10 @@ class StepLog:
 _log: StepLog | None = None
 
 
-def _after_step(optimizer: object, args: object, kwargs: object) -> None:
+def _after_step(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
     assert _log is not None
     before = _runner_step() if _NUMBERS else None
-    _log.emit(None if before is None else before + 1)
+    _log.emit(None if before is None else before + 1, optimizer.param_groups[0]["lr"])
 
 
 def optimizer(params) -> torch.optim.Optimizer:  # noqa: ANN001 - torch's own type is loose

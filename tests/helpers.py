@@ -60,6 +60,25 @@ def committed_step(progress: Progress) -> int:
     return record.step if record else 0
 
 
+def assert_same_state(left: Any, right: Any, where: str = "state") -> None:
+    """Two training states (nested dicts/lists of tensors and values) are equal bit for bit;
+    the assertion names the first key that differs."""
+    import torch  # here: the helpers stay importable without torch's import time
+
+    if isinstance(left, torch.Tensor):
+        assert isinstance(right, torch.Tensor) and torch.equal(left, right), where
+    elif isinstance(left, dict):
+        assert set(left) == set(right), f"{where}: keys {sorted(left)} != {sorted(right)}"
+        for key in left:
+            assert_same_state(left[key], right[key], f"{where}[{key!r}]")
+    elif isinstance(left, list | tuple):
+        assert len(left) == len(right), where
+        for index, (a, b) in enumerate(zip(left, right, strict=True)):
+            assert_same_state(a, b, f"{where}[{index}]")
+    else:
+        assert left == right, f"{where}: {left!r} != {right!r}"
+
+
 def master_command(entry: Sequence[str] = (), **flags: object) -> list[str]:
     """``python -m kfp_elastic.master --flag value ... [-- ENTRY]``: each keyword is a flag
     (``min_workers=2`` → ``--min-workers 2``; ``True`` → the bare flag)."""
@@ -145,6 +164,7 @@ __all__ = [
     "WORKER_ENTRY",
     "Agent",
     "AgentGroup",
+    "assert_same_state",
     "committed_step",
     "eventually",
     "find",

@@ -4,22 +4,39 @@ def model() -> torch.nn.Module
 def loss(model, batch) -> torch.Tensor          # mean over the batch (see LOSS_REDUCTION)
 def dataset(split: str) -> Sequence             # "train", "test"; len() and [i]
 def optimizer(params) -> torch.optim.Optimizer  # optional, default SGD(lr=--lr)
+def scheduler(optimizer) -> LRScheduler         # optional, stepped once per optimizer step
 def collate(items: list) -> batch               # optional, default torch's default_collate
 def evaluate(model, batch) -> dict[str, float]  # optional, metrics of one test batch
 LOSS_REDUCTION = "mean"                         # optional: "sum" if loss() sums the batch
+AMP = None                                      # optional: "bf16" | "fp16" autocast
+CLIP_GRAD_NORM = None                           # optional: max global gradient L2 norm
+GRAD_ACCUMULATION = 1                           # optional: micro-batches per optimizer step
+
+``scheduler`` owns the learning rate's *schedule*; the batch policy's LR scaling (``linear``,
+``sqrt``: ``worker/policy.py``) multiplies whatever LR the scheduler set, for the duration of
+``optimizer.step()`` only, so the scheduler and the snapshots always hold the unscaled LR and a
+restore at another world size continues the same schedule. ``ReduceLROnPlateau`` needs a metric
+per step and is refused. ``AMP="fp16"`` adds a ``GradScaler``; ``"bf16"`` needs none.
+``GRAD_ACCUMULATION = k`` makes ``--batch-size`` the micro-batch of one forward/backward and
+an optimizer step ``k`` of them per worker at the base world size: it is the batch policy's one
+accumulation count at that size (``fixed-global-batch`` raises it when workers are missing).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
+import torch
 from torch.utils.data import default_collate
 
 REQUIRED = ("model", "loss", "dataset")
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class ModelDefError(ValueError):
@@ -36,6 +53,10 @@ class ModelDef:
     collate: Callable[[list], Any]
     evaluate: Callable[[Any, Any], dict] | None
     loss_reduction: str
+    scheduler: Callable[[Any], Any] | None = None
+    amp: str | None = None  # a key of AMP_DTYPES
+    clip_grad_norm: float | None = None
+    grad_accumulation: int = 1
 
 
 def load_model_def(name: str) -> ModelDef:
@@ -48,6 +69,11 @@ def load_model_def(name: str) -> ModelDef:
             f"--model-def {name}: module not found ({error}); is its package installed or on "
             "PYTHONPATH?"
         ) from error
+    return model_def_from(module, name)
+
+
+def model_def_from(module: ModuleType, name: str) -> ModelDef:
+    """The checked hooks of an imported model-definition module."""
     missing = [f for f in REQUIRED if not callable(getattr(module, f, None))]
     if missing:
         raise ModelDefError(
@@ -59,6 +85,27 @@ def load_model_def(name: str) -> ModelDef:
     reduction = getattr(module, "LOSS_REDUCTION", "mean")
     if reduction not in ("mean", "sum"):
         raise ModelDefError(f"--model-def {name}: LOSS_REDUCTION must be 'mean' or 'sum'")
+    scheduler = getattr(module, "scheduler", None)
+    if scheduler is not None and not callable(scheduler):
+        raise ModelDefError(f"--model-def {name}: scheduler must be a function of the optimizer")
+    amp = getattr(module, "AMP", None)
+    if amp is not None and amp not in AMP_DTYPES:
+        raise ModelDefError(f"--model-def {name}: AMP must be 'bf16', 'fp16' or None, got {amp!r}")
+    clip = getattr(module, "CLIP_GRAD_NORM", None)
+    if clip is not None and (
+        isinstance(clip, bool)
+        or not isinstance(clip, int | float)
+        or not math.isfinite(clip)
+        or clip <= 0
+    ):
+        raise ModelDefError(
+            f"--model-def {name}: CLIP_GRAD_NORM must be a positive number or None, got {clip!r}"
+        )
+    accumulation = getattr(module, "GRAD_ACCUMULATION", 1)
+    if isinstance(accumulation, bool) or not isinstance(accumulation, int) or accumulation < 1:
+        raise ModelDefError(
+            f"--model-def {name}: GRAD_ACCUMULATION must be an integer >= 1, got {accumulation!r}"
+        )
     return ModelDef(
         name=name,
         model=module.model,
@@ -68,4 +115,24 @@ def load_model_def(name: str) -> ModelDef:
         collate=getattr(module, "collate", default_collate),
         evaluate=getattr(module, "evaluate", None),
         loss_reduction=reduction,
+        scheduler=scheduler,
+        amp=amp,
+        clip_grad_norm=None if clip is None else float(clip),
+        grad_accumulation=accumulation,
     )
+
+
+def checked_scheduler(name: str, scheduler: Any, optimizer: torch.optim.Optimizer) -> Any:
+    """``scheduler(optimizer)``'s result, refused unless the runtime can step it per step."""
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) or not isinstance(
+        scheduler, torch.optim.lr_scheduler.LRScheduler
+    ):
+        raise ModelDefError(
+            f"--model-def {name}: scheduler(optimizer) must return an LRScheduler that steps "
+            f"without a metric (not ReduceLROnPlateau), got {type(scheduler).__qualname__}"
+        )
+    if scheduler.optimizer is not optimizer:
+        raise ModelDefError(
+            f"--model-def {name}: scheduler(optimizer) must schedule the optimizer it is given"
+        )
+    return scheduler

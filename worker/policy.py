@@ -5,6 +5,11 @@
 - ``linear``: every worker keeps its batch, the global batch scales with the world, and so does
   the learning rate (Goyal et al.).
 - ``sqrt``: as ``linear`` but the learning rate scales with the square root.
+
+``accumulation`` (the model definition's ``GRAD_ACCUMULATION``) is how many micro-batches of
+``per_worker_batch`` one worker accumulates per optimizer step at the base world size; the
+policies scale the resulting per-worker batch. It is the one accumulation count: the runner
+only ever accumulates ``StepShape.accumulation`` micro-steps.
 """
 
 from __future__ import annotations
@@ -40,15 +45,25 @@ class StepShape:
 
 
 def step_shape(
-    policy: BatchPolicy, world_size: int, base_world_size: int, per_worker_batch: int
+    policy: BatchPolicy,
+    world_size: int,
+    base_world_size: int,
+    per_worker_batch: int,
+    accumulation: int = 1,
 ) -> StepShape:
-    if world_size < 1 or base_world_size < 1 or per_worker_batch < 1:
-        raise ValueError("world sizes and batch size must be >= 1")
+    if min(world_size, base_world_size, per_worker_batch, accumulation) < 1:
+        raise ValueError("world sizes, batch size and accumulation must be >= 1")
     if policy is BatchPolicy.FIXED_GLOBAL_BATCH:
-        global_batch = base_world_size * per_worker_batch
+        global_batch = base_world_size * per_worker_batch * accumulation
         accumulation = max(1, math.ceil(global_batch / (world_size * per_worker_batch)))
         micro = math.ceil(global_batch / (world_size * accumulation))
         return StepShape(world_size, global_batch, micro, accumulation, 1.0)
     scale = world_size / base_world_size
     lr_scale = scale if policy is BatchPolicy.LINEAR else math.sqrt(scale)
-    return StepShape(world_size, world_size * per_worker_batch, per_worker_batch, 1, lr_scale)
+    return StepShape(
+        world_size,
+        world_size * per_worker_batch * accumulation,
+        per_worker_batch,
+        accumulation,
+        lr_scale,
+    )

@@ -1,18 +1,19 @@
 """The elastic training loop behind ``torchrun ... -m kfp_elastic.worker --model-def pkg.module``.
 
-Every (re)start restores a whole state (model, optimizer, data position, RNG): the newest
+Every (re)start restores a whole state (model, optimizer, LR scheduler, AMP scaler, data
+position, RNG; gathered and restored by ``train_step.TrainStep``): the newest
 survivor's rescue (``rescue.py``) or else the committed snapshot, so a membership change moves
 model and data together and every sample of every epoch reaches the final model exactly once.
 When ranks sync and rank 0 snapshots is ``schedule.py``'s decision. Steps take the next global
 batch of the epoch's fixed order, dealt to ranks round-robin; the loss is weighted so that the
-gradient does not depend on how many samples each rank got or on the world size.
+gradient does not depend on how many samples each rank got or on the world size
+(``train_step.py``: one optimizer step with accumulation, AMP, clipping and the scheduler).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import logging
 import os
 import signal
@@ -28,13 +29,14 @@ from torch.utils.data import TensorDataset, default_collate
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS, connect
 
 from .data_plan import epoch_order, shards_for_length
-from .model_def import ModelDef, load_model_def
+from .model_def import ModelDef, checked_scheduler, load_model_def
 from .options import parse_args
 from .policy import BatchPolicy, step_shape
 from .progress import INITIAL, Committed, Manifest, Progress, manifest_from_shards
 from .rescue import Rescues, best_holder
 from .schedule import SnapshotPolicy, next_sync_step
 from .snapshot import SnapshotError, Snapshotter
+from .train_step import TrainStep, rng_state, set_rng_state
 
 log = logging.getLogger("kfp_elastic.worker")
 EXIT_PREEMPTED = 143  # what a process killed by SIGTERM reports; never "success" mid-job
@@ -82,15 +84,21 @@ class Trainer:
             if model_def.optimizer
             else torch.optim.SGD(self.model.parameters(), lr=args.lr)
         )
-        self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        scheduler = (
+            checked_scheduler(model_def.name, model_def.scheduler(self.optimizer), self.optimizer)
+            if model_def.scheduler
+            else None
+        )
+        self.stepper = TrainStep(
+            self.model, self.optimizer, scheduler, model_def.amp, model_def.clip_grad_norm
+        )
         self._restore()
         self.ddp = DistributedDataParallel(self.model)
         self._pending_losses: list[tuple[float, int]] = []  # (this rank's loss sum, batch)
         # What a rescue would hold: the last finished step's position, RNG and batch shape.
         self._finished = self.start
-        self._rng_after_step = torch.get_rng_state()
+        self._rng_after_step = rng_state()
         self._interval_shape = (0, 0.0)  # (global batch, lr) of the steps since the commit
-        self._stepping = False  # inside optimizer.step(): parameters half updated
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         self.stop_requested = True
@@ -133,9 +141,8 @@ class Trainer:
         self.committed, self.committed_revision = committed, revision
         self.start = (committed.step, committed.epoch, committed.position)
         if state is not None:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            torch.set_rng_state(state["rng"])
+            self.stepper.load_state_dict(state)
+            set_rng_state(state)
             self.start = (state["step"], state["epoch"], state["position"])
         log.info(
             "restored rank=%d world=%d step=%d epoch=%d position=%d from=%s",
@@ -201,6 +208,13 @@ class Trainer:
             "restore the file or delete the run's progress keys to start over"
         )
 
+    def _state(
+        self, step: int, epoch: int, position: int, rng: dict[str, torch.Tensor]
+    ) -> dict[str, Any]:
+        """The whole training state after ``step``: what snapshots and rescues hold."""
+        position_state = {"step": step, "epoch": epoch, "position": position}
+        return self.stepper.state_dict() | position_state | rng
+
     def _commit(
         self,
         step: int,
@@ -216,14 +230,7 @@ class Trainer:
         losses, self.losses = tuple(self.losses), []
         if self.rank != 0:
             return
-        state = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "step": step,
-            "epoch": epoch,
-            "position": position,
-            "rng": torch.get_rng_state(),
-        }
+        state = self._state(step, epoch, position, rng_state())
         world = world or self.world
 
         def commit(name: str) -> None:
@@ -292,12 +299,16 @@ class Trainer:
         """Train to the end (False) or to an agreed stop on SIGTERM (True)."""
         step, epoch, position = self.start
         total = self.manifest.num_samples
-        # The world is fixed for this process's life: shape and learning rates once.
-        shape = step_shape(self.policy, self.world, self.base_world, self.args.batch_size)
-        lr = self.base_lrs[0] * shape.lr_scale
-        self._interval_shape = (shape.global_batch, lr)
-        for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
-            group["lr"] = base_lr * shape.lr_scale
+        # The world is fixed for this process's life: the step shape and LR scale once.
+        shape = step_shape(
+            self.policy,
+            self.world,
+            self.base_world,
+            self.args.batch_size,
+            self.md.grad_accumulation,
+        )
+        self.stepper.lr_scale = shape.lr_scale
+        self._interval_shape = (shape.global_batch, self.stepper.lr)
         every = self.snapshot_policy.every
         sync_at = next_sync_step(step, None, every)
         synced_at, synced_step, snapshot_step = time.monotonic(), step, step
@@ -311,13 +322,15 @@ class Trainer:
             while position < total:
                 began = time.monotonic()
                 ids = order[position : position + shape.global_batch]
+                lr = self.stepper.lr  # the scheduler moves it on within the step
                 self._train_step(ids, shape.accumulation)
                 step, position = step + 1, position + len(ids)
                 if position >= total:
                     epoch, position = epoch + 1, 0
                     log.info("epoch end rank=%d epoch=%d step=%d", self.rank, epoch - 1, step)
                 self._finished = (step, epoch, position)
-                self._rng_after_step = torch.get_rng_state()
+                self._rng_after_step = rng_state()
+                self._interval_shape = (shape.global_batch, lr)
                 done = epoch >= self.manifest.epochs
                 stop = False
                 if self.args.step_time > 0:
@@ -339,8 +352,7 @@ class Trainer:
                             step,
                             epoch,
                             position,
-                            shape.global_batch,
-                            lr,
+                            *self._interval_shape,
                             complete=done,
                             wait=stop or done,
                         )
@@ -359,7 +371,7 @@ class Trainer:
         """Training broke (a peer died, mostly): keep the last finished step for the next
         world (``worker/rescue.py``), unless it broke halfway through an optimizer step."""
         step, epoch, position = self._finished
-        if self._stepping:
+        if self.stepper.stepping:
             log.error(
                 "training failed inside optimizer.step() rank=%d step=%d: no rescue, "
                 "the next world restores the committed snapshot",
@@ -370,13 +382,7 @@ class Trainer:
         batch, lr = self._interval_shape
         # Losses of steps not yet agreed are this rank's estimate of the global-batch mean.
         pending = [round(total * self.world / max(1, n), 6) for total, n in self._pending_losses]
-        state = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "step": step,
-            "epoch": epoch,
-            "position": position,
-            "rng": self._rng_after_step,
+        state = self._state(step, epoch, position, self._rng_after_step) | {
             "world_size": self.world,
             "global_batch": batch,
             "lr": lr,
@@ -426,29 +432,10 @@ class Trainer:
 
     def _train_step(self, ids: list[int], accumulation: int) -> None:
         """One optimizer step over the global batch ``ids``."""
-        mine = ids[self.rank :: self.world]
-        chunk = -(-len(mine) // accumulation) if mine else 0
-        loss_sum = 0.0
-        for micro in range(accumulation):
-            part = mine[micro * chunk : (micro + 1) * chunk] if chunk else []
-            last = micro == accumulation - 1
-            if not part and not last:
-                continue
-            with self.ddp.no_sync() if not last else contextlib.nullcontext():
-                if part:
-                    loss = self.md.loss(self.ddp, self._fetch(part))
-                    summed = self.md.loss_reduction == "sum"
-                    # DDP averages gradients over ranks; weight so the step's gradient is that
-                    # of the mean over the whole global batch, however it was split.
-                    weight = self.world if summed else self.world * len(part) / len(ids)
-                    (loss if weight == 1 else loss * weight).backward()
-                    loss_sum += loss.item() * (1 if summed else len(part))
-                else:  # no samples left for this rank: still join the gradient allreduce
-                    sum(p.sum() * 0 for p in self.ddp.parameters()).backward()
-        self._stepping = True
-        self.optimizer.step()
-        self._stepping = False
-        self.optimizer.zero_grad(set_to_none=True)
+        summed = self.md.loss_reduction == "sum"
+        loss_sum = self.stepper.run(
+            self.ddp, ids, self.rank, self.world, accumulation, self._fetch, self.md.loss, summed
+        )
         self._pending_losses.append((loss_sum, len(ids)))
 
 
