@@ -4,8 +4,6 @@ and by the ``elastic_train`` component (kfp.local, local launcher). With the scr
 final model once per epoch; a script using none of it (``tests/scripts/plain_ddp.py``) still
 restarts after a node loss and resumes from its own checkpoint."""
 
-from __future__ import annotations
-
 import contextlib
 import os
 import re
@@ -53,7 +51,9 @@ def test_own_script_through_the_master_loses_no_step_on_preemption(
         min_workers=1,
         max_workers=2,
         max_wait=60,
-        rdzv_conf="last_call_timeout=1",
+        # Both workers in the first round (formed at once when both wait): the preemption
+        # hits a training worker, never one still joining.
+        rdzv_conf="last_call_timeout=30",
         workdir=workdir,
         dataset_length=SAMPLES,
         shard_size=20,
@@ -151,7 +151,7 @@ def test_own_script_through_the_component_with_a_preemption(
         elastic_train(
             shard_manifest=shards.outputs["manifest"],
             command=command,
-            min_workers=2,
+            min_workers=2,  # both in the first round: the preemption hits a training worker
             max_workers=2,
             epochs=EPOCHS,
             batch_size=4,
