@@ -41,9 +41,8 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100)
     counter = StepCounter()
-    state = elastic.State(
-        model=model, optimizer=optimizer, scheduler=scheduler, counter=counter
-    )  # 1
+    extras = {"counter": counter}
+    state = elastic.State(model=model, optimizer=optimizer, scheduler=scheduler, **extras)  # 1
     loader = elastic.DataLoader(MyDataset(), state)  # 2
     batch_size = state.settings.batch_size  # per rank ($KFP_ELASTIC_BATCH_SIZE)
     for _epoch in state.epochs():  # 3
