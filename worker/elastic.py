@@ -26,8 +26,8 @@ Five added lines make a DDP script (e.g. pytorch/examples' DDP tutorial) elastic
 * ``commit()`` after each optimizer step counts it, snapshots when due (rank 0 writes, in the
   background; etcd records the step and data position) and, when any rank got SIGTERM, makes
   every rank stop at the same step after a committed snapshot: nothing trained is lost. An
-  exception (a peer died) writes this rank's rescue of the last committed step's successor
-  state before the process exits.
+  uncaught exception (a peer died) first writes this rank's rescue: the state after its last
+  counted step, which the next world restores when it is the newest.
 
 Settings come from the environment the master sets (``kfp_elastic/job_env.py``); under a plain
 ``torchrun --rdzv-backend=elastic-etcd`` the rendezvous plugin gives the etcd connection and
