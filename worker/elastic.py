@@ -57,7 +57,7 @@ from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.job_env import SNAPSHOT_DIR_ENV, JobEnv
 
-from .data_plan import epoch_order
+from .data_plan import epoch_order, step_ids, steps_left
 from .progress import INITIAL, Committed, Manifest, Progress, commit_with_retry, ensure_manifest
 from .rescue import Rescues, best_holder
 from .schedule import SnapshotPolicy, next_sync_step
@@ -200,11 +200,11 @@ class State:
         order = epoch_order(m.shards, self.epoch, m.seed, m.shuffle)
         batch = self.global_batch_size
         for start in range(self.position, m.num_samples, batch):
-            yield order[start : start + batch][self.rank :: self.world]
+            yield step_ids(order, start, batch, self.world, self.rank)
 
     def steps_left_in_epoch(self) -> int:
         assert self.manifest is not None
-        return -(-(self.manifest.num_samples - self.position) // self.global_batch_size)
+        return steps_left(self.manifest.num_samples, self.position, self.global_batch_size)
 
     # -- restore ------------------------------------------------------------------------------
     def _ensure_restored(self) -> None:
