@@ -10,7 +10,8 @@ import time
 import uuid
 from pathlib import Path
 
-RUN_ID_ENV = "KFP_ELASTIC_RUN_ID"  # every local worker process of a run carries it
+from kfp_elastic.job_env import RUN_ID_ENV  # every local worker process of a run carries it
+
 RUN_ID_LABEL = "kfp-elastic.io/run-id"  # every worker pod of a run carries it
 MAX_RUN_ID = 40  # pod names are {run_id}-worker-{index}-{attempt}, at most 63 characters
 

@@ -14,6 +14,7 @@ Every field has a CLI flag and a component parameter, both spelled from its name
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -102,7 +103,8 @@ def param_of(name: str, section: type | None = None) -> str | None:
 def field_error(name: str, problem: str, section: type | None = None) -> ValueError:
     """A ``ValueError`` naming field ``name`` and how a user sets it: ``min_workers
     (--min-workers / min_workers) must be >= 1, got 0``."""
-    ways = [w for w in (flag_of(name, section), param_of(name, section)) if w]
+    flag = flag_of(name, section) or ("after --" if name == "command" else None)
+    ways = [w for w in (flag, param_of(name, section)) if w]
     return ValueError(f"{name} ({' / '.join(ways)}) {problem}" if ways else f"{name} {problem}")
 
 
@@ -112,7 +114,22 @@ class Entry:
     ``Training`` settings), or ``command``: a script and its arguments, or ``-m MODULE ...``."""
 
     model_def: str = _option("", "module or file with model/loss/dataset (built-in runtime)")
-    command: tuple[str, ...] = _option((), "script [args] or -m MODULE [args]", flag=None)
+    # The CLI takes it after ``--``; the component as one string (``parse_command``).
+    command: tuple[str, ...] = _option(
+        (), "your own script: SCRIPT [ARGS] or -m MODULE [ARGS]", flag=None
+    )
+
+
+MODULE_FLAGS = ("-m", "--module")
+
+
+def parse_command(text: str) -> tuple[str, ...]:
+    """A command given as one string (the component's ``command`` parameter), split like a
+    shell does: ``"-m my_pkg.train --lr 0.1"`` or ``"/app/train.py --lr 0.1"``."""
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as error:
+        raise field_error("command", f"{text!r}: {error}", Entry) from None
 
 
 @dataclass(frozen=True)
@@ -405,7 +422,14 @@ class JobSpec:
             raise field_error("capacity", f"must be >= 0, got {capacity}")
         if bool(entry.model_def) == bool(entry.command):
             raise field_error(
-                "model_def", "or a command (after --): give exactly one of them", Entry
+                "model_def", "or a command (after -- / command): give exactly one of them", Entry
+            )
+        head = entry.command[0] if entry.command else ""
+        if head in MODULE_FLAGS and len(entry.command) < 2:
+            raise field_error("command", f"{head} needs a module name", Entry)
+        if head.startswith("-") and head not in (*MODULE_FLAGS, "--no-python", "--no_python"):
+            raise field_error(
+                "command", f"must start with a script path or -m MODULE, got {head!r}", Entry
             )
         if entry.model_def and self.launch.kind == "kubernetes" and not training.snapshot_dir:
             raise field_error(

@@ -10,15 +10,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kfp_elastic.job_spec import JobSpec, field_error
+from kfp_elastic.job_env import RUN_ID_ENV, SNAPSHOT_DIR_ENV, JobEnv
+from kfp_elastic.job_spec import MODULE_FLAGS, JobSpec, field_error
 from kfp_elastic.master.job import LauncherFactory
 from kfp_elastic.master.launcher import Launcher
 from kfp_elastic.master.state import MasterState
 
-SNAPSHOT_DIR_ENV = "KFP_ELASTIC_SNAPSHOT_DIR"  # the worker runtime's --snapshot-dir default
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _NO_PYTHON = ("--no-python", "--no_python")
-_MODULE = ("-m", "--module")
 
 
 def launcher_factory(spec: JobSpec) -> LauncherFactory:
@@ -44,12 +43,10 @@ def _local(spec: JobSpec) -> LauncherFactory:
     from kfp_elastic.master.local_launcher import LocalLauncher
 
     assert spec.etcd is not None
-    # Local workers share this machine's files: they get the very same etcd settings.
-    env = {**spec.etcd.to_env(), "KFP_ELASTIC_RUN_ID": spec.run_id}
     workdir = local_workdir(spec)
-    env[SNAPSHOT_DIR_ENV] = str(
-        spec.snapshot_dir or os.environ.get(SNAPSHOT_DIR_ENV) or workdir / "snapshots"
-    )
+    snapshot_dir = spec.snapshot_dir or os.environ.get(SNAPSHOT_DIR_ENV) or workdir / "snapshots"
+    # Local workers share this machine's files: they get the very same etcd settings.
+    env = {**spec.etcd.to_env(), **JobEnv.of(spec, str(snapshot_dir)).to_env()}
     endpoint = spec.etcd.endpoint_text
 
     def local(state: MasterState) -> Launcher:
@@ -106,12 +103,13 @@ def worker_pod_template(spec: JobSpec) -> Any:
     argv = list(spec.worker_argv())
     if argv[0] in _NO_PYTHON:
         raise field_error("command", "--no-python entries are not supported on kubernetes")
-    module = argv[0] in _MODULE
+    module = argv[0] in MODULE_FLAGS
     script, script_args = (argv[1], argv[2:]) if module else (argv[0], argv[1:])
     overrides = k8s.pod_overrides
     etcd_fields = etcd_pod_fields(
         etcd, k8s.etcd_tls_secret or None, k8s.etcd_password_secret or None
     )
+    etcd_fields["env"] = {**etcd_fields["env"], **job_env(spec)}
     return WorkerPodSpec(
         job_name=k8s.job_name or spec.run_id,
         run_id=spec.run_id,
@@ -139,6 +137,14 @@ def worker_pod_template(spec: JobSpec) -> Any:
         volume_mounts=tuple(overrides.get("volume_mounts") or ()),
         **etcd_fields,
     )
+
+
+def job_env(spec: JobSpec) -> dict[str, str]:
+    """The job's settings for worker pods (``kfp_elastic/job_env.py``), less what the pod spec
+    sets itself (the run id)."""
+    env = JobEnv.of(spec, str(spec.snapshot_dir or "")).to_env()
+    env.pop(RUN_ID_ENV)
+    return env
 
 
 def load_kubernetes_config() -> None:

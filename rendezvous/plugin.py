@@ -36,6 +36,7 @@ def create_handler(params: Any) -> Any:
     from .config import config_from_torch_params
 
     config = config_from_torch_params(params)
+    hand_etcd_settings_to_workers(config.etcd)
     if config.warm_start:
         from . import warm_start
 
@@ -43,6 +44,22 @@ def create_handler(params: Any) -> Any:
     from .handler import ElasticEtcdRendezvousHandler
 
     return ElasticEtcdRendezvousHandler(config)
+
+
+def hand_etcd_settings_to_workers(etcd: Any, environ: Any = os.environ) -> None:
+    """Workers inherit the agent's environment: give them this agent's etcd settings as the
+    ``KFP_ELASTIC_ETCD_*`` variables (``kfp_elastic/job_env.py``), so that the runtime and a
+    script's ``kfp_elastic.worker.elastic`` reach the same etcd under a plain torchrun with
+    ``--rdzv-conf``. Variables already set (by a master) are kept."""
+    from kfp_elastic.etcd.settings import ConfigError
+
+    try:
+        variables = etcd.to_env()
+    except ConfigError as error:  # a password not from a file cannot be handed on
+        logging.getLogger(__name__).warning("workers get no etcd settings: %s", error)
+        return
+    for name, value in variables.items():
+        environ.setdefault(name, value)
 
 
 def entry_point() -> Any:

@@ -7,6 +7,7 @@ import os
 
 from kfp_elastic import job_spec as job  # the job contract: the defaults shared with it
 from kfp_elastic.etcd import settings as etcd_settings
+from kfp_elastic.job_env import SNAPSHOT_DIR_ENV
 
 from .policy import BatchPolicy
 from .schedule import parse_snapshot_every
@@ -54,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--snapshot-dir",
-        default=os.environ.get("KFP_ELASTIC_SNAPSHOT_DIR"),
+        default=os.environ.get(SNAPSHOT_DIR_ENV),
         help="persisted snapshots (a PVC in a cluster)",
     )
     parser.add_argument("--local-snapshot-dir", default=None, help="fast node-local copy")
@@ -70,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except etcd_settings.ConfigError as error:
         parser.error(str(error))
     if not args.snapshot_dir:
-        parser.error("--snapshot-dir (or KFP_ELASTIC_SNAPSHOT_DIR) is required")
+        parser.error(f"--snapshot-dir (or {SNAPSHOT_DIR_ENV}) is required")
     if min(args.epochs, args.batch_size) < 1:
         parser.error("--epochs and --batch-size must be >= 1")
     try:

@@ -11,15 +11,21 @@ move in the same transaction as the record, so ``etcdctl get --prefix`` shows th
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.etcd.client import TRANSIENT_ERRORS
 from kfp_elastic.etcd.keys import QUEUE_STATES, ProgressKeys
 
-from .data_plan import QueueState, Shard, queue_state, shard_order
+from .data_plan import QueueState, Shard, queue_state, shard_order, shards_for_length
 
+log = logging.getLogger(__name__)
+
+COMMIT_RETRY_S = 60.0  # how long a commit waits out an unavailable etcd
 # etcd refuses transactions with more than 128 operations by default (--max-txn-ops).
 MAX_TXN_OPS = 120
 
@@ -288,3 +294,53 @@ def manifest_from_shards(
     if not shards or sum(s.size for s in shards) == 0:
         raise ValueError("the shard manifest is empty: nothing to train on")
     return Manifest(tuple(shards), epochs, seed, shuffle)
+
+
+def ensure_manifest(
+    progress: Progress, length: int, shard_size: int, epochs: int, seed: int
+) -> Manifest:
+    """The run's shard manifest: the one in etcd (the master's, or an earlier rank 0's), else
+    one of ``length`` samples published now; ``ValueError`` when it does not cover ``length``
+    samples (the dataset is not the one the manifest was made for)."""
+    existing = progress.manifest()
+    if existing is None:
+        shards = shards_for_length(length, shard_size or max(1, length // 64))
+        existing = progress.publish_manifest(manifest_from_shards(shards, epochs, seed))
+    if existing.num_samples != length:
+        raise ValueError(
+            f"shard manifest covers {existing.num_samples} samples but the training dataset "
+            f"has {length}"
+        )
+    return existing
+
+
+def commit_with_retry(
+    progress: Progress,
+    manifest: Manifest,
+    previous: Committed,
+    previous_revision: int,
+    new: Committed,
+    retry_s: float = COMMIT_RETRY_S,
+) -> int:
+    """CAS ``previous`` → ``new``; returns the new revision. A slow or restarting etcd is
+    waited out (``retry_s``), not fatal to training; a lost race raises ``RuntimeError``."""
+    deadline = time.monotonic() + retry_s
+    delay = 0.1
+    while True:
+        try:
+            revision = progress.commit(manifest, previous, previous_revision, new)
+            if not revision:
+                current, revision = progress.committed_record()
+                if current != new:  # an earlier attempt of ours did not land either
+                    raise RuntimeError(
+                        f"commit of step {new.step} lost a race; another rank 0 exists"
+                    )
+                # Ours landed but its answer was lost: its follow-up queue moves may not.
+                progress.reconcile_queues(manifest, new)
+            return revision
+        except TRANSIENT_ERRORS as error:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("commit of step %d failed, retrying error=%r", new.step, error)
+            time.sleep(delay)
+            delay = min(2 * delay, 2.0)

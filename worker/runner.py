@@ -26,13 +26,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset, default_collate
 
-from kfp_elastic.etcd.client import TRANSIENT_ERRORS, connect
+from kfp_elastic.etcd.client import connect
 
-from .data_plan import epoch_order, shards_for_length
+from .data_plan import epoch_order
 from .model_def import ModelDef, checked_scheduler, load_model_def
 from .options import parse_args
 from .policy import BatchPolicy, step_shape
-from .progress import INITIAL, Committed, Manifest, Progress, manifest_from_shards
+from .progress import INITIAL, Committed, Manifest, Progress, commit_with_retry, ensure_manifest
 from .rescue import Rescues, best_holder
 from .schedule import SnapshotPolicy, next_sync_step
 from .snapshot import SnapshotError, Snapshotter
@@ -40,7 +40,6 @@ from .train_step import TrainStep, rng_state, set_rng_state
 
 log = logging.getLogger("kfp_elastic.worker")
 EXIT_PREEMPTED = 143  # what a process killed by SIGTERM reports; never "success" mid-job
-COMMIT_RETRY_S = 60.0  # how long a commit waits out an unavailable etcd
 
 
 def _shared(value: Any, src: int = 0) -> Any:
@@ -106,21 +105,16 @@ class Trainer:
     # -- state --------------------------------------------------------------------------------
     def _manifest(self) -> Manifest:
         assert self.progress is not None
-        existing = self.progress.manifest()
-        if existing is None:
-            length = len(self.train_set)
-            shard_size = self.args.shard_size or max(1, length // 64)
-            existing = self.progress.publish_manifest(
-                manifest_from_shards(
-                    shards_for_length(length, shard_size), self.args.epochs, self.args.seed
-                )
+        try:
+            return ensure_manifest(
+                self.progress,
+                len(self.train_set),
+                self.args.shard_size,
+                self.args.epochs,
+                self.args.seed,
             )
-        if existing.num_samples != len(self.train_set):
-            raise ValueError(
-                f"shard manifest covers {existing.num_samples} samples but "
-                f"dataset('train') of {self.md.name} has {len(self.train_set)}"
-            )
-        return existing
+        except ValueError as error:
+            raise ValueError(f"{error} (dataset('train') of {self.md.name})") from None
 
     def _restore(self) -> None:
         """Restore the newest state any rank has: a survivor's rescue, else the committed one."""
@@ -251,30 +245,10 @@ class Trainer:
         self.snapshots.save(step, state, commit, wait=wait)
 
     def _commit_with_retry(self, new: Committed) -> None:
-        """CAS the commit; a slow or restarting etcd is waited out, not fatal to training."""
         assert self.progress is not None
-        deadline = time.monotonic() + COMMIT_RETRY_S
-        delay = 0.1
-        while True:
-            try:
-                revision = self.progress.commit(
-                    self.manifest, self.committed, self.committed_revision, new
-                )
-                if not revision:
-                    current, revision = self.progress.committed_record()
-                    if current != new:  # an earlier attempt of ours did not land either
-                        raise RuntimeError(
-                            f"commit of step {new.step} lost a race; another rank 0 exists"
-                        )
-                    # Ours landed but its answer was lost: its follow-up queue moves may not.
-                    self.progress.reconcile_queues(self.manifest, new)
-                break
-            except TRANSIENT_ERRORS as error:
-                if time.monotonic() + delay > deadline:
-                    raise
-                log.warning("commit of step %d failed, retrying error=%r", new.step, error)
-                time.sleep(delay)
-                delay = min(2 * delay, 2.0)
+        revision = commit_with_retry(
+            self.progress, self.manifest, self.committed, self.committed_revision, new
+        )
         self.committed, self.committed_revision = new, revision
 
     # -- training -----------------------------------------------------------------------------

@@ -27,6 +27,7 @@ def elastic_train(
     report: Output[HTML],
     task_config: dsl.TaskConfig,
     model_def: str = "kfp_elastic.worker.examples.digits",
+    command: str = "",
     min_workers: int = 1,
     max_workers: int = 2,
     nproc_per_worker: int = 1,
@@ -71,6 +72,11 @@ def elastic_train(
         task_config: filled by KFP from the task's Kubernetes settings (tolerations, node
             selector, affinity, volumes); they are applied to the worker pods.
         model_def: module with model(), loss(model, batch), dataset(split).
+        command: your own training script instead of ``model_def``: ``"-m pkg.train ARGS"``
+            or ``"/app/train.py ARGS"`` (in the worker image), run under torchrun with the
+            job's settings in its environment (docs/runtime.md, "Bring your own script").
+            Given, it replaces the default ``model_def``. Rank 0 writes the final model to
+            ``$KFP_ELASTIC_OUTPUT`` (``kfp_elastic.worker.elastic`` does it).
         min_workers: fewest workers to train with; max_workers: most.
         nproc_per_worker: processes per worker (GPUs per pod).
         batch_policy: fixed-global-batch | linear | sqrt (how a world size change scales).
@@ -121,6 +127,7 @@ def elastic_train(
     spec = run_job.job_spec(
         {
             "model_def": model_def,
+            "command": command,
             "shard_manifest": shard_manifest.path,
             "min_workers": min_workers,
             "max_workers": max_workers,
@@ -151,9 +158,9 @@ def elastic_train(
         owner_reference=owner,
     )
     kind = spec.launch.kind
+    what = f"command {command}" if spec.entry.command else f"model {model_def}"
     print(
-        f"elastic_train: run {rid}, {min_workers}..{max_workers} workers, launcher {kind}, "
-        f"model {model_def}",
+        f"elastic_train: run {rid}, {min_workers}..{max_workers} workers, launcher {kind}, " + what,
         flush=True,
     )
     result = run_job.run(spec, inject_faults, say=lambda line: print(line, flush=True))
@@ -163,7 +170,8 @@ def elastic_train(
     start = result.events[0].t if result.events else result.end_t
     settings = {
         "run_id": rid,
-        "model_def": model_def,
+        "model_def": spec.entry.model_def or "-",
+        "command": command or "-",
         "workers": f"{min_workers}..{max_workers}",
         "nproc_per_worker": nproc_per_worker,
         "epochs": epochs,
@@ -195,7 +203,8 @@ def elastic_train(
     run_job.export_model(result, model.path)
     model.metadata.update(
         {
-            "model_def": model_def,
+            "model_def": spec.entry.model_def,
+            "command": command,
             "framework": "pytorch",
             "format": "state_dict",
             "run_id": rid,

@@ -27,7 +27,13 @@ from kfp_elastic.components.elastic_train.summary import describe
 from kfp_elastic.components.shard_dataset.shard import read_manifest
 from kfp_elastic.etcd import settings as etcd_settings
 from kfp_elastic.etcd.settings import EtcdSettings
-from kfp_elastic.job_spec import FINAL_MODEL_FILE, JobSpec, spec_from_params
+from kfp_elastic.job_spec import (
+    DEFAULT_MODEL_DEF,
+    FINAL_MODEL_FILE,
+    JobSpec,
+    parse_command,
+    spec_from_params,
+)
 from kfp_elastic.master.job import LauncherFactory
 from kfp_elastic.master.timeline import Event, TimelineTail, read_timeline
 from kfp_elastic.master.wiring import launcher_factory
@@ -78,6 +84,12 @@ def job_spec(
             "reach an embedded etcd); deploy manifests/ and use its "
             f"kfp-elastic-config ConfigMap ({ENDPOINTS_ENV}), or pass etcd_endpoint"
         )
+    params = dict(params)
+    if isinstance(params.get("command"), str):
+        params["command"] = parse_command(params["command"])
+        # A command replaces the example model the component trains by default.
+        if params["command"] and params.get("model_def") == DEFAULT_MODEL_DEF:
+            params["model_def"] = ""
     workdir = str(Path(workdir or f"/tmp/kfp-elastic-{run_id}").resolve())
     # Snapshots of this run under the given root (a volume every pod mounts); the local
     # launcher's default root is the work directory, kubernetes has none (validate says so).
@@ -113,12 +125,15 @@ def validate(spec: JobSpec, inject_faults: str = "") -> tuple[Fault, ...]:
 
 def preflight(spec: JobSpec) -> int:
     """The model definition loads and its train split matches the manifest; returns the
-    number of samples."""
+    number of samples. A command is the user's own: its dataset is checked by the script API
+    against the manifest the master publishes."""
     from kfp_elastic.worker.model_def import load_model_def
 
     assert spec.data.shard_manifest is not None
     shards, document = read_manifest(spec.data.shard_manifest)
     total = sum(s.size for s in shards)
+    if spec.entry.command:
+        return total
     model_def = load_model_def(spec.entry.model_def)
     length = len(model_def.dataset("train"))
     if length != total:

@@ -38,7 +38,8 @@ from kfp_elastic.worker import options as worker_options
 
 ETCD = EtcdSettings.for_endpoint("127.0.0.1:2379")
 # The component and the pipeline train the example model by default; the CLI needs one given.
-KFP_DEFAULTS = {**contract.defaults(), "model_def": contract.DEFAULT_MODEL_DEF}
+# Their command is one string (parse_command), empty: none.
+KFP_DEFAULTS = {**contract.defaults(), "model_def": contract.DEFAULT_MODEL_DEF, "command": ""}
 
 
 def disagreements(defaults: dict[str, Any], expected: dict[str, Any]) -> list[str]:
