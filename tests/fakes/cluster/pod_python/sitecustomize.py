@@ -27,7 +27,7 @@ _FIXED_PATHS = {
         "SERVICE_TOKEN_FILENAME": f"{_SA}/token",
         "SERVICE_CERT_FILENAME": f"{_SA}/ca.crt",
     },
-    "kfp_elastic.components.common": {"SA_NAMESPACE": f"{_SA}/namespace"},
+    "kfp_elastic.master.wiring": {"SA_NAMESPACE": f"{_SA}/namespace"},
 }
 
 
