@@ -1,6 +1,6 @@
 """One training job on the test cluster, as a KFP run with the production settings would go.
 
-The compiled pipeline's ``shard-dataset`` and ``elastic-train`` tasks run as pods (command and
+The compiled pipeline's ``elastic-train`` task and its exit handler run as pods (command and
 args as compiled, executor input as the KFP launcher builds it; ``tests/fakes/cluster/kfp_task.py``)
 with the production overlay's ConfigMap and etcd with mutual TLS through a mounted Secret. The
 master (the ``elastic-train`` pod) creates worker pods that run ``torchrun
@@ -14,6 +14,7 @@ once, writes model, metrics and report; the exit handler's pod finds nothing lef
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kfp_elastic.components.common import normalize_run_id
+from kfp_elastic.components.shard_dataset.shard import build_manifest
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.keys import run_prefix_of
 from kfp_elastic.master.pod_spec import run_selector
@@ -35,7 +37,10 @@ from tests.fakes.cluster import TestCluster
 from tests.fakes.cluster.kfp_task import CompiledPipeline, production_config, task_pod, tls_secret
 from tests.helpers import REPO_ROOT, wait_for
 
-EPOCHS, SAMPLES, SHARDS = 5, 240, 12  # tests/model_defs/counting.py: 240 samples
+# Long enough (8 epochs of 15 steps of >= 0.4 s) that the retried master, which takes 10-15 s
+# to start on a loaded 2-core machine, finds the workers still training; each phase below moves
+# on at the first commit of the new world so that training time is not spent waiting.
+EPOCHS, SAMPLES, SHARDS = 8, 240, 12  # tests/model_defs/counting.py: 240 samples
 PARAMS = {
     "model_def": "tests.model_defs.counting",
     "num_shards": SHARDS,
@@ -44,7 +49,7 @@ PARAMS = {
     "epochs": EPOCHS,
     "batch_size": 8,
     "snapshot_every": 3,
-    "step_time": 0.3,
+    "step_time": 0.4,
     "worker_cpu": "1",
     "max_wait_s": 120.0,
 }
@@ -116,10 +121,12 @@ def test_training_task_as_master_pod_through_preemption_growth_and_a_retry(
                     f"pod {name} finished",
                 ) and str(phase(core, name, ns))
 
-            shards = run_task("shard-dataset", "shard-dataset")
-            assert finished("shard-dataset", 60) == "Succeeded", cluster.log("shard-dataset", ns=ns)
-
-            train_input = {"shard_manifest": shards.output("manifest")}
+            # What the shard-dataset task writes (its own code; not a pod: that would add ~8 s)
+            manifest = outputs / "shard-dataset" / "manifest"
+            manifest.parent.mkdir(parents=True)
+            document = build_manifest("", PARAMS["model_def"], "train", SHARDS, 0)
+            manifest.write_text(json.dumps(document))
+            train_input = {"shard_manifest": manifest}
             train = run_task("elastic-train", "elastic-train", input_artifacts=train_input)
             progress = Progress(etcd_client, run_prefix)
 
@@ -171,18 +178,19 @@ def test_training_task_as_master_pod_through_preemption_growth_and_a_retry(
             }
             core.create_namespaced_pod(ns, serving)
             before = step()
-            wait_for(lambda: committed(before + 3, world=1), 60, 0.2, "training with 1 worker")
+            wait_for(lambda: committed(before + 1, world=1), 60, 0.2, "training with 1 worker")
 
             # 3. the serving pod goes and a node comes: the Pending workers run, the world is 3
             core.delete_namespaced_pod("serving", ns, grace_period_seconds=0)
             cluster.add_node("node-2", cpu="1", memory="8Gi")
             before = step()
-            wait_for(lambda: committed(before + 3, world=3), 90, 0.2, "training with 3 workers")
+            wait_for(lambda: committed(before + 1, world=3), 90, 0.2, "training with 3 workers")
             running = {n for n, p in workers().items() if p == "Running"}
             assert len(running) == 3
 
             # 4. the master's pod is deleted (its node drained, the task retried): a new pod of
             # the same task (same executor input, as a KFP retry) adopts the running workers
+            step_at_retry = step()
             core.delete_namespaced_pod("elastic-train", ns)
             wait_for(lambda: phase(core, "elastic-train", ns) is None, 40, 0.2, "master pod gone")
             assert {n for n, p in workers().items() if p == "Running"} == running
@@ -197,12 +205,15 @@ def test_training_task_as_master_pod_through_preemption_growth_and_a_retry(
             )
             adopted = workers()
             assert {n for n, p in adopted.items() if p == "Running"} == running, (
+                f"master deleted at step {step_at_retry}, recovered at {step()} of "
+                f"{EPOCHS * SAMPLES // 16}",
                 adopted,
                 running,
                 log_tail(),
             )
             before = step()
-            wait_for(lambda: committed(before + 3, world=3), 60, 0.2, "training under the retry")
+            print(f"master deleted at step {step_at_retry}, the retry adopted at step {before}")
+            wait_for(lambda: committed(before + 1, world=3), 60, 0.2, "training under the retry")
             assert finished("elastic-train-retry-1", 180) == "Succeeded", log_tail()
 
             # the job: complete, exactly once, nothing lost to the preemption
