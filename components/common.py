@@ -12,7 +12,6 @@ from pathlib import Path
 
 from kfp_elastic.job_env import RUN_ID_ENV  # every local worker process of a run carries it
 
-RUN_ID_LABEL = "kfp-elastic.io/run-id"  # every worker pod of a run carries it
 MAX_RUN_ID = 40  # pod names are {run_id}-worker-{index}-{attempt}, at most 63 characters
 
 
@@ -72,15 +71,17 @@ def reap_local_processes(value: str, grace_s: float = 3.0, env: str = RUN_ID_ENV
 
 
 def delete_run_pods(run_id: str, namespace: str = "") -> list[str]:
-    """Delete every worker pod labelled with ``run_id``; returns their names."""
+    """Delete every worker pod of run ``run_id`` (by label: they have no owner that garbage
+    collection would follow); returns their names."""
     from kubernetes import client
 
+    from kfp_elastic.master.pod_spec import run_selector
     from kfp_elastic.master.wiring import load_kubernetes_config, pod_namespace
 
     load_kubernetes_config()
     namespace = pod_namespace(namespace)
     core = client.CoreV1Api()
-    pods = core.list_namespaced_pod(namespace, label_selector=f"{RUN_ID_LABEL}={run_id}")
+    pods = core.list_namespaced_pod(namespace, label_selector=run_selector(run_id))
     names = [pod.metadata.name for pod in pods.items]
     for name in names:
         with contextlib.suppress(client.ApiException):

@@ -225,7 +225,6 @@ class KubernetesSettings:
     )
     # tolerations, node_selector, affinity, volumes, volume_mounts (the KFP task's settings)
     pod_overrides: Mapping[str, Any] = _option(factory=dict, flag=None, param=None)
-    owner_reference: Mapping[str, Any] | None = _option(None, flag=None, param=None)
 
     def resolved(self, env: Mapping[str, str]) -> KubernetesSettings:
         """Empty settings filled from ``env`` (the ConfigMap's variables), else the defaults."""

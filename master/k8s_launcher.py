@@ -73,7 +73,7 @@ class KubernetesLauncher(Launcher):
         build_pod(template)  # fail at construction, not at the first launch
         self.template = template
         self.namespace = namespace
-        self.selector = job_selector(template.job_name)
+        self.selector = job_selector(template.job_name, template.effective_run_id)
         self._core = client.CoreV1Api(api_client)
         self._watch_timeout_s = watch_timeout_s
         self._request_timeout_s = request_timeout_s

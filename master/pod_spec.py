@@ -90,7 +90,6 @@ class WorkerPodSpec:
     image_pull_policy: str | None = None
     image_pull_secrets: tuple[str, ...] = ()
     run_as_user: int | None = 1000  # the uid of images/worker; None keeps the image's user
-    owner_reference: Mapping[str, Any] | None = None  # e.g. the master pod: GC deletes workers
 
     @property
     def effective_run_id(self) -> str:
@@ -129,9 +128,18 @@ def pod_name(job_name: str, worker_index: int, attempt: int) -> str:
     return f"{job_name}-worker-{worker_index}-{attempt}"
 
 
-def selector(job_name: str) -> str:
-    """Label selector matching every worker pod of a job."""
-    return f"{JOB_LABEL}={job_name},{COMPONENT_LABEL}=worker"
+def selector(job_name: str, run_id: str) -> str:
+    """The worker pods a master of run ``run_id`` watches and adopts. Worker pods have no
+    ownerReference (deleting the master pod must not delete them): a restarted master with the
+    same run id finds them by these labels, never the pods of another run that used the same
+    job name."""
+    return f"{JOB_LABEL}={job_name},{RUN_ID_LABEL}={run_id},{COMPONENT_LABEL}=worker"
+
+
+def run_selector(run_id: str) -> str:
+    """Every worker pod of run ``run_id``, whatever its job name: what the pipeline's exit
+    handler deletes."""
+    return f"{RUN_ID_LABEL}={run_id},{COMPONENT_LABEL}=worker"
 
 
 def build_pod(spec: WorkerPodSpec) -> dict[str, Any]:
@@ -152,8 +160,6 @@ def build_pod(spec: WorkerPodSpec) -> dict[str, Any]:
         metadata["namespace"] = spec.namespace
     if spec.annotations:
         metadata["annotations"] = dict(spec.annotations)
-    if spec.owner_reference:
-        metadata["ownerReferences"] = [{"controller": True, **spec.owner_reference}]
 
     volumes = [dict(v) for v in spec.volumes]
     mounts = [dict(m) for m in spec.volume_mounts]

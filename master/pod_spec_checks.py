@@ -193,10 +193,6 @@ def validate(spec: WorkerPodSpec) -> None:
     for toleration in spec.tolerations:
         _validate_toleration(toleration)
     _validate_volumes(spec)
-    if spec.owner_reference is not None:
-        missing = {"apiVersion", "kind", "name", "uid"} - set(spec.owner_reference)
-        if missing:
-            raise ValueError(f"owner_reference lacks {sorted(missing)}")
 
 
 def _validate_rdzv(spec: WorkerPodSpec) -> None:

@@ -129,7 +129,6 @@ def worker_pod_template(spec: JobSpec) -> Any:
         memory=k8s.memory or None,
         gpu=k8s.gpus,
         namespace=pod_namespace(k8s.namespace),
-        owner_reference=k8s.owner_reference,
         tolerations=tuple(overrides.get("tolerations") or ()),
         node_selector=dict(overrides.get("node_selector") or {}),
         affinity=overrides.get("affinity") or None,

@@ -111,9 +111,9 @@ def elastic_training(
         # pods) reach etcd's client port.
         for key, value in MASTER_POD_LABELS.items():
             kubernetes.add_pod_label(train, key, value)
-        # The master pod owns its worker pods: deleting it deletes them.
-        kubernetes.use_field_path_as_env(train, "KFP_ELASTIC_MASTER_POD", "metadata.name")
-        kubernetes.use_field_path_as_env(train, "KFP_ELASTIC_MASTER_POD_UID", "metadata.uid")
+        # No ownerReference from the worker pods to this task's pod: a KFP retry (or a preempted
+        # task pod) starts a new master that adopts the running workers by their run-id label;
+        # the run's end and the exit handler (stop_workers) delete them.
         # Forwarded to the worker pods (dsl.TaskConfig): workers may land on GPU nodes.
         kubernetes.add_toleration(
             train, key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"

@@ -116,14 +116,6 @@ def elastic_train(
     }
     if not snapshot_dir and mounts:
         snapshot_dir = os.path.join(mounts[0]["mountPath"], "snapshots")
-    owner = None
-    if os.environ.get("KFP_ELASTIC_MASTER_POD_UID"):
-        owner = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "name": os.environ["KFP_ELASTIC_MASTER_POD"],
-            "uid": os.environ["KFP_ELASTIC_MASTER_POD_UID"],
-        }
     spec = run_job.job_spec(
         {
             "model_def": model_def,
@@ -155,7 +147,6 @@ def elastic_train(
         snapshot_dir=snapshot_dir,
         workdir=os.path.join(os.path.dirname(report.path), "job"),
         pod_overrides=overrides,
-        owner_reference=owner,
     )
     kind = spec.launch.kind
     what = f"command {command}" if spec.entry.command else f"model {model_def}"

@@ -137,6 +137,10 @@ class TestCluster:
                 return path.read_text()
         return ""
 
+    def claim_path(self, claim: str, ns: str | None = None) -> Path:
+        """The host directory that stands for PersistentVolumeClaim ``claim`` (kubelet.py)."""
+        return self.root / "claims" / (ns or self.namespace) / claim
+
     def leftover_processes(self) -> set[int]:
         """Live processes started by this cluster's pods."""
         return run_pids(self.id, CLUSTER_ENV)

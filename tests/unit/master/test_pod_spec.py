@@ -18,6 +18,7 @@ from kfp_elastic.master.pod_spec import (
     WorkerPodSpec,
     build_pod,
     parse_quantity,
+    run_selector,
     selector,
 )
 
@@ -95,12 +96,6 @@ FULL = WorkerPodSpec(
     image_pull_policy="IfNotPresent",
     image_pull_secrets=("regcred",),
     run_as_user=2000,
-    owner_reference={
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "name": "resnet-master",
-        "uid": "0b6f3ad4-1111-2222-3333-444455556666",
-    },
 )
 
 
@@ -166,7 +161,7 @@ def test_every_passthrough_field_lands_in_the_manifest() -> None:
     assert meta["labels"]["team"] == "vision" and meta["labels"][INDEX_LABEL] == "3"
     assert meta["labels"][ATTEMPT_LABEL] == "2" and meta["labels"][RUN_ID_LABEL] == "resnet-run.7"
     assert meta["annotations"] == dict(FULL.annotations)
-    assert meta["ownerReferences"] == [{"controller": True, **FULL.owner_reference}]
+    assert "ownerReferences" not in meta  # owned by the run (labels), not by a master pod
     assert spec["priorityClassName"] == "kfp-elastic-worker-low"
     assert spec["serviceAccountName"] == "kfp-elastic-worker"
     assert spec["tolerations"] == [dict(t) for t in FULL.tolerations]
@@ -242,11 +237,29 @@ def test_build_is_a_pure_function_of_the_spec() -> None:
     assert FULL == before
 
 
+def _matches(selector_text: str, labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in (t.split("=") for t in selector_text.split(",")))
+
+
 def test_selector_matches_the_pod_labels() -> None:
     labels = build_pod(BASE)["metadata"]["labels"]
-    for term in selector("mnist").split(","):
-        key, value = term.split("=")
-        assert labels[key] == value
+    assert _matches(selector("mnist", "mnist"), labels)
+    assert _matches(run_selector("mnist"), labels)
+
+
+def test_a_restarted_master_adopts_only_the_pods_of_its_own_run() -> None:
+    """Same job name, another run id (an earlier run's leftovers): not adopted; same run id
+    under another job name: deleted by the exit handler's run selector all the same."""
+    this_run = build_pod(replace(BASE, run_id="run-2"))["metadata"]["labels"]
+    earlier_run = build_pod(replace(BASE, run_id="run-1"))["metadata"]["labels"]
+    renamed = build_pod(replace(BASE, job_name="other", run_id="run-2"))["metadata"]["labels"]
+    assert _matches(selector("mnist", "run-2"), this_run)
+    assert not _matches(selector("mnist", "run-2"), earlier_run)
+    assert [_matches(run_selector("run-2"), x) for x in (this_run, earlier_run, renamed)] == [
+        True,
+        False,
+        True,
+    ]
 
 
 def test_manifest_passes_the_kubernetes_schema() -> None:
@@ -332,7 +345,6 @@ def test_parse_quantity(text: str, value: Decimal) -> None:
             },
             "must be absolute",
         ),
-        ({"owner_reference": {"kind": "Pod", "name": "m"}}, "owner_reference lacks"),
     ],
 )
 def test_bad_input_is_named(change: dict[str, Any], message: str) -> None:
