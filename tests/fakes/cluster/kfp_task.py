@@ -47,6 +47,7 @@ _PLATFORM_KEYS = {
     "pvcMount",
     "fieldPathAsEnv",
     "tolerations",
+    "podMetadata",
 }
 
 
@@ -263,9 +264,15 @@ def task_pod(
         "metadata": {
             "name": pod_name,
             "labels": {
+                **platform.get("podMetadata", {}).get("labels", {}),
                 "pipelines.kubeflow.org/v2_component": "true",
                 "pipeline/runid": run_uuid,
             },
+            **(
+                {"annotations": dict(platform["podMetadata"]["annotations"])}
+                if platform.get("podMetadata", {}).get("annotations")
+                else {}
+            ),
         },
         "spec": spec,
     }

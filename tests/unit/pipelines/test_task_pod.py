@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kfp_elastic.master.pod_spec_checks import MASTER_POD_LABELS
 from tests.fakes.cluster.kfp_task import CompiledPipeline, task_pod
 
 RUN_UUID = "3c639d2a-d58d-4561-b6e6-0919a33ee348"
@@ -38,6 +39,8 @@ def test_elastic_train_pod_is_the_compiled_task(tmp_path: Path) -> None:
     assert values["run_id"] == RUN_UUID  # {{$.pipeline_job_uuid}}
     assert values["task_config"]["volumeMounts"] == [{"name": "pvc-0", "mountPath": str(claim)}]
     assert values["task_config"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    # The NetworkPolicy lets the master reach etcd by these labels.
+    assert MASTER_POD_LABELS.items() <= pod.manifest["metadata"]["labels"].items()
     manifest = executor_input["inputs"]["artifacts"]["shard_manifest"]["artifacts"][0]
     assert manifest["uri"] == str(tmp_path / "manifest")
     model = executor_input["outputs"]["artifacts"]["model"]["artifacts"][0]
