@@ -158,14 +158,15 @@ def _tree(value: Any, tensors: list[torch.Tensor]) -> Any:
 def _buffer_for(
     size: int, on_device: bool, reuse: bytearray | torch.Tensor | None
 ) -> bytearray | torch.Tensor:
-    """``reuse`` when it fits and is the right kind, else a new buffer: pinned host memory for
-    device tensors (device → host copies are then asynchronous DMA), a bytearray otherwise."""
-    if on_device:
-        if isinstance(reuse, torch.Tensor) and reuse.numel() >= size:
-            return reuse
-        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
-    if isinstance(reuse, bytearray) and len(reuse) >= size:
+    """``reuse`` when it fits, else a new buffer: pinned host memory (a uint8 tensor) for device
+    tensors, so that device → host copies are asynchronous DMA; a bytearray otherwise."""
+    if (
+        reuse is not None
+        and (len(reuse) if isinstance(reuse, bytearray) else reuse.numel()) >= size
+    ):
         return reuse
+    if on_device:
+        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
     return bytearray(size)
 
 
