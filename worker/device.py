@@ -46,6 +46,11 @@ log = logging.getLogger(__name__)
 NCCL_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
 
 
+class CollectiveAborted(RuntimeError):
+    """The process group was aborted (a peer is gone): what the last collective returned is
+    not to be used."""
+
+
 class DeviceError(RuntimeError):
     """The requested device cannot be used here; the message says why and what to set."""
 
@@ -158,6 +163,7 @@ class StallAbort:
         self._abort = abort
         self._progress_at = time.monotonic()
         self._sigterm_at: float | None = None
+        self.aborted = False  # set before the abort: whoever sees False saw a whole collective
         self._closed = threading.Event()
         self._reader, self._writer = socket.socketpair()
         self._reader.setblocking(False)
@@ -168,6 +174,12 @@ class StallAbort:
 
     def progress(self) -> None:
         self._progress_at = time.monotonic()
+
+    def check(self) -> None:
+        """Raise ``CollectiveAborted`` when the group was aborted: a collective cut short
+        returns (partial data) instead of raising."""
+        if self.aborted:
+            raise CollectiveAborted("process group aborted after SIGTERM; a peer is gone")
 
     def close(self) -> None:
         if self._closed.is_set():
@@ -192,11 +204,22 @@ class StallAbort:
                     os.getpid(),
                     self.grace_s,
                 )
+                self.aborted = True
                 try:
                     self._abort()
                 except Exception as error:  # noqa: BLE001 - nothing else can unblock it
                     log.error("process group abort failed error=%r", error)
                 return
+
+
+def settle(device: torch.device, stall: StallAbort | None) -> None:
+    """Before ``optimizer.step()``: wait for the step's device work (the gradient allreduce
+    included) and raise if the group was aborted meanwhile. An aborted allreduce completes with
+    partial gradients, which must never reach the parameters (nor a rescue)."""
+    if device.type != "cpu":
+        torch.accelerator.current_stream(device).synchronize()
+    if stall is not None:
+        stall.check()
 
 
 def abort_process_group() -> None:

@@ -34,6 +34,7 @@ from .device import (
     abort_process_group,
     init_process_group,
     place_this_process,
+    settle,
     to_device,
 )
 from .model_def import ModelDef, load_model_def
@@ -445,13 +446,15 @@ class Trainer:
             device=self.device,  # NCCL reduces device tensors only
         )
         dist.all_reduce(local)
+        stop, snapshot, next_step, *totals = local.tolist()
+        if self.stall is not None:
+            self.stall.check()  # an aborted allreduce returns whatever was there
         counts = [count for _, count in self._pending_losses]
         self.losses.extend(
-            round(float(total) / max(1, n), 6)
-            for total, n in zip(local[3:].tolist(), counts, strict=True)
+            round(float(total) / max(1, n), 6) for total, n in zip(totals, counts, strict=True)
         )
         self._pending_losses = []
-        return bool(local[0] > 0), bool(local[1] > 0), int(local[2])
+        return stop > 0, snapshot > 0, int(next_step)
 
     def _train_step(self, ids: list[int], accumulation: int) -> None:
         """One optimizer step over the global batch ``ids``."""
@@ -474,6 +477,7 @@ class Trainer:
                     loss_sum += loss.item() * (1 if summed else len(part))
                 else:  # no samples left for this rank: still join the gradient allreduce
                     sum(p.sum() * 0 for p in self.ddp.parameters()).backward()
+        settle(self.device, self.stall)
         self._stepping = True
         self.optimizer.step()
         self._stepping = False

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,12 @@ import torch
 
 from kfp_elastic.rendezvous.embedded_etcd import free_port
 from kfp_elastic.worker.device import (
+    CollectiveAborted,
     DeviceError,
+    StallAbort,
     backend_for,
     choose_device,
+    settle,
     stall_is_abortable,
     to_device,
 )
@@ -134,3 +138,18 @@ def test_sigterm_reaches_the_abort_while_the_main_thread_is_blocked_in_a_collect
             process.wait(10)
             if process.stdout is not None:
                 process.stdout.close()
+
+
+def test_an_abort_is_visible_to_the_training_thread_before_the_optimizer_step() -> None:
+    aborted = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # the trainer installs one
+    stall = StallAbort(0.0, aborted.set)
+    try:
+        settle(torch.device("cpu"), stall)  # nothing aborted: the step goes on
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert aborted.wait(10)
+        with pytest.raises(CollectiveAborted):
+            settle(torch.device("cpu"), stall)
+    finally:
+        stall.close()
+        signal.signal(signal.SIGTERM, previous)
