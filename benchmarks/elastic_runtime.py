@@ -83,6 +83,7 @@ from benchmarks.elastic_runtime_throughput import (  # noqa: E402
     bench_throughput,
     job_snapshot_every,
 )
+from kfp_elastic.job_spec import DEVICES  # noqa: E402
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd  # noqa: E402
 from kfp_elastic.rendezvous.local_agents import run_with_cleanup  # noqa: E402
 
@@ -289,6 +290,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--recovery-cap", type=float, default=90.0)
     parser.add_argument("--micro-n", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="the workers' --device (cuda: local node i uses GPU i %% count)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir")
     parser.add_argument(

@@ -20,6 +20,16 @@ HUGE = 10**9
 AUTO = 0  # --snapshot-every auto (the runner's default)
 
 
+def node_env(device: str, index: int) -> dict[str, str]:
+    """The environment of local node ``index``: with ``--device cuda`` its own GPU (each local
+    node's one process has LOCAL_RANK 0; NCCL refuses two ranks on one GPU)."""
+    if device != "cuda":
+        return {}
+    import torch
+
+    return {"CUDA_VISIBLE_DEVICES": str(index % max(1, torch.cuda.device_count()))}
+
+
 def steps_per_epoch(world: int) -> int:
     return -(-TRAIN_SAMPLES // (world * BATCH))
 

@@ -19,6 +19,7 @@ from benchmarks.elastic_runtime_common import (
     agents_done,
     group_log,
     median,
+    node_env,
     steps_per_epoch,
     worker_lines,
 )
@@ -77,9 +78,11 @@ def disrupt_run(
                     max_restarts=10,
                     rdzv_conf={"last_call_timeout": 1},
                     script="-m",
-                    env={"TIMED_STEPS_FILE": str(steps_file)},
+                    env={"TIMED_STEPS_FILE": str(steps_file), **node_env(args.device, index)},
                     script_args=[
                         "worker",
+                        "--device",
+                        args.device,
                         "--model-def",
                         TIMED,
                         "--epochs",

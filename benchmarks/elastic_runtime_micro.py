@@ -33,9 +33,11 @@ def bench_micro(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path) ->
 
     torch.set_num_threads(1)
     model_def = importlib.import_module(MODELS[args.model])
-    model = model_def.model()
+    # --device cuda: the state lives on the GPU and save() copies it into pinned host memory.
+    device = torch.device("cuda" if args.device == "cuda" else "cpu")
+    model = model_def.model().to(device)
     optimizer = model_def.optimizer(model.parameters())
-    features, labels = model_def.dataset("train")[:BATCH]
+    features, labels = (t.to(device) for t in model_def.dataset("train")[:BATCH])
 
     def train_step() -> None:
         loss = model_def.loss(model, [features, labels])

@@ -31,6 +31,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script by torchrun
 
 from benchmarks.timed_model_def import StepLog  # noqa: E402
+from kfp_elastic.job_spec import DEVICES  # noqa: E402
+from kfp_elastic.worker.device import place_this_process, to_device  # noqa: E402
 from kfp_elastic.worker.model_def import load_model_def  # noqa: E402
 
 
@@ -45,25 +47,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps-file", help="append a JSON line per step to this file")
     parser.add_argument("--output", type=Path, help="write the final state_dict here")
+    parser.add_argument("--device", choices=DEVICES, default="cpu", help="as the runtime's")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     md = load_model_def(args.model_def)
-    dist.init_process_group("gloo")
+    placement = place_this_process(args.device)  # the runtime's device and backend
+    dist.init_process_group(
+        placement.backend, device_id=placement.device if placement.on_accelerator else None
+    )
     rank, world = dist.get_rank(), dist.get_world_size()
     train = md.dataset("train")
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler, collate_fn=md.collate)
-    model = DistributedDataParallel(md.model())
+    model = DistributedDataParallel(
+        md.model().to(placement.device),
+        device_ids=[placement.device.index] if placement.on_accelerator else None,
+    )
     optimizer = md.optimizer(model.parameters())
     steps = StepLog(args.steps_file)
     step = 0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for batch in loader:
-            loss = md.loss(model, batch)
+            loss = md.loss(model, to_device(batch, placement.device))
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -44,6 +44,14 @@ DEFAULT_BATCH_POLICY = "fixed-global-batch"
 SNAPSHOT_EVERY_AUTO = 0
 DEFAULT_SNAPSHOT_EVERY = SNAPSHOT_EVERY_AUTO
 DEFAULT_STEP_TIME_S = 0.0  # no artificial minimum step time
+DEFAULT_DEVICE = "auto"  # the node's accelerator (LOCAL_RANK's device) if it has one, else CPU
+DEVICES = ("auto", "cpu", "cuda")
+# Seconds any one collective may take before it fails (torch's defaults: NCCL 10 min, Gloo
+# 30 min). Restoring broadcasts a whole state from rank 0, read from the persisted volume.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+# Seconds a stopped (SIGTERM) NCCL worker whose steps stalled waits before it aborts its
+# communicator and writes its rescue; torchrun SIGKILLs workers 30 s after SIGTERM.
+DEFAULT_COLLECTIVE_ABORT_S = 5.0
 FINAL_MODEL_FILE = "model.pt"  # rank 0 writes the final weights here, in the snapshot directory
 DEFAULT_LAUNCHER = "local"
 LAUNCHERS = ("local", "kubernetes")
@@ -177,6 +185,24 @@ class Training:
     step_time: float = _option(DEFAULT_STEP_TIME_S, "minimum seconds per step (demos)")
     snapshot_dir: str = _option(
         "", "shared snapshot directory (default: $KFP_ELASTIC_SNAPSHOT_DIR, else WORKDIR/snapshots)"
+    )
+    device: str = _option(
+        DEFAULT_DEVICE,
+        "auto | cpu | cuda: each process's device (auto: LOCAL_RANK's GPU if there is one)",
+        param=None,
+    )
+    collective_timeout_s: float = _option(
+        DEFAULT_COLLECTIVE_TIMEOUT_S,
+        "seconds one collective (allreduce, broadcast) may take before it fails",
+        flag="--collective-timeout",
+        param=None,
+    )
+    collective_abort_s: float = _option(
+        DEFAULT_COLLECTIVE_ABORT_S,
+        "seconds after SIGTERM without a finished step before a NCCL worker aborts its "
+        "communicator (a peer died) and writes its rescue",
+        flag="--collective-abort",
+        param=None,
     )
 
 
@@ -358,6 +384,8 @@ class JobSpec:
         argv += ["--batch-size", str(t.batch_size), "--lr", str(t.learning_rate)]
         argv += ["--policy", t.batch_policy, "--snapshot-every", str(t.snapshot_every)]
         argv += ["--step-time", str(t.step_time)]
+        argv += ["--device", t.device, "--collective-timeout", str(t.collective_timeout_s)]
+        argv += ["--collective-abort", str(t.collective_abort_s)]
         if self.snapshot_dir is not None:
             argv += ["--snapshot-dir", str(self.snapshot_dir)]
             argv += ["--output", str(self.snapshot_dir / FINAL_MODEL_FILE)]
@@ -391,6 +419,8 @@ class JobSpec:
             )
         positive = {
             "learning_rate": training.learning_rate,
+            "collective_timeout_s": training.collective_timeout_s,
+            "collective_abort_s": training.collective_abort_s,
             "max_wait_s": self.policy.max_wait_s,
             "finish_grace_s": self.policy.finish_grace_s,
             "leader_ttl_s": self.policy.leader_ttl_s,
@@ -403,6 +433,10 @@ class JobSpec:
             BatchPolicy.parse(training.batch_policy)
         except ValueError as error:
             raise field_error("batch_policy", str(error)) from None
+        if training.device not in DEVICES:
+            raise field_error(
+                "device", f"must be one of {', '.join(DEVICES)}, got {training.device!r}"
+            )
         if self.launch.kind not in LAUNCHERS:
             raise field_error(
                 "kind", f"must be one of {', '.join(LAUNCHERS)}, got {self.launch.kind!r}"

@@ -1,7 +1,7 @@
 """Run local torchrun agents as separate "nodes" (demo, tests, benchmarks, local launcher).
 
-Each :class:`Agent` is one ``python -m torch.distributed.run --nproc-per-node=1`` process in its
-own session (process group), like one pod. torchrun starts its workers with
+Each :class:`Agent` is one ``python -m torch.distributed.run --nproc-per-node=N`` (1 unless
+given) process in its own session (process group), like one pod. torchrun starts its workers with
 ``start_new_session=True`` too, so a worker is *not* in its agent's process group: the whole tree
 of an agent is found by a tag in the environment (inherited by the workers) and by walking
 ``/proc``. :class:`AgentGroup` SIGKILLs every tree it started when it exits, also on errors.
@@ -113,7 +113,7 @@ def _signal_quietly(pid: int, sig: signal.Signals) -> None:
 
 
 class Agent:
-    """One torchrun agent with ``--nproc-per-node=1``, started in its own session."""
+    """One torchrun agent (``--nproc-per-node=nproc_per_node``), started in its own session."""
 
     def __init__(
         self,
@@ -132,6 +132,7 @@ class Agent:
         env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
         name: str | None = None,
+        nproc_per_node: int = 1,
     ) -> None:
         self.name = name or f"agent-{uuid.uuid4().hex[:6]}"
         self.tag = f"{self.name}-{uuid.uuid4().hex}"
@@ -146,7 +147,7 @@ class Agent:
             f"--rdzv-endpoint={endpoint}",
             f"--rdzv-id={run_id}",
             f"--nnodes={nnodes}",
-            "--nproc-per-node=1",
+            f"--nproc-per-node={nproc_per_node}",
             f"--max-restarts={max_restarts}",
             f"--monitor-interval={monitor_interval}",
         ]

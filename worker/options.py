@@ -63,6 +63,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--step-time", type=float, default=job.DEFAULT_STEP_TIME_S, help="min seconds per step"
     )
+    parser.add_argument(
+        "--device",
+        default=job.DEFAULT_DEVICE,
+        choices=job.DEVICES,
+        help="auto: LOCAL_RANK's accelerator if the node has one, else the CPU",
+    )
+    parser.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=job.DEFAULT_COLLECTIVE_TIMEOUT_S,
+        help="seconds one collective may take before it fails",
+    )
+    parser.add_argument(
+        "--collective-abort",
+        type=float,
+        default=job.DEFAULT_COLLECTIVE_ABORT_S,
+        help="NCCL: seconds after SIGTERM without a finished step before the communicator is "
+        "aborted (a peer died) and the rescue written",
+    )
     # The master hands its etcd settings to every worker as KFP_ELASTIC_ETCD_* variables.
     etcd_settings.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -78,6 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.snapshot_every = parse_snapshot_every(args.snapshot_every)
     except ValueError as error:
         parser.error(str(error))
+    if min(args.collective_timeout, args.collective_abort) <= 0:
+        parser.error("--collective-timeout and --collective-abort must be > 0")
     if not 0 < args.snapshot_overhead < 1 or args.snapshot_max_interval <= 0:
         parser.error("--snapshot-overhead must be in (0, 1) and --snapshot-max-interval > 0")
     BatchPolicy.parse(args.policy)

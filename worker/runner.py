@@ -29,6 +29,15 @@ from torch.utils.data import TensorDataset, default_collate
 from kfp_elastic.etcd.client import connect
 
 from .data_plan import epoch_order
+from .device import (
+    Placement,
+    StallAbort,
+    abort_process_group,
+    init_process_group,
+    place_this_process,
+    settle,
+    to_device,
+)
 from .model_def import ModelDef, checked_scheduler, load_model_def
 from .options import parse_args
 from .policy import BatchPolicy, step_shape
@@ -50,10 +59,13 @@ def _shared(value: Any, src: int = 0) -> Any:
 
 
 class Trainer:
-    def __init__(self, args: argparse.Namespace, model_def: ModelDef) -> None:
+    def __init__(self, args: argparse.Namespace, model_def: ModelDef, placement: Placement) -> None:
         self.args = args
         self.md = model_def
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.device = placement.device
+        # One rescue writer per node: the node's ranks hold the same state after a step.
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.policy = BatchPolicy.parse(args.policy)
         run_id = os.environ.get("TORCHELASTIC_RUN_ID", "local")
         self.progress: Progress | None = None
@@ -68,6 +80,11 @@ class Trainer:
         self.train_set = model_def.dataset("train")
         self.stop_requested = False
         signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.stall = (
+            StallAbort(args.collective_abort, abort_process_group)
+            if placement.backend == "nccl"
+            else None
+        )
         self.manifest: Manifest = _shared(self._manifest() if self.rank == 0 else None)
         base = args.base_world_size or self.world
         self.base_world: int = _shared(
@@ -77,7 +94,7 @@ class Trainer:
         self.committed_revision = 0
         self.start: tuple[int, int, int] = (0, 0, 0)  # (step, epoch, position) restored
         self.losses: list[float] = []
-        self.model = model_def.model()
+        self.model = model_def.model().to(self.device)
         self.optimizer = (
             model_def.optimizer(self.model.parameters())
             if model_def.optimizer
@@ -92,7 +109,9 @@ class Trainer:
             self.model, self.optimizer, scheduler, model_def.amp, model_def.clip_grad_norm
         )
         self._restore()
-        self.ddp = DistributedDataParallel(self.model)
+        self.ddp = DistributedDataParallel(
+            self.model, device_ids=[self.device.index] if placement.on_accelerator else None
+        )
         self._pending_losses: list[tuple[float, int]] = []  # (this rank's loss sum, batch)
         # What a rescue would hold: the last finished step's position, RNG and batch shape.
         self._finished = self.start
@@ -119,7 +138,7 @@ class Trainer:
     def _restore(self) -> None:
         """Restore the newest state any rank has: a survivor's rescue, else the committed one."""
         committed, revision = _shared(self._committed_head() if self.rank == 0 else None)
-        mine = self.rescues.newest_after(committed.step)
+        mine = self.rescues.newest_after(committed.step) if self.local_rank == 0 else None
         steps: list[Any] = [None] * self.world
         dist.all_gather_object(steps, mine[0] if mine else -1)
         self.rescues.discard_up_to(committed.step)
@@ -258,13 +277,17 @@ class Trainer:
         except Exception:
             self._write_rescue()
             raise
+        finally:
+            if self.stall is not None:  # what follows (saving, exit) may take longer than a step
+                self.stall.close()
         if stopped:
             return EXIT_PREEMPTED
         if self.rank == 0:
             self.snapshots.wait()
             if self.args.output:
                 Path(self.args.output).parent.mkdir(parents=True, exist_ok=True)
-                torch.save(self.model.state_dict(), self.args.output)
+                weights = {k: v.cpu() for k, v in self.model.state_dict().items()}
+                torch.save(weights, self.args.output)
         dist.barrier()
         self.rescues.discard_up_to(self._finished[0])  # the job is complete: none can win
         return 0
@@ -305,6 +328,8 @@ class Trainer:
                 self._finished = (step, epoch, position)
                 self._rng_after_step = rng_state()
                 self._interval_shape = (shape.global_batch, lr)
+                if self.stall is not None:
+                    self.stall.progress()
                 done = epoch >= self.manifest.epochs
                 stop = False
                 if self.args.step_time > 0:
@@ -321,6 +346,8 @@ class Trainer:
                         )
                         proposal = (int(due), next_sync_step(step, step_time, every))
                     stop, snapshot, sync_at = self._sync(*proposal)
+                    if stop and self.stall is not None:
+                        self.stall.close()  # the stop is agreed: no collective can hang now
                     if snapshot or stop or done:
                         self._commit(
                             step,
@@ -345,6 +372,8 @@ class Trainer:
         """Training broke (a peer died, mostly): keep the last finished step for the next
         world (``worker/rescue.py``), unless it broke halfway through an optimizer step."""
         step, epoch, position = self._finished
+        if self.local_rank != 0:
+            return  # local rank 0 of this node writes the node's rescue
         if self.stepper.stepping:
             log.error(
                 "training failed inside optimizer.step() rank=%d step=%d: no rescue, "
@@ -394,21 +423,32 @@ class Trainer:
             [float(self.stop_requested), float(snapshot), float(next_sync)]
             + [loss for loss, _ in self._pending_losses],
             dtype=torch.float64,
+            device=self.device,  # NCCL reduces device tensors only
         )
         dist.all_reduce(local)
+        stop, snapshot, next_step, *totals = local.tolist()
+        if self.stall is not None:
+            self.stall.check()  # an aborted allreduce returns whatever was there
         counts = [count for _, count in self._pending_losses]
         self.losses.extend(
-            round(float(total) / max(1, n), 6)
-            for total, n in zip(local[3:].tolist(), counts, strict=True)
+            round(float(total) / max(1, n), 6) for total, n in zip(totals, counts, strict=True)
         )
         self._pending_losses = []
-        return bool(local[0] > 0), bool(local[1] > 0), int(local[2])
+        return stop > 0, snapshot > 0, int(next_step)
 
     def _train_step(self, ids: list[int], accumulation: int) -> None:
         """One optimizer step over the global batch ``ids``."""
         summed = self.md.loss_reduction == "sum"
         loss_sum = self.stepper.run(
-            self.ddp, ids, self.rank, self.world, accumulation, self._fetch, self.md.loss, summed
+            self.ddp,
+            ids,
+            self.rank,
+            self.world,
+            accumulation,
+            lambda part: to_device(self._fetch(part), self.device),
+            self.md.loss,
+            summed,
+            settle=lambda: settle(self.device, self.stall),
         )
         self._pending_losses.append((loss_sum, len(ids)))
 
@@ -420,9 +460,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parse_args(argv)
     model_def = load_model_def(args.model_def)
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend)
+    placement = place_this_process(args.device)
+    init_process_group(placement, args.collective_timeout)
+    log.info(
+        "placed rank=%s local_rank=%s device=%s backend=%s",
+        os.environ.get("RANK"),
+        os.environ.get("LOCAL_RANK"),
+        placement.device,
+        placement.backend,
+    )
     try:
-        return Trainer(args, model_def).run()
+        return Trainer(args, model_def, placement).run()
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # an abort already tore the group down
+            dist.destroy_process_group()

@@ -72,7 +72,8 @@ class Snapshotter:
         self._idle = threading.Event()
         self._idle.set()
         self._error: BaseException | None = None
-        self._buffer: bytearray | None = None  # reused: one snapshot is in flight at a time
+        # Reused (pinned host memory when the state is on a device): one snapshot is in flight.
+        self._buffer: bytearray | torch.Tensor | None = None
         self._packable = True
         self._sync_part_s = 0.0
         # What the last snapshot cost: the training thread's copy (wall) + the writer's CPU.

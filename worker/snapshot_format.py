@@ -72,14 +72,19 @@ class Packed:
 
     tree: Any
     table: list[dict[str, Any]]
-    buffer: bytearray
+    buffer: bytearray | torch.Tensor  # a pinned uint8 tensor when the state was on a device
     size: int
     _header: bytes | None = None
 
     @property
+    def payload(self) -> memoryview:
+        raw = self.buffer if isinstance(self.buffer, bytearray) else self.buffer.numpy()
+        return memoryview(raw).cast("B")[: self.size]
+
+    @property
     def header(self) -> bytes:
         if self._header is None:
-            payload = memoryview(self.buffer)[: self.size]
+            payload = self.payload
             header = json.dumps(
                 {
                     "format": 1,
@@ -104,7 +109,7 @@ class Packed:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             _write_all(descriptor, header, 0)
-            _write_all(descriptor, memoryview(self.buffer)[: self.size], len(header))
+            _write_all(descriptor, self.payload, len(header))
             os.ftruncate(descriptor, len(header) + self.size)
         finally:
             os.close(descriptor)
@@ -150,9 +155,26 @@ def _tree(value: Any, tensors: list[torch.Tensor]) -> Any:
     raise NotPackable(f"cannot store a {type(value).__qualname__} in a snapshot")
 
 
-def pack(state: dict[str, Any], reuse: bytearray | None = None) -> Packed:
+def _buffer_for(
+    size: int, on_device: bool, reuse: bytearray | torch.Tensor | None
+) -> bytearray | torch.Tensor:
+    """``reuse`` when it fits, else a new buffer: pinned host memory (a uint8 tensor) for device
+    tensors, so that device → host copies are asynchronous DMA; a bytearray otherwise."""
+    if (
+        reuse is not None
+        and (len(reuse) if isinstance(reuse, bytearray) else reuse.numel()) >= size
+    ):
+        return reuse
+    if on_device:
+        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    return bytearray(size)
+
+
+def pack(state: dict[str, Any], reuse: bytearray | torch.Tensor | None = None) -> Packed:
     """Copy ``state`` into ``reuse`` (grown if needed) and describe it; call on the thread that
-    owns the state, before it changes again."""
+    owns the state, before it changes again. Tensors on an accelerator are copied into pinned
+    host memory with non-blocking copies; this returns once those copies are done, so the
+    caller blocks for the copy only (checksum and write happen later, on the writer)."""
     tensors: list[torch.Tensor] = []
     tree = _tree(state, tensors)
     table, offset = [], 0
@@ -167,13 +189,21 @@ def pack(state: dict[str, Any], reuse: bytearray | None = None) -> Packed:
             }
         )
         offset += -(-nbytes // ALIGN) * ALIGN
-    buffer = reuse if reuse is not None and len(reuse) >= offset else bytearray(offset)
+    devices = {t.device for t in tensors if t.device.type != "cpu"}
+    buffer = _buffer_for(offset, bool(devices), reuse)
     if offset:
-        flat = torch.frombuffer(buffer, dtype=torch.uint8, count=offset)
+        flat = (
+            buffer
+            if isinstance(buffer, torch.Tensor)
+            else torch.frombuffer(buffer, dtype=torch.uint8, count=offset)
+        )
         for tensor, entry in zip(tensors, table, strict=True):
             if entry["nbytes"]:
                 source = tensor.contiguous().reshape(-1).view(torch.uint8)
-                flat[entry["offset"] : entry["offset"] + entry["nbytes"]].copy_(source)
+                target = flat[entry["offset"] : entry["offset"] + entry["nbytes"]]
+                target.copy_(source, non_blocking=source.device.type != "cpu")
+    for device in devices:  # the copies were queued on each device's current stream
+        torch.accelerator.current_stream(device).synchronize()
     return Packed(tree, table, buffer, offset)
 
 

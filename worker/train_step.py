@@ -106,9 +106,12 @@ class TrainStep:
         fetch: Callable[[list[int]], Any],
         loss: Callable[[Any, Any], torch.Tensor],
         summed: bool,
+        settle: Callable[[], None] = lambda: None,
     ) -> float:
         """One optimizer step over the global batch ``ids`` (dealt round-robin to ranks);
-        returns this rank's loss summed over its samples."""
+        returns this rank's loss summed over its samples. ``settle`` runs once the gradients
+        are reduced, before anything reads them (``worker/device.py``: an aborted collective
+        leaves partial gradients that must not reach the parameters)."""
         parts = micro_batches(ids[rank::world], accumulation)
         loss_sum = 0.0
         for index, part in enumerate(parts):
@@ -126,6 +129,7 @@ class TrainStep:
                     loss_sum += value.item() * (1 if summed else len(part))
                 else:  # no samples left for this rank: still join the gradient allreduce
                     self._backward(sum(p.sum() * 0 for p in ddp.parameters()))
+        settle()
         self._optimizer_step()
         return loss_sum
 

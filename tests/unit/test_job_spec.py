@@ -103,6 +103,9 @@ def test_the_worker_runtime_defaults_are_the_contract(monkeypatch: pytest.Monkey
         # the runtime parses the contract's 0 as "auto" (None)
         "snapshot_every": contract.SNAPSHOT_EVERY_AUTO if args.snapshot_every is None else -1,
         "step_time": args.step_time,
+        "device": args.device,
+        "collective_timeout_s": args.collective_timeout,
+        "collective_abort_s": args.collective_abort,
     }
     assert disagreements(runtime, contract.defaults()) == []
 
@@ -143,6 +146,15 @@ def job(**sections: Any) -> JobSpec:
         (job(training=Training(learning_rate=0)), "learning_rate (--lr / learning_rate) must be >"),
         (job(training=Training(snapshot_every=-1)), "snapshot_every (--snapshot-every / "),
         (job(training=Training(batch_policy="cubic")), "batch_policy (--batch-policy / "),
+        (job(training=Training(device="tpu")), "device (--device) must be one of auto, cpu, cuda"),
+        (
+            job(training=Training(collective_timeout_s=0)),
+            "collective_timeout_s (--collective-timeout) must be > 0",
+        ),
+        (
+            job(training=Training(collective_abort_s=-1)),
+            "collective_abort_s (--collective-abort) must be > 0",
+        ),
         (job(policy=Policy(max_wait_s=0)), "max_wait_s (--max-wait / max_wait_s) must be > 0"),
         (job(policy=Policy(max_failures=-1)), "max_failures (--max-failures / max_failures)"),
         (job(policy=Policy(leader_ttl_s=0)), "leader_ttl_s (--leader-ttl) must be > 0"),
@@ -196,14 +208,22 @@ def test_field_error_spells_flag_and_parameter_from_the_name() -> None:
 def test_the_builtin_entry_carries_the_training_settings() -> None:
     spec = job(
         data=Data(epochs=2, seed=7),
-        training=Training(batch_size=8, snapshot_every=0, snapshot_dir="/snap/r"),
+        training=Training(
+            batch_size=8,
+            snapshot_every=0,
+            snapshot_dir="/snap/r",
+            device="cuda",
+            collective_timeout_s=90,
+            collective_abort_s=3,
+        ),
     )
     argv = spec.worker_argv()
     assert argv[:4] == ("-m", "kfp_elastic.worker", "--model-def", "m")
     pairs = dict(zip(argv[4::2], argv[5::2], strict=True))
     assert pairs["--epochs"] == "2" and pairs["--seed"] == "7" and pairs["--batch-size"] == "8"
     assert pairs["--snapshot-every"] == "0" and pairs["--policy"] == "fixed-global-batch"
-    assert pairs["--output"] == "/snap/r/model.pt"
+    assert pairs["--output"] == "/snap/r/model.pt" and pairs["--device"] == "cuda"
+    assert pairs["--collective-timeout"] == "90" and pairs["--collective-abort"] == "3"
     command = replace(spec, entry=Entry(command=("train.py", "--x")))
     assert command.worker_argv() == ("train.py", "--x")
 

@@ -94,6 +94,18 @@ def test_the_buffer_is_reused_between_snapshots() -> None:
     assert second.buffer is first.buffer
 
 
+def test_a_state_packed_into_a_tensor_buffer_reads_back(tmp_path: Path) -> None:
+    # On a GPU the buffer is a pinned uint8 tensor (device -> host DMA lands in it directly).
+    state = {"w": torch.arange(10.0), "step": 3, "rng": torch.get_rng_state()}
+    buffer = torch.full((1 << 16,), 0xAB, dtype=torch.uint8)  # old bytes in the alignment gaps
+    packed = snapshot_format.pack(state, reuse=buffer)
+    assert packed.buffer is buffer
+    packed.write_to(tmp_path / "tensor.pt")
+    loaded = snapshot_format.load(tmp_path / "tensor.pt")
+    assert torch.equal(loaded["w"], state["w"]) and torch.equal(loaded["rng"], state["rng"])
+    assert loaded["step"] == 3
+
+
 @pytest.mark.parametrize(
     ("damage", "message"),
     [

@@ -1,0 +1,155 @@
+"""Device choice, backend choice and the stall abort (worker/device.py): the decisions are pure
+and run without a GPU; the abort's signal path runs for real in a gloo collective whose peer is
+stopped (the state a NCCL rank is in when its peer died)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from kfp_elastic.rendezvous.embedded_etcd import free_port
+from kfp_elastic.worker.device import (
+    CollectiveAborted,
+    DeviceError,
+    StallAbort,
+    backend_for,
+    choose_device,
+    settle,
+    stall_is_abortable,
+    to_device,
+)
+from tests.helpers import REPO_ROOT
+
+
+@pytest.mark.parametrize(
+    ("requested", "local_rank", "accelerator", "count", "expected"),
+    [
+        ("auto", 0, None, 0, torch.device("cpu")),
+        ("auto", 3, "cuda", 8, torch.device("cuda", 3)),
+        ("cpu", 1, "cuda", 8, torch.device("cpu")),
+        ("cuda", 1, "cuda", 2, torch.device("cuda", 1)),
+    ],
+)
+def test_each_local_rank_gets_its_own_device(
+    requested: str, local_rank: int, accelerator: str | None, count: int, expected: torch.device
+) -> None:
+    assert choose_device(requested, local_rank, accelerator, count) == expected
+
+
+@pytest.mark.parametrize(
+    ("requested", "local_rank", "accelerator", "count", "message"),
+    [
+        ("cuda", 0, None, 0, "no cuda device visible"),
+        ("cuda", 0, "xpu", 1, "no cuda device visible"),
+        ("auto", 2, "cuda", 2, "LOCAL_RANK=2 but only 2 cuda device"),
+        ("tpu", 0, None, 0, "--device must be one of auto, cpu, cuda"),
+    ],
+)
+def test_an_unusable_device_says_why(
+    requested: str, local_rank: int, accelerator: str | None, count: int, message: str
+) -> None:
+    with pytest.raises(DeviceError, match=message):
+        choose_device(requested, local_rank, accelerator, count)
+
+
+def test_the_backend_follows_the_device() -> None:
+    assert backend_for(torch.device("cpu")) == "gloo"
+    assert backend_for(torch.device("cuda", 1)) == "nccl"  # NCCL takes device tensors only
+    with pytest.raises(DeviceError, match="meta"):
+        backend_for(torch.device("meta"))
+
+
+def test_batches_on_the_cpu_are_left_as_they_are() -> None:
+    batch = {"x": torch.ones(2), "y": [torch.zeros(1)]}
+    assert to_device(batch, torch.device("cpu")) is batch
+
+
+@pytest.mark.parametrize(
+    ("now", "sigterm_at", "progress_at", "abort"),
+    [
+        (100.0, None, 0.0, False),  # no SIGTERM: a slow collective is the timeout's business
+        (104.0, 100.0, 90.0, False),  # within the grace
+        (105.0, 100.0, 90.0, True),  # no step since the SIGTERM for the grace: stuck
+        (105.0, 100.0, 102.0, False),  # steps still finish: the agreed stop is coming
+        (107.0, 100.0, 102.0, True),  # ... until they stop finishing
+    ],
+)
+def test_a_stall_after_sigterm_is_aborted_after_the_grace(
+    now: float, sigterm_at: float | None, progress_at: float, abort: bool
+) -> None:
+    assert stall_is_abortable(now, sigterm_at, progress_at, grace_s=5.0) is abort
+
+
+RANK = textwrap.dedent(
+    """
+    import os, signal, sys
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    from kfp_elastic.worker.device import StallAbort
+
+    rank, port = int(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=timedelta(seconds=120))
+    tensor = torch.ones(1)
+    dist.all_reduce(tensor)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)  # a peer that never takes part again
+    signal.signal(signal.SIGTERM, lambda *_: None)  # the trainer's: only sets a flag
+    StallAbort(0.5, lambda: os._exit(42))  # stands in for aborting the NCCL communicator
+    print("blocked", flush=True)
+    dist.all_reduce(tensor)  # blocks in C: no Python runs on this thread
+    sys.exit(1)
+    """
+)
+
+
+def test_sigterm_reaches_the_abort_while_the_main_thread_is_blocked_in_a_collective(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    port = str(free_port())
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(rank), port],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        assert ranks[0].stdout is not None
+        assert ranks[0].stdout.readline().strip() == "blocked"
+        ranks[0].send_signal(signal.SIGTERM)
+        assert ranks[0].wait(30) == 42
+    finally:
+        for process in ranks:
+            process.kill()
+            process.wait(10)
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+def test_an_abort_is_visible_to_the_training_thread_before_the_optimizer_step() -> None:
+    aborted = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # the trainer installs one
+    stall = StallAbort(0.0, aborted.set)
+    try:
+        settle(torch.device("cpu"), stall)  # nothing aborted: the step goes on
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert aborted.wait(10)
+        with pytest.raises(CollectiveAborted):
+            settle(torch.device("cpu"), stall)
+    finally:
+        stall.close()
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,229 @@
+"""Where a worker process computes: its device, the collective backend, batches on the device,
+and the abort that frees a rank stuck in a NCCL collective whose peer is gone.
+
+* **Device**: ``--device auto`` takes the accelerator ``torch.accelerator`` reports (CUDA on a
+  GPU node), ``LOCAL_RANK``'s device on it, else the CPU; ``cuda`` insists on one, ``cpu`` never
+  uses one. ``choose_device`` decides from plain values (tested without a GPU).
+* **Backend**: the one torch registers for the device type (``nccl`` for cuda, ``gloo`` for the
+  CPU): NCCL only takes device tensors, so every collective's tensor is made on
+  ``Placement.device``.
+* **Batches** reach an accelerator from pinned host memory with ``non_blocking`` copies.
+* **Abort**: a rank blocked in a NCCL collective (a peer died) runs no Python, so its SIGTERM
+  handler never does; torchrun SIGKILLs it 30 s later and the rescue is lost.
+  ``StallAbort`` learns of SIGTERM through ``signal.set_wakeup_fd`` (written by CPython's C-level
+  handler, whatever the main thread is doing) and, when no step finished for ``grace_s`` after
+  it, aborts the process group from its own thread. The blocked call then raises and the
+  training thread writes its rescue from device memory. Gloo needs none of this: its
+  collectives fail at once when a peer's connection drops (and its abort does not unblock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from kfp_elastic.job_spec import DEVICES  # --device: the job contract's choices
+
+log = logging.getLogger(__name__)
+
+# torch 2.13, ProcessGroupNCCL.hpp: 3 (SkipCleanUp, the default) tears the process down when the
+# watchdog sees a failed or timed-out collective, before any rescue is written; 2 (CleanUpOnly)
+# aborts the communicators and lets the blocked call raise. ``_abort_process_group`` advises 0 so
+# that the watchdog does not handle errors itself; 2 keeps the collective timeout effective for
+# a peer that hangs without anyone being stopped, and its clean-up is the same abort.
+NCCL_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+
+
+class CollectiveAborted(RuntimeError):
+    """The process group was aborted (a peer is gone): what the last collective returned is
+    not to be used."""
+
+
+class DeviceError(RuntimeError):
+    """The requested device cannot be used here; the message says why and what to set."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One process's device and the collective backend that goes with it."""
+
+    device: torch.device
+    backend: str
+
+    @property
+    def on_accelerator(self) -> bool:
+        return self.device.type != "cpu"
+
+
+def choose_device(
+    requested: str, local_rank: int, accelerator: str | None, count: int
+) -> torch.device:
+    """The device of the process with ``local_rank`` given the node's ``accelerator`` type
+    (``torch.accelerator.current_accelerator()``, None: none) and how many it has."""
+    if requested not in DEVICES:
+        raise DeviceError(f"--device must be one of {', '.join(DEVICES)}, got {requested!r}")
+    if requested == "cpu" or (requested == "auto" and (accelerator is None or count == 0)):
+        return torch.device("cpu")
+    wanted = accelerator if requested == "auto" else requested
+    if accelerator != wanted or count == 0:
+        raise DeviceError(
+            f"--device {requested}: no {wanted} device visible to this process "
+            f"(accelerator: {accelerator or 'none'}); use --device auto or cpu"
+        )
+    if not 0 <= local_rank < count:
+        raise DeviceError(
+            f"LOCAL_RANK={local_rank} but only {count} {wanted} device(s) are visible: "
+            "--nproc-per-node (nproc_per_worker) must not exceed the GPUs per node"
+        )
+    return torch.device(wanted, local_rank)
+
+
+def backend_for(device: torch.device) -> str:
+    """The collective backend for tensors on ``device`` (torch's registered default)."""
+    try:
+        return dist.get_default_backend_for_device(device)
+    except ValueError:
+        raise DeviceError(f"no collective backend for device type {device.type!r}") from None
+
+
+def place_this_process(requested: str) -> Placement:
+    """Choose this process's device (from ``LOCAL_RANK``) and make it the current one."""
+    accelerator = torch.accelerator.current_accelerator(check_available=True)
+    count = torch.accelerator.device_count() if accelerator is not None else 0
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = choose_device(requested, local_rank, accelerator.type if accelerator else None, count)
+    if device.type != "cpu":
+        # Before init_process_group: NCCL and the object collectives use the current device.
+        torch.accelerator.set_device_index(device.index)
+    return Placement(device, backend_for(device))
+
+
+def init_process_group(placement: Placement, timeout_s: float) -> None:
+    """The default process group for ``placement``, bound to its device, with ``timeout_s``
+    for every collective (torch's defaults: 10 min NCCL, 30 min Gloo)."""
+    if placement.backend == "nccl":
+        os.environ.setdefault(*NCCL_ERROR_HANDLING)
+    dist.init_process_group(
+        placement.backend,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=placement.device if placement.on_accelerator else None,
+    )
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` (tensors in dicts, lists, tuples) on ``device``; pinned + non-blocking copies
+    on an accelerator (the loss that reads them waits on the same stream)."""
+    if device.type == "cpu":
+        return batch
+    if isinstance(batch, torch.Tensor):
+        if batch.device == device:
+            return batch
+        if batch.device.type == "cpu" and not batch.is_pinned():
+            batch = batch.pin_memory()
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {key: to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, list):
+        return [to_device(value, device) for value in batch]
+    if isinstance(batch, tuple):
+        moved = [to_device(value, device) for value in batch]
+        return type(batch)(*moved) if hasattr(batch, "_fields") else tuple(moved)
+    return batch
+
+
+def stall_is_abortable(
+    now: float, sigterm_at: float | None, progress_at: float, grace_s: float
+) -> bool:
+    """Abort when a SIGTERM came and no step finished for ``grace_s`` since it (or since the
+    last one after it): a healthy world reaches its agreed stop within a sync interval."""
+    if sigterm_at is None:
+        return False
+    return now - max(sigterm_at, progress_at) >= grace_s
+
+
+class StallAbort:
+    """Aborts ``abort()`` (the process group) when this process was asked to stop (SIGTERM) and
+    its training thread then makes no progress for ``grace_s``. ``progress()`` after each
+    finished step; ``close()`` at the end. One per process (it owns the signal wakeup fd)."""
+
+    def __init__(self, grace_s: float, abort: Callable[[], None]) -> None:
+        self.grace_s = grace_s
+        self._abort = abort
+        self._progress_at = time.monotonic()
+        self._sigterm_at: float | None = None
+        self.aborted = False  # set before the abort: whoever sees False saw a whole collective
+        self._closed = threading.Event()
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+        self._previous_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="stall-abort")
+        self._thread.start()
+
+    def progress(self) -> None:
+        self._progress_at = time.monotonic()
+
+    def check(self) -> None:
+        """Raise ``CollectiveAborted`` when the group was aborted: a collective cut short
+        returns (partial data) instead of raising."""
+        if self.aborted:
+            raise CollectiveAborted("process group aborted after SIGTERM; a peer is gone")
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        with contextlib.suppress(ValueError):  # not the main thread: nothing to restore
+            signal.set_wakeup_fd(self._previous_fd)
+        self._thread.join(timeout=1)
+        self._reader.close()
+        self._writer.close()
+
+    def _watch(self) -> None:
+        while not self._closed.wait(0.1 if self._sigterm_at is None else 0.05):
+            with contextlib.suppress(BlockingIOError, OSError):
+                if signal.SIGTERM in self._reader.recv(64) and self._sigterm_at is None:
+                    self._sigterm_at = time.monotonic()
+            if stall_is_abortable(
+                time.monotonic(), self._sigterm_at, self._progress_at, self.grace_s
+            ):
+                log.warning(
+                    "aborting process group pid=%d reason=no step finished %.1fs after SIGTERM",
+                    os.getpid(),
+                    self.grace_s,
+                )
+                self.aborted = True
+                try:
+                    self._abort()
+                except Exception as error:  # noqa: BLE001 - nothing else can unblock it
+                    log.error("process group abort failed error=%r", error)
+                return
+
+
+def settle(device: torch.device, stall: StallAbort | None) -> None:
+    """Before ``optimizer.step()``: wait for the step's device work (the gradient allreduce
+    included) and raise if the group was aborted meanwhile. An aborted allreduce completes with
+    partial gradients, which must never reach the parameters (nor a rescue)."""
+    if device.type != "cpu":
+        torch.accelerator.current_stream(device).synchronize()
+    if stall is not None:
+        stall.check()
+
+
+def abort_process_group() -> None:
+    """Abort every NCCL communicator of this process (torch 2.13:
+    ``distributed_c10d._abort_process_group``, which calls ``ProcessGroupNCCL.abort()`` inside
+    one NCCL group so that communicators cannot deadlock each other, pytorch#119797)."""
+    dist.distributed_c10d._abort_process_group()
