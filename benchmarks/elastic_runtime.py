@@ -1,7 +1,7 @@
 """What does the elastic worker runtime cost, and how many steps does a lost node cost?
 
     python benchmarks/elastic_runtime.py [--quick] [--parts throughput,disrupt,micro]
-                                         [--model digits|wide] [--jobs static,k10,...]
+                                         [--model digits|wide|1b] [--jobs static,k10,...]
                                          [--out FILE] [--keep-logs]
 
 Everything runs on local processes against one embedded etcd; one torchrun agent with one gloo

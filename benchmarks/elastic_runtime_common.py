@@ -11,7 +11,11 @@ from pathlib import Path
 from kfp_elastic.rendezvous.local_agents import AgentGroup
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-MODELS = {"digits": "kfp_elastic.worker.examples.digits", "wide": "benchmarks.wide_digits"}
+MODELS = {
+    "digits": "kfp_elastic.worker.examples.digits",
+    "wide": "benchmarks.wide_digits",
+    "1b": "benchmarks.billion_params",  # GPU only: 8.6 GB of state
+}
 TIMED = "benchmarks.timed_model_def"
 BATCH = 32  # per worker
 TRAIN_SAMPLES = 1437  # digits train split (80 % of 1,797)
