@@ -28,8 +28,10 @@ launcher in this process (a thread), because the growth event changes the launch
 ``capacity`` while the job runs.
 
 Besides the seconds to the first step, each event records when the master saw it on the timeline
-(``lost_s``: the worker recorded lost; ``round_s``: the new world's round formed), which splits
-the time into "the platform took the worker away / brought it" and "the workers re-formed".
+(``lost_s``: the worker recorded lost; ``round_s``: the new world's round formed) and, for grow,
+when the new worker's processes were first seen (``started_s``: the platform's part — scheduler
+and kubelet, or the launcher's tick); what follows is the same on both paths (torchrun and
+``import torch`` in the new worker, the round, every worker restarting and restoring).
 
 Every process (pods, local workers, etcd) is killed on exit, error, Ctrl-C or SIGTERM.
 
@@ -86,6 +88,8 @@ class Measured:
     seconds: float | None = None  # event -> first step of the target world
     lost_s: float | None = None  # shrink: event -> the master recorded the worker lost
     round_s: float | None = None  # event -> the master saw the target world's round formed
+    # grow: event -> the new worker's processes seen running (polled every ~50 ms)
+    started_s: float | None = None
     victim: str = ""  # shrink: the worker taken away
     victim_rank: int | None = None  # its rank in the world before
     error: str | None = None
@@ -107,6 +111,11 @@ def steps_since(steps: Iterable[Mapping[str, Any]], world: int, after: float) ->
     return sum(
         1 for s in steps if s.get("world") == world and s.get("rank") == 0 and s["t"] > after
     )
+
+
+def new_processes(before: Mapping[str, set[int]], now: Mapping[str, set[int]]) -> set[str]:
+    """Workers that run processes now and ran none before (a Pending worker that started)."""
+    return {name for name, pids in now.items() if pids and not before.get(name)}
 
 
 def rank_of(steps: Iterable[Mapping[str, Any]], pids: set[int], before: float) -> int | None:
@@ -133,6 +142,7 @@ def summarize(runs: Sequence[Measured]) -> dict[str, Any]:
                 "max_s": max(seconds) if seconds else None,
                 "median_lost_s": _median([r.lost_s for r in mine if r.lost_s is not None]),
                 "median_round_s": _median([r.round_s for r in mine if r.round_s is not None]),
+                "median_started_s": _median([r.started_s for r in mine if r.started_s is not None]),
                 "measured": len(seconds),
                 "runs": len(mine),
             }
@@ -259,8 +269,17 @@ def measure(job: TrainingPath, args: argparse.Namespace) -> list[Measured]:
                     wait_until(lambda: job.pending() >= 1, args.cap, "a Pending worker", job)
                 pids = job.worker_pids()
                 run.t = job.shrink(repeat) if event == "shrink" else job.grow(repeat)
+
+                def reached(
+                    run: Measured = run, world: int = world, pids: dict[str, set[int]] = pids
+                ) -> bool:
+                    if run.event == "grow" and run.started_s is None:
+                        if new_processes(pids, job.worker_pids()):
+                            run.started_s = round(time.time() - run.t, 3)
+                    return first_after(step_times(job.steps(), world), run.t) is not None
+
                 wait_until(
-                    lambda: first_after(step_times(job.steps(), world), run.t) is not None,  # noqa: B023
+                    reached,
                     args.cap,
                     f"a step of the {world}-worker world",
                     job,
@@ -281,8 +300,13 @@ def measure(job: TrainingPath, args: argparse.Namespace) -> list[Measured]:
             except (TimeoutError, RuntimeError) as error:
                 run.error = f"{type(error).__name__}: {error}"
             shown = (
-                f"{run.seconds} s (master saw: lost {run.lost_s}, round {run.round_s}; "
-                f"victim {run.victim or '-'} rank {run.victim_rank})"
+                (
+                    f"{run.seconds} s (master saw: lost {run.lost_s}, round {run.round_s}; "
+                    f"victim {run.victim} rank {run.victim_rank})"
+                    if event == "shrink"
+                    else f"{run.seconds} s (new worker running {run.started_s}, master saw "
+                    f"round {run.round_s})"
+                )
                 if run.error is None
                 else f"FAILED ({run.error})"
             )

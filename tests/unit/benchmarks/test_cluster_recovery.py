@@ -12,6 +12,7 @@ from benchmarks.cluster_recovery import (
     first_after,
     job_params,
     main,
+    new_processes,
     parse_args,
     rank_of,
     step_times,
@@ -78,6 +79,13 @@ def test_victim_rank_is_its_last_rank_before_the_event() -> None:
     assert rank_of(STEPS, {999}, before=20.0) is None
 
 
+def test_a_started_worker_is_one_that_runs_processes_now_and_ran_none_before() -> None:
+    before = {"w-0": {1, 2}, "w-1": {3}, "w-2": set()}  # w-2: a Pending pod
+    assert new_processes(before, {"w-0": {1, 2}, "w-1": {3}, "w-2": set()}) == set()
+    assert new_processes(before, {"w-0": {1, 2}, "w-2": {7}}) == {"w-2"}
+    assert new_processes(before, {"w-0": {1, 2}, "w-1": {3}, "w-3": {8}}) == {"w-3"}
+
+
 def test_summary_medians_and_cluster_over_local_ratio() -> None:
     runs = [
         Measured("cluster", "shrink", 0, seconds=4.0, lost_s=2.0, round_s=0.5),
@@ -85,7 +93,7 @@ def test_summary_medians_and_cluster_over_local_ratio() -> None:
         Measured("cluster", "shrink", 2, seconds=5.0, lost_s=3.0, round_s=0.6),
         Measured("local", "shrink", 0, seconds=2.5),
         Measured("local", "shrink", 1, error="TimeoutError: late"),
-        Measured("cluster", "grow", 0, seconds=9.0, round_s=5.0),
+        Measured("cluster", "grow", 0, seconds=9.0, round_s=5.0, started_s=1.5),
         Measured("local", "grow", 0, error="RuntimeError: ended"),
     ]
     summary = summarize(runs)
@@ -96,6 +104,7 @@ def test_summary_medians_and_cluster_over_local_ratio() -> None:
         "max_s": 6.0,
         "median_lost_s": 2.0,
         "median_round_s": 0.6,
+        "median_started_s": None,
         "measured": 3,
         "runs": 3,
     }
@@ -103,6 +112,7 @@ def test_summary_medians_and_cluster_over_local_ratio() -> None:
     assert (shrink["local"]["runs"], shrink["ratio_cluster_local"]) == (2, 2.0)
     # Nothing measured on one side: no ratio, and the table says so instead of failing.
     assert summary["grow"]["local"]["median_s"] is None
+    assert summary["grow"]["cluster"]["median_started_s"] == 1.5
     assert summary["grow"]["ratio_cluster_local"] is None
     lines = table(summary).splitlines()
     assert lines[1].split()[-3:] == ["5.00", "2.50", "2.00"]
