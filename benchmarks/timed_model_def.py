@@ -16,6 +16,12 @@ file, and a SIGKILLed process has lost nothing it wrote) each time ``optimizer.s
 group's learning rate the step used (batch-policy scale included). ``benchmarks/
 static_ddp_baseline.py`` writes the same lines, so both sides pay the same few µs per step.
 
+Without ``$TIMED_STEPS_FILE`` the lines go to ``timed_steps.jsonl`` in the run's snapshot
+directory (``$KFP_ELASTIC_SNAPSHOT_DIR``, which every launcher sets): worker pods get no
+environment of the benchmark's, only what the master gives them
+(``benchmarks/cluster_recovery.py``). The runtime finds its own files there by name
+(``snapshot-*.pt``, ``rescue-*.pt``), so the extra file disturbs nothing.
+
 ``TIMED_ETCD_REQUEST_TIMEOUT=S`` (benchmark only): the runtime's etcd client gets an S-second
 request deadline instead of 5 s. The throughput benchmark stops workers with SIGSTOP for seconds
 at a time; a commit in flight at that moment must not pass its (wall-clock) deadline meanwhile.
@@ -31,10 +37,16 @@ import time
 
 import torch
 
+from kfp_elastic.job_env import SNAPSHOT_DIR_ENV
 from kfp_elastic.worker.model_def import load_model_def
 
 _inner = load_model_def(os.environ.get("TIMED_MODEL_DEF", "kfp_elastic.worker.examples.digits"))
-_FILE = os.environ.get("TIMED_STEPS_FILE")
+STEPS_FILE_NAME = "timed_steps.jsonl"  # in the snapshot directory, without $TIMED_STEPS_FILE
+_FILE = os.environ.get("TIMED_STEPS_FILE") or (
+    os.path.join(os.environ[SNAPSHOT_DIR_ENV], STEPS_FILE_NAME)
+    if os.environ.get(SNAPSHOT_DIR_ENV)
+    else None
+)
 _NUMBERS = os.environ.get("TIMED_STEP_NUMBERS", "1") != "0"
 
 if os.environ.get("TIMED_ETCD_REQUEST_TIMEOUT"):
@@ -80,6 +92,8 @@ class StepLog:
     """One JSON line per step, appended with one write() (shared by the processes of a job)."""
 
     def __init__(self, path: str | None) -> None:
+        if path:  # the snapshot directory may not exist yet when the optimizer is made
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else None
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
