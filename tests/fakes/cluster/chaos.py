@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from kfp_elastic.rendezvous.local_agents import wait_for
 
 if TYPE_CHECKING:
+    from kfp_elastic.worker.progress import Committed
     from tests.fakes.cluster.training_run import TrainingRun
 
 log = logging.getLogger(__name__)
@@ -121,25 +122,23 @@ class ChaosExecutor:
         self.added = 0
 
     def apply(self, plan: list[ChaosEvent]) -> list[ChaosOutcome]:
+        """Fire ``plan``; the outcomes of the events fired (fewer when the job ended first)."""
         outcomes: list[ChaosOutcome] = []
         for event in plan:
-            before = self.run.wait_committed(
-                (outcomes[-1].step + 1) if outcomes else 1,
-                timeout=self.timeout_s,
-                what=f"progress before chaos event {event.index}",
-            )
+            before = self._progress(outcomes[-1].step + 1 if outcomes else 1, f"before {event}")
+            if before is None or before.complete:
+                log.info("event=chaos_stopped index=%d reason=job_complete", event.index)
+                break
             fired = time.monotonic()
             target = self._fire(event)
-            after = self.run.wait_committed(
-                before.step + 1, timeout=self.timeout_s, what=f"progress after chaos {event}"
-            )
+            after = self._progress(before.step + 1, f"after {event}")
             outcome = ChaosOutcome(
                 index=event.index,
                 kind=event.kind,
                 target=target,
                 step=before.step,
                 world_before=before.world_size,
-                world_after=after.world_size,
+                world_after=after.world_size if after else 0,
                 recovery_s=round(time.monotonic() - fired, 2),
             )
             log.info(
@@ -156,12 +155,24 @@ class ChaosExecutor:
             outcomes.append(outcome)
         return outcomes
 
+    def _progress(self, at_least: int, what: str) -> Committed | None:
+        """The first commit of step ``at_least`` or later, or the job's last one if it
+        completed before; a lost master pod is run again meanwhile (``wait_committed``)."""
+
+        def moved() -> bool:
+            record = self.run.committed()
+            return record is not None and (record.step >= at_least or record.complete)
+
+        self.run.wait_until(moved, self.timeout_s, f"progress to step {at_least} {what}")
+        record = self.run.committed()
+        return record if record is not None and record.step >= at_least else None
+
     def _fire(self, event: ChaosEvent) -> str:
         run, kind = self.run, event.kind
         if kind in (ChaosKind.PREEMPT_WORKER, ChaosKind.KILL_WORKER):
-            target = _choose(event, list(run.running_workers()), "running workers")
+            target = choose_target(event, list(run.running_workers()), "running workers")
         elif kind is ChaosKind.REMOVE_NODE:
-            target = _choose(event, run.nodes(), "nodes")
+            target = choose_target(event, run.nodes(), "nodes")
         elif kind is ChaosKind.DELETE_MASTER:
             target = run.master
         elif kind is ChaosKind.RESTART_ETCD:
@@ -189,7 +200,8 @@ class ChaosExecutor:
         return target
 
 
-def _choose(event: ChaosEvent, candidates: list[str], what: str) -> str:
+def choose_target(event: ChaosEvent, candidates: list[str], what: str) -> str:
+    """The event's target among ``candidates`` (pure): sorted, so a seed replays the same."""
     if not candidates:
         raise AssertionError(f"chaos event {event}: no {what} to choose from")
     return sorted(candidates)[event.pick % len(candidates)]

@@ -23,7 +23,7 @@ import logging
 import os
 import signal
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,7 @@ class TrainingRun:
         self.pipeline = CompiledPipeline.load()
         self.master = MASTER_TASK  # the master pod now: a retry has another name
         self.retries = 0
+        self.max_retries = 25
         self.train: TaskPod | None = None
         self.serving: set[str] = set()
         self._last_step = 0
@@ -233,17 +234,20 @@ class TrainingRun:
     def wait_committed(
         self, at_least: int, world: int | None = None, timeout: float = 90, what: str = ""
     ) -> Committed:
-        """Until a commit of step ``at_least`` or later (in a world of ``world``), running the
-        training task again whenever its pod failed or vanished, as KFP's retry does."""
-
-        def reached() -> bool:
-            self.retry_master_if_lost()
-            return self.has_committed(at_least, world)
-
-        wait_for(reached, timeout, 0.1, what or f"a commit of step {at_least} (world {world})")
+        """Until a commit of step ``at_least`` or later (in a world of ``world``)."""
+        self.wait_until(
+            lambda: self.has_committed(at_least, world),
+            timeout,
+            what or f"a commit of step {at_least} (world {world})",
+        )
         record = self.committed()
         assert record is not None
         return record
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+        """Until ``predicate()``, running the training task again whenever its pod failed or
+        vanished meanwhile, as KFP's retry does."""
+        wait_for(lambda: not self.retry_master_if_lost() and predicate(), timeout, 0.1, what)
 
     def timeline(self) -> list[Event]:
         return read_timeline(self.etcd_client, self.run_prefix)
@@ -322,8 +326,9 @@ class TrainingRun:
         return self.master
 
     def retry_master_if_lost(self) -> bool:
-        """Run the task again when the master's pod failed or vanished (its node removed)."""
-        if self.phase(self.master) in (None, "Failed"):
+        """Run the task again when the master's pod failed or vanished (its node removed), up
+        to ``max_retries`` times (a KFP retry policy's limit)."""
+        if self.retries < self.max_retries and self.phase(self.master) in (None, "Failed"):
             log.info("event=master_lost pod=%s retry=%d", self.master, self.retries + 1)
             self.retry_master()
             return True
@@ -336,12 +341,9 @@ class TrainingRun:
     # -- the end ---------------------------------------------------------------------------
 
     def wait_done(self, timeout: float = 240) -> str:
-        """Until the master's pod finished (retrying a lost one); its phase."""
-        wait_for(
-            lambda: not self.retry_master_if_lost() and self.phase(self.master) == "Succeeded",
-            timeout,
-            0.3,
-            "the training task succeeded",
+        """Until the master's pod finished (a lost one run again); its phase."""
+        self.wait_until(
+            lambda: self.phase(self.master) in FINISHED, timeout, "the training task finished"
         )
         return str(self.phase(self.master))
 
