@@ -5,9 +5,10 @@
 The chaos test (``tests/e2e/test_chaos.py``) at length: the compiled ``elastic-train`` task as
 the master pod with the production settings on three one-worker nodes, and a ``plan_chaos`` plan
 fired by the ``ChaosExecutor`` (each event once the job committed progress since the previous
-one). Workers commit every step (``snapshot_every=1``), so the recovery printed per event,
-event -> the first commit of a later step, is event -> the first step of the next world (or of
-the same world, for events that keep it: etcd restart, master deleted, capacity added). At the
+one). Workers commit every step (``snapshot_every=1``), so the recovery printed per event is
+event -> the first step of the next world for events that take a worker (preempted, killed, its
+node removed: the first commit after a new rendezvous round), and event -> the next step for the
+others (etcd restarted, master deleted, capacity added, a node without a worker removed). At the
 end: exactly-once (the model's per-sample counts and etcd's shard queues), leftovers, and the
 final accuracy next to an undisturbed run of the same model definition, global batch, shard
 manifest and seed (a static local torchrun job, measured in the same run). Writes
@@ -88,12 +89,14 @@ def main(argv: list[str] | None = None) -> int:
             run.wait_no_leftovers()
             retries = run.retries
         leftovers = sorted(run.cluster.leftover_processes())
-    print(f"{'#':>3} {'kind':<15} {'target':<28} {'step':>5} {'world':>6} {'recovery_s':>10}")
+    print(f"{'#':>3} {'kind':<15} {'target':<22} {'step':>5} {'world':>6} {'recovery_s':>10}")
     for o in outcomes:
         world = f"{o.world_before}->{o.world_after}"
+        target = o.target.split("-worker-")[-1] if "-worker-" in o.target else o.target
+        mark = " (next world)" if o.new_world else ""
         print(
-            f"{o.index:>3} {o.kind.value:<15} {o.target:<28} {o.step:>5} {world:>6} "
-            f"{o.recovery_s:>10.2f}"
+            f"{o.index:>3} {o.kind.value:<15} {target:<22} {o.step:>5} {world:>6} "
+            f"{o.recovery_s:>10.2f}{mark}"
         )
     by_kind: dict[str, list[float]] = {}
     for o in outcomes:

@@ -101,7 +101,10 @@ class ChaosOutcome:
     step: int  # the committed step when it fired
     world_before: int
     world_after: int  # the world of the first commit after it
-    recovery_s: float  # event -> the first commit of a later step
+    # event -> the first commit of a later step; for an event that took a worker, of a step
+    # committed after a new rendezvous round formed (the next world's first step)
+    recovery_s: float
+    new_world: bool  # whether recovery waited for the next world
 
 
 class ChaosExecutor:
@@ -129,8 +132,14 @@ class ChaosExecutor:
             if before is None or before.complete:
                 log.info("event=chaos_stopped index=%d reason=job_complete", event.index)
                 break
+            round_before = self._round()
+            workers = self.run.running_workers()
             fired = time.monotonic()
             target = self._fire(event)
+            # A worker taken (itself or with its node) always ends the round: wait for the next.
+            new_world = target in workers or target in workers.values()
+            if new_world:
+                self._round_after(round_before, f"after {event}")
             after = self._progress(before.step + 1, f"after {event}")
             outcome = ChaosOutcome(
                 index=event.index,
@@ -140,6 +149,7 @@ class ChaosExecutor:
                 world_before=before.world_size,
                 world_after=after.world_size if after else 0,
                 recovery_s=round(time.monotonic() - fired, 2),
+                new_world=new_world,
             )
             log.info(
                 "event=chaos_recovered index=%d kind=%s target=%s step=%d world=%d->%d "
@@ -154,6 +164,18 @@ class ChaosExecutor:
             )
             outcomes.append(outcome)
         return outcomes
+
+    def _round(self) -> int:
+        """The workers' latest rendezvous round (waiting out an etcd restart)."""
+        self._round_after(-1, "now")
+        return self.run.rendezvous_round() or 0
+
+    def _round_after(self, number: int, what: str) -> None:
+        def formed() -> bool:
+            now = self.run.rendezvous_round()
+            return now is not None and now > number
+
+        self.run.wait_until(formed, self.timeout_s, f"a rendezvous round after {number} {what}")
 
     def _progress(self, at_least: int, what: str) -> Committed | None:
         """The first commit of step ``at_least`` or later, or the job's last one if it

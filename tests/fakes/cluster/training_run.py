@@ -34,7 +34,7 @@ from kubernetes.client.rest import ApiException
 from kfp_elastic.components.common import normalize_run_id, run_pids
 from kfp_elastic.components.shard_dataset.shard import build_manifest
 from kfp_elastic.etcd.client import connect
-from kfp_elastic.etcd.keys import run_prefix_of
+from kfp_elastic.etcd.keys import RunKeys, run_prefix_of
 from kfp_elastic.master.pod_spec import run_selector
 from kfp_elastic.master.timeline import Event, read_timeline
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
@@ -248,6 +248,14 @@ class TrainingRun:
         """Until ``predicate()``, running the training task again whenever its pod failed or
         vanished meanwhile, as KFP's retry does."""
         wait_for(lambda: not self.retry_master_if_lost() and predicate(), timeout, 0.1, what)
+
+    def rendezvous_round(self) -> int | None:
+        """The number of the workers' latest rendezvous round; None while etcd is down."""
+        try:
+            value, _ = self.etcd_client.get(RunKeys(self.run_prefix).round)
+        except Exception:  # noqa: BLE001 - etcd restarting: the caller asks again
+            return None
+        return int(json.loads(value)["round"]) if value else 0
 
     def timeline(self) -> list[Event]:
         return read_timeline(self.etcd_client, self.run_prefix)
