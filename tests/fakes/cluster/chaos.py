@@ -153,7 +153,7 @@ class ChaosExecutor:
             )
             log.info(
                 "event=chaos_recovered index=%d kind=%s target=%s step=%d world=%d->%d "
-                "recovery_s=%.2f",
+                "recovery_s=%.2f new_world=%s",
                 outcome.index,
                 outcome.kind.value,
                 outcome.target,
@@ -161,6 +161,7 @@ class ChaosExecutor:
                 outcome.world_before,
                 outcome.world_after,
                 outcome.recovery_s,
+                outcome.new_world,
             )
             outcomes.append(outcome)
         return outcomes
