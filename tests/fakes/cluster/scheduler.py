@@ -97,16 +97,27 @@ class Plan:
     victims: list[PodKey] = field(default_factory=list)
 
 
-def plan(nodes: dict[str, Resources], pods: list[dict[str, Any]]) -> Plan:
+def _selects(pod: dict[str, Any], node_labels: dict[str, str]) -> bool:
+    """Whether the pod's ``nodeSelector`` allows a node with these labels."""
+    wanted = pod["spec"].get("nodeSelector") or {}
+    return all(node_labels.get(key) == value for key, value in wanted.items())
+
+
+def plan(
+    nodes: dict[str, Resources],
+    pods: list[dict[str, Any]],
+    labels: dict[str, dict[str, str]] | None = None,
+) -> Plan:
     """One pass of the scheduler over ``nodes`` (name -> allocatable) and every pod.
 
     Pods bound to a node use its capacity until they are terminal (terminating ones too, as in
-    Kubernetes). Pending pods go highest priority first, then oldest; each binds to the first
-    node (by name) it fits on. One that fits nowhere is Unschedulable and, unless its
-    ``preemptionPolicy`` is ``Never``, preempts: if pods already terminating would make room it
-    waits for them, otherwise it picks the node needing the fewest victims (then the lowest
-    highest-victim priority) among pods of lower priority, lowest priority first, and reprieves
-    any victim it can do without.
+    Kubernetes). A pending pod considers only the nodes whose ``labels`` (name -> labels) match
+    its ``nodeSelector``, for binding and for preemption alike. Pending pods go highest priority
+    first, then oldest; each binds to the first node (by name) it fits on. One that fits nowhere
+    is Unschedulable and, unless its ``preemptionPolicy`` is ``Never``, preempts: if pods already
+    terminating would make room it waits for them, otherwise it picks the node needing the
+    fewest victims (then the lowest highest-victim priority) among pods of lower priority,
+    lowest priority first, and reprieves any victim it can do without.
     """
     out = Plan()
     free = dict(nodes)
@@ -132,7 +143,8 @@ def plan(nodes: dict[str, Resources], pods: list[dict[str, Any]]) -> Plan:
     pending.sort(key=lambda p: (-_priority(p), int(p["metadata"].get("resourceVersion") or 0)))
     for pod in pending:
         need = pod_requests(pod)
-        node = next((n for n in sorted(free) if _fits(need, free[n])), None)
+        allowed = [n for n in sorted(free) if _selects(pod, (labels or {}).get(n, {}))]
+        node = next((n for n in allowed if _fits(need, free[n])), None)
         if node is not None:
             out.binds.append((_key(pod), node))
             free[node] = _minus(free[node], need)
@@ -142,15 +154,13 @@ def plan(nodes: dict[str, Resources], pods: list[dict[str, Any]]) -> Plan:
         )
         if pod["spec"].get("preemptionPolicy") == "Never":
             continue
-        waiting = next(
-            (n for n in sorted(free) if _fits(need, _plus(free[n], terminating[n]))), None
-        )
+        waiting = next((n for n in allowed if _fits(need, _plus(free[n], terminating[n]))), None)
         if waiting is not None:
             out.nominated.append((_key(pod), waiting))
             terminating[waiting] = _minus(terminating[waiting], need)  # claimed by this pod
             continue
         best: tuple[tuple[int, int], str, list[dict[str, Any]]] | None = None
-        for node in sorted(free):
+        for node in allowed:
             victims = _victims(need, free[node], terminating[node], running[node], _priority(pod))
             if victims is None:
                 continue
@@ -216,14 +226,18 @@ class Scheduler:
                 log.exception("event=schedule_failed")
 
     def schedule_once(self) -> None:
-        nodes = {
-            node["metadata"]["name"]: node_capacity(node)
+        schedulable = [
+            node
             for node in self.api.list_objects("nodes", "")["items"]
             if not node.get("spec", {}).get("unschedulable")
+        ]
+        nodes = {node["metadata"]["name"]: node_capacity(node) for node in schedulable}
+        labels = {
+            node["metadata"]["name"]: node["metadata"].get("labels") or {} for node in schedulable
         }
         pods = self.api.pods_snapshot()
         by_key = {_key(p): p for p in pods}
-        decided = plan(nodes, pods)
+        decided = plan(nodes, pods, labels)
         for (ns, name), node in decided.binds:
             self._apply(self.api.bind, ns, name, node)
             log.info("event=pod_bound pod=%s/%s node=%s", ns, name, node)

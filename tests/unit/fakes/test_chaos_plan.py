@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fakes.cluster.chaos import ChaosKind, plan_chaos
+from tests.fakes.cluster.chaos import ChaosEvent, ChaosKind, choose_target, plan_chaos
 
 
 def test_a_seed_gives_the_same_plan() -> None:
@@ -36,3 +36,10 @@ def test_five_events_are_five_different_kinds() -> None:
 def test_a_cluster_below_the_minimum_is_refused() -> None:
     with pytest.raises(ValueError, match="minimum 3"):
         plan_chaos(1, 5, nodes=2, min_nodes=3)
+
+
+def test_the_target_is_pick_modulo_the_sorted_candidates() -> None:
+    event = ChaosEvent(index=0, kind=ChaosKind.KILL_WORKER, pick=4)
+    assert choose_target(event, ["w-c", "w-a", "w-b"], "workers") == "w-b"  # 4 % 3 = 1
+    with pytest.raises(AssertionError, match="no workers"):
+        choose_target(event, [], "workers")

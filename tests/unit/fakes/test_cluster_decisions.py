@@ -123,6 +123,19 @@ def test_waits_for_terminating_victims_instead_of_preempting_again() -> None:
     assert decided.nominated == [(("ns", "x"), "n1")]
 
 
+def test_node_selector_limits_binding_and_preemption_to_matching_nodes() -> None:
+    labels = {"n1": {"kubernetes.io/hostname": "n1"}, "n2": {"kubernetes.io/hostname": "n2"}}
+    on_n2 = pod("x", cpu="1", priority=10)
+    on_n2["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "n2"}
+    free_n1 = plan({"n1": cpus(1), "n2": cpus(1)}, [on_n2], labels)
+    assert free_n1.binds == [(("ns", "x"), "n2")]
+    running = [pod("w1", priority=-5, node="n1"), pod("w2", priority=-5, node="n2")]
+    full = plan({"n1": cpus(1), "n2": cpus(1)}, [*running, on_n2], labels)
+    assert full.victims == [("ns", "w2")] and full.nominated == [(("ns", "x"), "n2")]
+    nowhere = plan({"n1": cpus(1)}, [on_n2], {"n1": labels["n1"]})
+    assert not nowhere.binds and not nowhere.victims
+
+
 def test_terminal_pods_free_their_capacity_and_pods_of_gone_nodes_are_ignored() -> None:
     pods = [pod("done", cpu="2", node="n1", phase="Succeeded"), pod("lost", node="gone")]
     decided = plan({"n1": cpus(2)}, [*pods, pod("x", cpu="2")])
