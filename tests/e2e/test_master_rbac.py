@@ -88,7 +88,7 @@ def test_master_role_allows_every_call_and_grants_nothing_unused(
         max_workers="2",
         dataset_length="240",
         shard_size="40",
-        epochs="1",
+        epochs="3",
         batch_size="4",
         snapshot_every="3",
         step_time="0.1",
@@ -110,7 +110,11 @@ def test_master_role_allows_every_call_and_grants_nothing_unused(
         wait_for(lambda: phase(cluster, "master") in ("Succeeded", "Failed"), 120, 0.2, "job end")
         assert phase(cluster, "master") == "Succeeded", cluster.log("master")[-4000:]
         timeline = read_timeline(client, f"/kfp-elastic/{run_id}")
-        assert [e.name for e in of_type(timeline, WorkerLost)] == [first[0]]
+        lost = of_type(timeline, WorkerLost)
+        # The preempted worker is lost as preempted. Its replacement may start after the two
+        # survivors finished (a loaded machine) and find the run closed: also lost, and beside
+        # the point here, which is the API calls the master made.
+        assert (lost[0].name, lost[0].cause) == (first[0], "preempted"), lost
         assert len(of_type(timeline, WorkerLaunched)) == len(first) + 1  # the replacement
     finally:
         client.close()
