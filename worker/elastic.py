@@ -57,6 +57,7 @@ from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.job_env import SNAPSHOT_DIR_ENV, JobEnv
 
+from .collective import EXIT_PREEMPTED, shared
 from .data_plan import epoch_order, step_ids, steps_left
 from .progress import INITIAL, Committed, Manifest, Progress, commit_with_retry, ensure_manifest
 from .rescue import Rescues, best_holder
@@ -66,14 +67,6 @@ from .snapshot import Snapshotter
 __all__ = ["EXIT_PREEMPTED", "DataLoader", "ElasticSampler", "State"]
 
 log = logging.getLogger("kfp_elastic.worker.elastic")
-EXIT_PREEMPTED = 143  # what a process killed by SIGTERM reports; never "success" mid-job
-
-
-def _shared(value: Any, src: int = 0) -> Any:
-    """Rank ``src``'s ``value`` on every rank."""
-    box = [value]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -213,7 +206,7 @@ class State:
         if self._dataset_length is None:
             raise RuntimeError("make the loader (elastic.DataLoader / ElasticSampler) first")
         s = self.settings
-        self.manifest = _shared(
+        self.manifest = shared(
             ensure_manifest(self.progress, self._dataset_length, 0, s.epochs, s.seed)
             if self.progress
             else None
@@ -223,17 +216,17 @@ class State:
 
     def _restore(self) -> None:
         """The newest state any rank has: a survivor's rescue, else the committed snapshot."""
-        committed, revision = _shared(self._committed_head() if self.progress else None)
+        committed, revision = shared(self._committed_head() if self.progress else None)
         mine = self.rescues.newest_after(committed.step)
         steps: list[Any] = [None] * self.world
         dist.all_gather_object(steps, mine[0] if mine else -1)
         self.rescues.discard_up_to(committed.step)
         holder = best_holder(steps, committed.step)
         if holder is not None:
-            state = _shared(mine[1] if self.rank == holder else None, src=holder)
+            state = shared(mine[1] if self.rank == holder else None, src=holder)
             source = f"rescue of rank {holder}"
         else:
-            state = _shared(
+            state = shared(
                 self.snapshots.load(committed.snapshot)
                 if self.rank == 0 and committed.snapshot
                 else None

@@ -28,6 +28,7 @@ from torch.utils.data import TensorDataset, default_collate
 
 from kfp_elastic.etcd.client import connect
 
+from .collective import EXIT_PREEMPTED, shared
 from .data_plan import epoch_order
 from .device import (
     Placement,
@@ -48,14 +49,6 @@ from .snapshot import SnapshotError, Snapshotter
 from .train_step import TrainStep, rng_state, set_rng_state
 
 log = logging.getLogger("kfp_elastic.worker")
-EXIT_PREEMPTED = 143  # what a process killed by SIGTERM reports; never "success" mid-job
-
-
-def _shared(value: Any, src: int = 0) -> Any:
-    """Rank ``src``'s ``value`` on every rank."""
-    box = [value]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
 
 
 class Trainer:
@@ -85,9 +78,9 @@ class Trainer:
             if placement.backend == "nccl"
             else None
         )
-        self.manifest: Manifest = _shared(self._manifest() if self.rank == 0 else None)
+        self.manifest: Manifest = shared(self._manifest() if self.rank == 0 else None)
         base = args.base_world_size or self.world
-        self.base_world: int = _shared(
+        self.base_world: int = shared(
             self.progress.base_world_size(base) if self.progress else None
         )
         self.committed: Committed
@@ -137,17 +130,17 @@ class Trainer:
 
     def _restore(self) -> None:
         """Restore the newest state any rank has: a survivor's rescue, else the committed one."""
-        committed, revision = _shared(self._committed_head() if self.rank == 0 else None)
+        committed, revision = shared(self._committed_head() if self.rank == 0 else None)
         mine = self.rescues.newest_after(committed.step) if self.local_rank == 0 else None
         steps: list[Any] = [None] * self.world
         dist.all_gather_object(steps, mine[0] if mine else -1)
         self.rescues.discard_up_to(committed.step)
         holder = best_holder(steps, committed.step)
         if holder is not None:
-            state = _shared(mine[1] if self.rank == holder else None, src=holder)
+            state = shared(mine[1] if self.rank == holder else None, src=holder)
             source = f"rescue of rank {holder}"
         else:
-            committed, revision, state = _shared(
+            committed, revision, state = shared(
                 self._load_committed(committed, revision) if self.rank == 0 else None
             )
             source = f"snapshot {committed.snapshot or '-'}"

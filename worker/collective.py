@@ -1,0 +1,17 @@
+"""What every rank of a worker group agrees on: a value rank ``src`` decides, and how a worker
+stopped by a preemption ends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+EXIT_PREEMPTED = 143  # what a process killed by SIGTERM reports; never "success" mid-job
+
+
+def shared(value: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``value`` on every rank."""
+    box = [value]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
