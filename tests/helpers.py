@@ -201,3 +201,28 @@ def run_pipeline_locally(root: Path, **params: Any) -> tuple[str | None, Path]:
     runs = list(root.glob("elastic-training-*"))
     assert len(runs) == 1
     return error, runs[0]
+
+
+def counting_worker_args(
+    epochs: int, workdir: Path, step_time: str = "0.05", *extra: str
+) -> list[str]:
+    """The built-in worker's arguments for ``tests.model_defs.counting`` (the exactly-once
+    workload): batch 4, a snapshot every 3 steps under ``workdir/snap``, the model to
+    ``workdir/model.pt``; ``extra`` arguments follow."""
+    return [
+        "--model-def",
+        "tests.model_defs.counting",
+        "--epochs",
+        str(epochs),
+        "--batch-size",
+        "4",
+        "--snapshot-every",
+        "3",
+        "--step-time",
+        step_time,
+        "--snapshot-dir",
+        str(workdir / "snap"),
+        "--output",
+        str(workdir / "model.pt"),
+        *extra,
+    ]

@@ -12,32 +12,14 @@ import torch
 
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.worker.progress import Progress
-from tests.helpers import AgentGroup, committed_step, new_run_id, wait_for
+from tests.helpers import AgentGroup, committed_step, counting_worker_args, new_run_id, wait_for
 
 EPOCHS = 3
 SAMPLES = 480
 
 
 def worker_args(etcd, workdir: Path) -> list[str]:
-    return [
-        "worker",
-        "--model-def",
-        "tests.model_defs.counting",
-        "--epochs",
-        str(EPOCHS),
-        "--batch-size",
-        "4",
-        "--snapshot-every",
-        "3",
-        "--snapshot-dir",
-        str(workdir / "snap"),
-        "--etcd",
-        etcd.endpoint,
-        "--output",
-        str(workdir / "model.pt"),
-        "--step-time",
-        "0.05",
-    ]
+    return ["worker", *counting_worker_args(EPOCHS, workdir, "0.05", "--etcd", etcd.endpoint)]
 
 
 def start(group: AgentGroup, etcd, run_id: str, workdir: Path, name: str):

@@ -16,7 +16,14 @@ from kfp_elastic.etcd.client import connect
 from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import EventKind, read_timeline
 from kfp_elastic.worker.progress import Progress
-from tests.helpers import REPO_ROOT, committed_step, master_command, sigkill_process_tree, wait_for
+from tests.helpers import (
+    REPO_ROOT,
+    committed_step,
+    counting_worker_args,
+    master_command,
+    sigkill_process_tree,
+    wait_for,
+)
 
 EPOCHS, SAMPLES = 3, 480
 
@@ -29,20 +36,7 @@ def test_every_sample_once_through_master_and_etcd_restarts(
         [
             "-m",
             "kfp_elastic.worker",
-            "--model-def",
-            "tests.model_defs.counting",
-            "--epochs",
-            str(EPOCHS),
-            "--batch-size",
-            "4",
-            "--snapshot-every",
-            "3",
-            "--step-time",
-            "0.05",
-            "--snapshot-dir",
-            str(tmp_path / "snap"),
-            "--output",
-            str(tmp_path / "model.pt"),
+            *counting_worker_args(EPOCHS, tmp_path),
         ],
         run_id=run_id,
         etcd=etcd.endpoint,

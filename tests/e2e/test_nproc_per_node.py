@@ -14,7 +14,7 @@ import torch
 
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.worker.progress import Progress
-from tests.helpers import AgentGroup, committed_step, new_run_id, wait_for
+from tests.helpers import AgentGroup, committed_step, counting_worker_args, new_run_id, wait_for
 
 EPOCHS = 3
 SAMPLES = 480
@@ -32,26 +32,13 @@ def start(group: AgentGroup, etcd, run_id: str, workdir: Path, name: str):
         script="-m",
         script_args=[
             "kfp_elastic.worker",
-            "--model-def",
-            "tests.model_defs.counting",
-            "--epochs",
-            str(EPOCHS),
-            "--batch-size",
-            "4",
-            "--snapshot-every",
-            "3",
-            "--snapshot-dir",
-            str(workdir / "snap"),
-            "--local-snapshot-dir",
-            str(workdir / f"local-{name}"),
-            "--etcd",
-            etcd.endpoint,
-            "--output",
-            str(workdir / "model.pt"),
-            "--step-time",
-            STEP_TIME,
-            "--device",
-            "cpu",
+            *counting_worker_args(
+                EPOCHS,
+                workdir,
+                STEP_TIME,
+                *("--local-snapshot-dir", str(workdir / f"local-{name}")),
+                *("--etcd", etcd.endpoint, "--device", "cpu"),
+            ),
         ],
         rdzv_conf={"last_call_timeout": 1},
         name=name,

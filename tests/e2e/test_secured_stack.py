@@ -18,7 +18,13 @@ from kfp_elastic.master.timeline import EventKind, read_timeline
 from kfp_elastic.pipelines.run_local import SESSION_ENV, artifact_metadata, outputs
 from kfp_elastic.worker.progress import Progress
 from tests.conftest import SecureEtcd
-from tests.helpers import REPO_ROOT, master_command, run_pipeline_locally, wait_for
+from tests.helpers import (
+    REPO_ROOT,
+    counting_worker_args,
+    master_command,
+    run_pipeline_locally,
+    wait_for,
+)
 
 EPOCHS, SAMPLES, SHARD = 2, 160, 40
 pytestmark = pytest.mark.filterwarnings(
@@ -46,22 +52,7 @@ def test_master_with_local_workers_trains_exactly_once_on_a_secured_etcd(
 ) -> None:
     etcd = secure_etcd.settings
     command = master_command(
-        [
-            "--model-def",
-            "tests.model_defs.counting",
-            "--epochs",
-            str(EPOCHS),
-            "--batch-size",
-            "4",
-            "--snapshot-every",
-            "3",
-            "--step-time",
-            "0.02",
-            "--snapshot-dir",
-            str(tmp_path / "snap"),
-            "--output",
-            str(tmp_path / "model.pt"),
-        ],
+        counting_worker_args(EPOCHS, tmp_path, "0.02"),
         # The connection as flags (the workers get it as KFP_ELASTIC_ETCD_* env).
         run_id=run_id,
         etcd=etcd.endpoint_text,
