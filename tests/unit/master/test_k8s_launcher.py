@@ -232,6 +232,8 @@ def test_deleted_by_launcher_or_by_someone_else(
         (D, Reason.DELETED),
     ]
     assert watcher.wait(theirs, D, Reason.DELETED_EXTERNALLY).is_disruption
+    # Each pod's events arrive in their own order: wait for the pending pod's own deletion.
+    watcher.wait(pending, D, Reason.DELETED)
     assert watcher.trail(pending) == [(P, None), (D, Reason.DELETED)]
 
 
