@@ -228,6 +228,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         help="extra --rdzv-conf for elastic-etcd only (agents and form), e.g. lease_ttl=10",
     )
+    parser.add_argument(
+        "--elastic-launcher",
+        choices=("agent", "torchrun"),
+        default="agent",
+        help="what starts elastic-etcd's agents: `kfp-elastic agent` (what the master runs) or "
+        "plain torchrun (a user's own command); other backends always run plain torchrun",
+    )
     parser.add_argument("--keep-logs", action="store_true", help="keep the work dir")
     args = parser.parse_args(argv)
     if args.quick:
@@ -289,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             "step_time": args.step_time,
             "shared_store": args.shared_store,
             "elastic_conf": args.elastic_conf,
+            "elastic_launcher": args.elastic_launcher,
             "settle_s": SETTLE_S,
             "form": (
                 f"handlers in {args.form_processes} processes, one thread each, "

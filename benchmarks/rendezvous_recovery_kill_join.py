@@ -17,6 +17,8 @@ from benchmarks.rendezvous_recovery_common import (
     plugin_log_times,
 )
 from kfp_elastic.rendezvous.local_agents import (
+    AGENT,
+    TORCHRUN,
     AgentGroup,
     first_step_with_world,
     new_run_id,
@@ -38,6 +40,8 @@ def run_agents_scenario(
     events = run_dir / "events.jsonl"
     endpoint = backend.endpoint()
     group = AgentGroup(run_dir / "logs")
+    ours = backend.spec.name == "elastic-etcd" and args.elastic_launcher == "agent"
+    launcher = AGENT if ours else TORCHRUN
 
     def start(index: int) -> Any:
         return group.start(
@@ -50,6 +54,7 @@ def run_agents_scenario(
             monitor_interval=0.2,
             rdzv_conf=backend.agent_conf(index, args.last_call_timeout),
             disable_shared_store=backend.spec.disable_shared_store,
+            launcher=launcher,
             env={"LOGLEVEL": "INFO"},  # torchrun's rendezvous/restart lines, for the logs
             script_args=tiny_ddp_args(events, step_time=args.step_time, state_dir=run_dir),
         )

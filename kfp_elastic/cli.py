@@ -3,6 +3,7 @@
 kfp-elastic run-local            the elastic-training pipeline under kfp.local, no cluster
 kfp-elastic master ... -- ...    run one elastic job (workers: local processes or pods)
 kfp-elastic worker ...           the built-in training runtime (what torchrun starts)
+kfp-elastic agent ...            torchrun with a faster start (what the master runs per worker)
 kfp-elastic evaluate ...         evaluate a trained model on a model definition's test split
 kfp-elastic etcd ...             a throw-away local etcd (TLS on request)
 kfp-elastic demo                 the rendezvous alone: three torchrun nodes, 3 -> 2 -> 3
@@ -33,6 +34,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     ),
     "worker": Subcommand(
         "kfp_elastic.worker.runner", "the built-in training runtime (run under torchrun)"
+    ),
+    "agent": Subcommand(
+        "kfp_elastic.rendezvous.agent", "torchrun, started faster (what a worker pod runs)"
     ),
     "evaluate": Subcommand(
         "kfp_elastic.worker.evaluate", "evaluate a trained model on its test split"

@@ -1,7 +1,7 @@
 """Workers as local process trees: one torchrun agent each, like one pod each.
 
 A worker is ``python -m kfp_elastic.master.supervise EXIT_FILE -- python -m
-torch.distributed.run ...
+kfp_elastic.rendezvous.agent ...
 ENTRY`` started in its own session (``rendezvous.local_agents.Agent``), so it survives a master
 SIGKILL. The supervisor records how the agent ended (see ``master/supervise.py``); the agent's
 tag (an environment variable every process of the tree inherits) finds the whole tree in

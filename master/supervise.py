@@ -1,6 +1,6 @@
 """Root of a local worker's process tree: runs the torchrun agent and writes how it ended.
 
-    python -m kfp_elastic.master.supervise EXIT_FILE -- python -m torch.distributed.run ...
+    python -m kfp_elastic.master.supervise EXIT_FILE -- python -m kfp_elastic.rendezvous.agent ...
 
 A local worker may outlive the master that started it (a master SIGKILL, then a new master
 adopts the worker). Only a process's parent learns its exit status, and the agent's parent

@@ -1,7 +1,8 @@
 """Run local torchrun agents as separate "nodes" (demo, tests, benchmarks, local launcher).
 
-Each :class:`Agent` is one ``python -m torch.distributed.run --nproc-per-node=N`` (1 unless
-given) process in its own session (process group), like one pod. torchrun starts its workers with
+Each :class:`Agent` is one ``python -m kfp_elastic.rendezvous.agent --nproc-per-node=N``
+(torchrun with a faster start; ``launcher=TORCHRUN`` for plain torchrun; N is 1 unless given)
+process in its own session (process group), like one pod. torchrun starts its workers with
 ``start_new_session=True`` too, so a worker is *not* in its agent's process group: the whole tree
 of an agent is found by a tag in the environment (inherited by the workers) and by walking
 ``/proc``. :class:`AgentGroup` SIGKILLs every tree it started when it exits, also on errors.
@@ -112,6 +113,12 @@ def _signal_quietly(pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)
 
 
+# What starts an agent: ``kfp-elastic agent`` (torchrun with a faster start, see
+# ``rendezvous/agent.py``) or plain torchrun (what users of other backends run).
+AGENT: tuple[str, ...] = (sys.executable, "-m", "kfp_elastic.rendezvous.agent")
+TORCHRUN: tuple[str, ...] = (sys.executable, "-m", "torch.distributed.run")
+
+
 class Agent:
     """One torchrun agent (``--nproc-per-node=nproc_per_node``), started in its own session."""
 
@@ -133,6 +140,7 @@ class Agent:
         extra_args: Sequence[str] = (),
         name: str | None = None,
         nproc_per_node: int = 1,
+        launcher: Sequence[str] = AGENT,
     ) -> None:
         self.name = name or f"agent-{uuid.uuid4().hex[:6]}"
         self.tag = f"{self.name}-{uuid.uuid4().hex}"
@@ -140,9 +148,7 @@ class Agent:
         if isinstance(rdzv_conf, Mapping):
             rdzv_conf = ",".join(f"{key}={value}" for key, value in rdzv_conf.items())
         self.command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
+            *launcher,
             f"--rdzv-backend={backend}",
             f"--rdzv-endpoint={endpoint}",
             f"--rdzv-id={run_id}",

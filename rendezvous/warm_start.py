@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import agent
 from .zygote import DEFAULT_PRELOAD, parse_python_command
 from .zygote_fork import ForkedZygote, fork_zygote
 
@@ -168,6 +169,7 @@ def install(preload: Sequence[str] = DEFAULT_PRELOAD) -> None:
 def _running_under_torchrun() -> bool:
     main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     return (
-        getattr(main_spec, "name", None) == "torch.distributed.run"
+        agent.running()
+        or getattr(main_spec, "name", None) == "torch.distributed.run"
         or os.path.basename(sys.argv[0]) == "torchrun"
     )

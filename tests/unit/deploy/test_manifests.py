@@ -402,7 +402,7 @@ def test_dockerfile_shape(image: str) -> None:
     users = [rest for op, rest in ins if op == "USER"]
     assert users and users[-1].split(":")[0].isdigit() and users[-1].split(":")[0] != "0"
     entrypoint = json.loads(next(rest for op, rest in ins if op == "ENTRYPOINT"))
-    expected = {"worker": ["torchrun"], "master": ["kfp-elastic", "master"]}[image]
+    expected = {"worker": ["kfp-elastic", "agent"], "master": ["kfp-elastic", "master"]}[image]
     assert entrypoint == expected
     ignore = DOCKERFILES[image].with_name("Dockerfile.dockerignore").read_text().split()
     assert ".git" in ignore and "README.md" not in ignore and "pyproject.toml" not in ignore

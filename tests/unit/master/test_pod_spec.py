@@ -127,7 +127,7 @@ def test_defaults_make_a_preemptible_never_restarting_worker() -> None:
     assert spec["securityContext"]["runAsUser"] == 1000  # the user of images/worker
     assert "volumes" not in spec and "tolerations" not in spec and "nodeSelector" not in spec
     c = container(pod)
-    assert c["command"] == ["torchrun"] and "resources" in c and c["resources"] == {}
+    assert c["command"] == ["kfp-elastic", "agent"] and "resources" in c and c["resources"] == {}
     assert c["args"] == [
         "--nnodes=2:4",
         "--nproc-per-node=1",

@@ -1,0 +1,52 @@
+"""``kfp-elastic agent``: torchrun, started faster; what the master runs for every worker.
+
+It is ``torchrun`` (same arguments, same behaviour: ``torch.distributed.run.main``) except that
+torch is imported with the cyclic garbage collector paused and the imported objects frozen
+(``gc.freeze``). ``import torch`` builds hundreds of thousands of long-lived objects, and the
+collections they trigger find no garbage: they are ≈ 40 % of a cold agent's start here, which
+is on the path of a joining node (launch → registered in etcd → first step of the bigger
+world; see docs/benchmarks.md). Frozen objects are also never scanned again, neither by the
+agent nor by the zygote forked from it (``zygote_fork.py``), whose workers then share those
+pages with it instead of copying them.
+
+    kfp-elastic agent --rdzv-backend=elastic-etcd --rdzv-endpoint=... train.py ...
+    python -m kfp_elastic.rendezvous.agent ...        (the same, with this interpreter)
+
+Plain ``torchrun --rdzv-backend=elastic-etcd`` works as well; it only starts slower.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections.abc import Sequence
+
+_running = False
+
+
+def running() -> bool:
+    """Whether this process is an agent started by :func:`main` (then it forks a zygote)."""
+    return _running
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    global _running
+    gc.disable()
+    try:
+        from torch.distributed.run import main as torchrun_main
+    finally:
+        gc.freeze()
+        gc.enable()
+    _running = True
+    try:
+        torchrun_main(list(sys.argv[1:] if argv is None else argv))
+    finally:
+        _running = False
+    return 0
+
+
+if __name__ == "__main__":
+    # Through the imported module, not ``__main__``: ``running()`` is read from that one.
+    from kfp_elastic.rendezvous.agent import main as agent_main
+
+    raise SystemExit(agent_main())
