@@ -18,9 +18,11 @@ Plain ``torchrun --rdzv-backend=elastic-etcd`` works as well; it only starts slo
 from __future__ import annotations
 
 import gc
+import logging
 import sys
 from collections.abc import Sequence
 
+log = logging.getLogger("kfp_elastic.rendezvous.agent")
 _running = False
 
 
@@ -40,6 +42,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     _running = True
     try:
         torchrun_main(list(sys.argv[1:] if argv is None else argv))
+    except Exception as error:
+        from .handler import RunCompletedError
+
+        if not isinstance(error, RunCompletedError):
+            raise
+        # A replacement or spare that arrives after the job succeeded is not a failed worker.
+        log.info("nothing to do, exiting 0: %s", error)
     finally:
         _running = False
     return 0

@@ -32,7 +32,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from kfp_elastic.etcd.client import EtcdConnectionError, connect
-from kfp_elastic.etcd.keys import RunKeys
+from kfp_elastic.etcd.keys import CLOSED_FAILED, CLOSED_SUCCEEDED, CLOSED_UNKNOWN, RunKeys
 
 from . import leave as leave_hook
 from . import peer_failures, warm_start
@@ -74,6 +74,12 @@ def _advertised_addr(local_addr: str | None) -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+class RunCompletedError(RendezvousClosedError):
+    """The run was closed by an agent whose workers all succeeded: the job is done and this node
+    (a replacement or a spare that arrived late) has nothing to do. ``kfp-elastic agent`` exits
+    0 on it; under plain torchrun it ends the agent like any closed run (torch exits 1)."""
 
 
 class ElasticEtcdRendezvousHandler(RendezvousHandler):
@@ -129,7 +135,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         return self._membership.closed()
 
     def set_closed(self) -> None:
-        self._membership.close_run()
+        self._membership.close_run(CLOSED_UNKNOWN)
 
     def num_nodes_waiting(self) -> int:
         current_round = self._round
@@ -248,7 +254,8 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         """
         if self._left.is_set():
             return True
-        if sys.exc_info()[0] is not None and not self._config.close_on_failure:
+        failing = sys.exc_info()[0] is not None
+        if failing and not self._config.close_on_failure:
             log.warning(
                 "agent failing: leaving without closing run=%s node=%s",
                 self._config.run_id,
@@ -257,7 +264,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             self.leave("agent failed")
             return True
         try:
-            self.set_closed()
+            self._membership.close_run(CLOSED_FAILED if failing else CLOSED_SUCCEEDED)
         except Exception as error:  # noqa: BLE001 - still leave below
             log.warning("could not mark run closed run=%s error=%r", self._config.run_id, error)
         self.leave("shutdown")
@@ -294,6 +301,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
                 view,
                 left=self._left.is_set(),
                 closed=membership.closed(),
+                completed=membership.completed(),
                 lease_lost=membership.node_lease_lost,
                 holds_leader_key=membership.is_leader(),
             )
@@ -307,6 +315,9 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         """The I/O of one ``node_steps.Action`` (all but RETURN_ROUND)."""
         membership = self._membership
         action = step.action
+        if action is Action.EXIT_COMPLETED:
+            log.info("run completed, nothing to do node=%s reason=%s", self.node_id, step.reason)
+            raise RunCompletedError(step.reason)
         if action in (Action.FAIL_LEFT, Action.FAIL_CLOSED):
             raise RendezvousClosedError(step.reason)
         if action is Action.FAIL_TIMEOUT:

@@ -17,7 +17,7 @@ from dataclasses import replace
 import grpc
 from pyetcd.client import MultiEndpointEtcd3Client
 
-from kfp_elastic.etcd.keys import RunKeys, prefix_range_end
+from kfp_elastic.etcd.keys import CLOSED_SUCCEEDED, CLOSED_UNKNOWN, RunKeys, prefix_range_end
 
 from .bootstrap import cached_master, master_ops
 from .cache import WatchedPrefix
@@ -154,6 +154,16 @@ class Membership:
 
     def closed(self) -> bool:
         return self._cache.get(self._keys.closed) is not None
+
+    def completed(self) -> bool:
+        """Closed by a node whose workers all succeeded (``close_run(CLOSED_SUCCEEDED)``)."""
+        value = self._cache.get(self._keys.closed)
+        if value is None:
+            return False
+        try:
+            return json.loads(value.value).get("outcome") == CLOSED_SUCCEEDED
+        except (ValueError, AttributeError):
+            return False
 
     # -- registration -------------------------------------------------------------------------
     def register(self) -> None:
@@ -417,11 +427,12 @@ class Membership:
             ),
         )
 
-    def close_run(self) -> None:
+    def close_run(self, outcome: str = CLOSED_UNKNOWN) -> None:
         if self.closed():
             return  # N nodes shutting down would otherwise send N^2 watch events
         run_lease = self._ensure_run_lease()
-        self._client.put(self._keys.closed, json.dumps({"by": self.node_id}), lease=run_lease)
+        record = {"by": self.node_id, "outcome": outcome}
+        self._client.put(self._keys.closed, json.dumps(record), lease=run_lease)
 
     def leave(self) -> None:
         if self._left:

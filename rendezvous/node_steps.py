@@ -41,6 +41,7 @@ class Action(Enum):
 
     FAIL_LEFT = "fail_left"  # this node left the run (SIGTERM, shutdown): RendezvousClosedError
     FAIL_CLOSED = "fail_closed"  # the run is closed: RendezvousClosedError
+    EXIT_COMPLETED = "exit_completed"  # closed by a node whose workers succeeded: RunCompletedError
     PUBLISH = "publish"  # first step: write our record (waiting, after_round), maybe lead
     REGISTER = "register"  # our lease or record is gone: a fresh lease, our record again
     RETURN_ROUND = "return_round"  # the round in the view admits us: enter it
@@ -72,6 +73,7 @@ class NodeSnapshot:
     view: Status  # round, own record, leader, waiting count, records if needed, at one position
     left: bool = False
     closed: bool = False
+    completed: bool = False  # closed by a node whose workers succeeded: the job is done
     lease_lost: bool = False  # our node lease expired or was revoked (peers think we died)
     holds_leader_key: bool = False  # we wrote the leader key and have not handed it on
 
@@ -120,6 +122,12 @@ def next_step(snapshot: NodeSnapshot, progress: WaitProgress, config: Rendezvous
     view, now = snapshot.view, snapshot.now
     if snapshot.left:
         return Step(Action.FAIL_LEFT, progress, reason=f"node {snapshot.node_id} has left the run")
+    if snapshot.completed:
+        return Step(
+            Action.EXIT_COMPLETED,
+            progress,
+            reason=f"run {config.run_id} completed before node {snapshot.node_id} joined a round",
+        )
     if snapshot.closed:
         return Step(Action.FAIL_CLOSED, progress, reason=f"run {config.run_id} is closed")
     if not progress.published:

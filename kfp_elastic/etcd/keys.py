@@ -10,7 +10,7 @@ that no two share one), so ``etcdctl get --prefix {run}/<part>/`` shows exactly 
 | rdzv/run                       | ``{"lease": id}``                              | run      |
 | rdzv/nodes/{node_id}           | ``{"waiting", "after_round", "addr", ...}``    | node's   |
 | rdzv/round                     | ``{"round", "participants", "run_lease"}``     | run      |
-| rdzv/closed                    | ``{"by": node_id}``                            | run      |
+| rdzv/closed                    | ``{"by": node_id, "outcome": CLOSED_*}``       | run      |
 | rdzv/leader                    | ``{"node", "lease", "probe"}``                 | leader's |
 | rdzv/rank0                     | ``{"round", "node", "addr", "port"}``          | run      |
 | store/{N}/{key}                | raw bytes from torch (round N's store)         | run      |
@@ -52,6 +52,10 @@ from dataclasses import dataclass
 QUEUE_STATES = ("todo", "doing", "done")
 #: Digits of an event's sequence number in its key (keys sort in sequence order).
 EVENT_SEQ_DIGITS = 10
+#: ``rdzv/closed``'s ``outcome``: the closing agent's workers all succeeded (the job is done:
+#: a node arriving later exits 0), its agent gave up (``close_on_failure``), or it is not known
+#: (torch's ``set_closed()``).
+CLOSED_SUCCEEDED, CLOSED_FAILED, CLOSED_UNKNOWN = "succeeded", "failed", "closed"
 
 
 def run_prefix_of(key_prefix: str, run_id: str) -> str:

@@ -146,6 +146,10 @@ def test_a_node_joining_grows_the_world(tmp_path: Path, etcd) -> None:
             what="a step of the 4-node world",
         )
         finished_ok(group, agents)
+        # A replacement that arrives after the job succeeded ends cleanly: nothing to do.
+        late = start_agents(group, etcd, run_id, events, 1, "2:4", steps=120)[0]
+        assert late.wait(RECOVER_TIMEOUT) == 0, late.log_text()
+        assert "completed before node" in late.log_text()
     # A new node's zygote is forked from its agent (torch already imported), not started cold.
     assert "forked from this agent" in agents[3].log_text(), agents[3].log_text()
     starts = [e for e in read_events(events) if e["event"] == "start" and e["t"] > joined_at]

@@ -17,7 +17,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from kfp_elastic.rendezvous.cache import WatchedPrefix
-from kfp_elastic.rendezvous.handler import ElasticEtcdRendezvousHandler
+from kfp_elastic.rendezvous.handler import ElasticEtcdRendezvousHandler, RunCompletedError
 
 
 def raw_client(etcd) -> MultiEndpointEtcd3Client:
@@ -215,8 +215,33 @@ def test_set_closed_stops_everyone(make_handler) -> None:
     join_all([a, b])
     a.set_closed()
     assert eventually(b.is_closed)
-    with pytest.raises(RendezvousClosedError):
+    with pytest.raises(RendezvousClosedError) as closed:
         b.next_rendezvous()
+    assert not isinstance(closed.value, RunCompletedError)  # nobody said the job succeeded
+
+
+def test_a_node_arriving_after_success_learns_the_run_completed(make_handler) -> None:
+    a, b = (make_handler(1, 2) for _ in range(2))
+    join_all([a, b])
+    a.shutdown()  # no exception in flight: torchrun's shutdown after the workers succeeded
+    late = make_handler(1, 2)
+    assert eventually(late.is_closed)
+    with pytest.raises(RunCompletedError, match="completed before node"):
+        late.next_rendezvous()
+
+
+def test_an_agent_giving_up_with_close_on_failure_does_not_complete_the_run(make_handler) -> None:
+    a = make_handler(1, 1, close_on_failure=True)
+    Joiner(a).result()
+    try:
+        raise RuntimeError("workers failed")
+    except RuntimeError:
+        a.shutdown()  # torchrun's shutdown in launch_agent's finally, the error in flight
+    late = make_handler(1, 1)
+    assert eventually(late.is_closed)
+    with pytest.raises(RendezvousClosedError) as closed:
+        late.next_rendezvous()
+    assert not isinstance(closed.value, RunCompletedError)
 
 
 def test_join_timeout_raises_instead_of_hanging(make_handler) -> None:

@@ -114,6 +114,13 @@ def test_left_and_closed_fail_before_anything_else() -> None:
     assert unpublished.action is Action.FAIL_CLOSED
 
 
+def test_a_run_that_completed_ends_a_late_node_without_failing_it() -> None:
+    late = step(snapshot("c", 1.0, [], closed=True, completed=True), WaitProgress(0))
+    assert late.action is Action.EXIT_COMPLETED and "completed before node c" in late.reason
+    leaving = step(snapshot("c", 1.0, [], left=True, closed=True, completed=True), WaitProgress(0))
+    assert leaving.action is Action.FAIL_LEFT
+
+
 def test_no_leader_key_waits_the_grace_then_tries_to_lead() -> None:
     live = [record("b", 2)]
     first = step(snapshot("b", 10.0, live), published(10.0))
