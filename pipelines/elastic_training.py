@@ -1,10 +1,12 @@
 """The pipeline: shard the dataset → elastic training → evaluation, with an exit handler.
 
 Compiled into ``pipelines/elastic_training.yaml`` (``kfp-elastic compile``) for upload
-to the KFP UI; ``kfp-elastic run-local`` runs it on this machine through kfp.local.
+to the KFP UI; ``kfp-elastic run-local`` runs it on this machine through kfp.local, built by the
+same :func:`build_pipeline` without task retries (``LOCAL_TRAIN_RETRIES``).
 """
 
 from kfp import dsl, kubernetes
+from kfp.dsl.graph_component import GraphComponent
 
 from kfp_elastic.components.elastic_train.component import elastic_train
 from kfp_elastic.components.evaluate.component import evaluate
@@ -30,94 +32,124 @@ CONFIG_ENV = (*ETCD_ENV, *KUBERNETES_ENV_VARS)
 # plain-HTTP etcd without auth needs neither.
 ETCD_TLS_SECRET = "kfp-elastic-etcd-client-tls"
 ETCD_PASSWORD_SECRET = "kfp-elastic-etcd-password"
+# KFP retries of the training task (the master): a preempted, evicted or crashed task pod is
+# started again and the new master adopts the running workers (the job's state is in etcd); the
+# retry of a run that already ended returns its recorded result at once, so a deterministic
+# failure costs a few seconds per retry, never a re-run. Constants: KFP takes no pipeline
+# parameter here. kfp.local runs with LOCAL_TRAIN_RETRIES: its embedded etcd dies with the task,
+# so a retry there could only start the job over.
+TRAIN_RETRIES = 3
+TRAIN_RETRY_BACKOFF = "5s"  # then x2 per retry, at most TRAIN_RETRY_BACKOFF_MAX
+TRAIN_RETRY_BACKOFF_MAX = "60s"
+LOCAL_TRAIN_RETRIES = 0
 
 
-@dsl.pipeline(
-    name="elastic-training",
-    description="Elastic, preemption-proof PyTorch DDP training: shard the dataset, train with "
-    "min..max workers that are replaced when preempted, evaluate the model.",
-)
-def elastic_training(
-    model_def: str = "kfp_elastic.worker.examples.digits",
-    dataset: str = "",
-    num_shards: int = 16,
-    min_workers: int = 1,
-    max_workers: int = 2,
-    nproc_per_worker: int = 1,
-    epochs: int = 1,
-    batch_size: int = 32,
-    learning_rate: float = 0.1,
-    batch_policy: str = "fixed-global-batch",
-    snapshot_every: int = 0,
-    step_time: float = 0.0,
-    launcher: str = "auto",
-    etcd_endpoint: str = "",
-    image: str = "",
-    priority_class: str = "",
-    worker_cpu: str = "",
-    worker_memory: str = "",
-    worker_gpus: int = 0,
-    snapshot_pvc: str = "kfp-elastic-snapshots",
-    inject_faults: str = "",
-    max_wait_s: float = 600.0,
-    max_failures: int = 3,
-) -> None:
-    run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-    cleanup = stop_workers(run_id=run_id, launcher=launcher)
-    cleanup.set_display_name("stop leftover workers")
-    cleanup.set_caching_options(False)
-    with dsl.ExitHandler(cleanup, name="elastic-training-job"):
-        shards = shard_dataset(dataset=dataset, model_def=model_def, num_shards=num_shards)
-        shards.set_display_name("shard dataset")
+def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
+    """The pipeline, with ``train_retries`` KFP retries of the training task."""
 
-        train = elastic_train(
-            shard_manifest=shards.outputs["manifest"],
-            model_def=model_def,
-            min_workers=min_workers,
-            max_workers=max_workers,
-            nproc_per_worker=nproc_per_worker,
-            epochs=epochs,
-            batch_size=batch_size,
-            learning_rate=learning_rate,
-            batch_policy=batch_policy,
-            snapshot_every=snapshot_every,
-            step_time=step_time,
-            launcher=launcher,
-            etcd_endpoint=etcd_endpoint,
-            image=image,
-            priority_class=priority_class,
-            worker_cpu=worker_cpu,
-            worker_memory=worker_memory,
-            worker_gpus=worker_gpus,
-            inject_faults=inject_faults,
-            max_wait_s=max_wait_s,
-            max_failures=max_failures,
-            run_id=run_id,
-        )
-        train.set_display_name("elastic training")
-        train.set_caching_options(False)  # it starts workers and may inject faults
-        # Cluster-only settings (kfp.local ignores them):
-        kubernetes.mount_pvc(train, pvc_name=snapshot_pvc, mount_path=SNAPSHOT_MOUNT)
-        kubernetes.use_config_map_as_env(
-            train, CONFIG_MAP, {k: k for k in CONFIG_ENV}, optional=True
-        )
-        kubernetes.use_secret_as_volume(
-            train, ETCD_TLS_SECRET, mount_path=ETCD_TLS_MOUNT, optional=True
-        )
-        kubernetes.use_secret_as_volume(
-            train, ETCD_PASSWORD_SECRET, mount_path=ETCD_AUTH_MOUNT, optional=True
-        )
-        # The NetworkPolicy in manifests/base lets only pods with these labels (and the worker
-        # pods) reach etcd's client port.
-        for key, value in MASTER_POD_LABELS.items():
-            kubernetes.add_pod_label(train, key, value)
-        # No ownerReference from the worker pods to this task's pod: a KFP retry (or a preempted
-        # task pod) starts a new master that adopts the running workers by their run-id label;
-        # the run's end and the exit handler (stop_workers) delete them.
-        # Forwarded to the worker pods (dsl.TaskConfig): workers may land on GPU nodes.
-        kubernetes.add_toleration(
-            train, key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"
-        )
+    @dsl.pipeline(
+        name="elastic-training",
+        description="Elastic, preemption-proof PyTorch DDP training: shard the dataset, train "
+        "with min..max workers that are replaced when preempted, evaluate the model.",
+    )
+    def elastic_training(
+        model_def: str = "kfp_elastic.worker.examples.digits",
+        dataset: str = "",
+        num_shards: int = 16,
+        min_workers: int = 1,
+        max_workers: int = 2,
+        nproc_per_worker: int = 1,
+        epochs: int = 1,
+        batch_size: int = 32,
+        learning_rate: float = 0.1,
+        batch_policy: str = "fixed-global-batch",
+        snapshot_every: int = 0,
+        step_time: float = 0.0,
+        launcher: str = "auto",
+        etcd_endpoint: str = "",
+        image: str = "",
+        priority_class: str = "",
+        worker_cpu: str = "",
+        worker_memory: str = "",
+        worker_gpus: int = 0,
+        snapshot_pvc: str = "kfp-elastic-snapshots",
+        inject_faults: str = "",
+        max_wait_s: float = 600.0,
+        max_failures: int = 3,
+    ) -> None:
+        run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+        cleanup = stop_workers(run_id=run_id, launcher=launcher)
+        cleanup.set_display_name("stop leftover workers")
+        cleanup.set_caching_options(False)
+        with dsl.ExitHandler(cleanup, name="elastic-training-job"):
+            shards = shard_dataset(dataset=dataset, model_def=model_def, num_shards=num_shards)
+            shards.set_display_name("shard dataset")
 
-        scores = evaluate(model=train.outputs["model"], model_def=model_def)
-        scores.set_display_name("evaluate")
+            train = elastic_train(
+                shard_manifest=shards.outputs["manifest"],
+                model_def=model_def,
+                min_workers=min_workers,
+                max_workers=max_workers,
+                nproc_per_worker=nproc_per_worker,
+                epochs=epochs,
+                batch_size=batch_size,
+                learning_rate=learning_rate,
+                batch_policy=batch_policy,
+                snapshot_every=snapshot_every,
+                step_time=step_time,
+                launcher=launcher,
+                etcd_endpoint=etcd_endpoint,
+                image=image,
+                priority_class=priority_class,
+                worker_cpu=worker_cpu,
+                worker_memory=worker_memory,
+                worker_gpus=worker_gpus,
+                inject_faults=inject_faults,
+                max_wait_s=max_wait_s,
+                max_failures=max_failures,
+                run_id=run_id,
+            )
+            train.set_display_name("elastic training")
+            train.set_caching_options(False)  # it starts workers and may inject faults
+            if train_retries:
+                train.set_retry(
+                    num_retries=train_retries,
+                    backoff_duration=TRAIN_RETRY_BACKOFF,
+                    backoff_factor=2.0,
+                    backoff_max_duration=TRAIN_RETRY_BACKOFF_MAX,
+                )
+            # Cluster-only settings (kfp.local ignores them):
+            kubernetes.mount_pvc(train, pvc_name=snapshot_pvc, mount_path=SNAPSHOT_MOUNT)
+            kubernetes.use_config_map_as_env(
+                train, CONFIG_MAP, {k: k for k in CONFIG_ENV}, optional=True
+            )
+            kubernetes.use_secret_as_volume(
+                train, ETCD_TLS_SECRET, mount_path=ETCD_TLS_MOUNT, optional=True
+            )
+            kubernetes.use_secret_as_volume(
+                train, ETCD_PASSWORD_SECRET, mount_path=ETCD_AUTH_MOUNT, optional=True
+            )
+            # The NetworkPolicy in manifests/base lets only pods with these labels (and the worker
+            # pods) reach etcd's client port.
+            for key, value in MASTER_POD_LABELS.items():
+                kubernetes.add_pod_label(train, key, value)
+            # No ownerReference from the worker pods to this task's pod: a KFP retry (or a preempted
+            # task pod) starts a new master that adopts the running workers by their run-id label;
+            # the run's end and the exit handler (stop_workers) delete them.
+            # Forwarded to the worker pods (dsl.TaskConfig): workers may land on GPU nodes.
+            kubernetes.add_toleration(
+                train, key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"
+            )
+
+            scores = evaluate(model=train.outputs["model"], model_def=model_def)
+            scores.set_display_name("evaluate")
+
+    return elastic_training
+
+
+elastic_training = build_pipeline()
+
+
+def local_pipeline() -> GraphComponent:
+    """The pipeline as kfp.local runs it (``kfp-elastic run-local``, the tests)."""
+    return build_pipeline(LOCAL_TRAIN_RETRIES)

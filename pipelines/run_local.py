@@ -102,7 +102,7 @@ def run_pipeline(pipeline_root: Path, params: dict[str, Any]) -> tuple[bool, Pat
     """Run the pipeline under kfp.local; (succeeded, the run's output directory)."""
     from kfp import local
 
-    from kfp_elastic.pipelines.elastic_training import elastic_training
+    from kfp_elastic.pipelines.elastic_training import local_pipeline
 
     pipeline_root.mkdir(parents=True, exist_ok=True)
     before = set(pipeline_root.glob(f"{PIPELINE_NAME}-*"))
@@ -113,7 +113,7 @@ def run_pipeline(pipeline_root: Path, params: dict[str, Any]) -> tuple[bool, Pat
     )
     ok = True
     try:
-        elastic_training(**params)
+        local_pipeline()(**params)
     except RuntimeError as error:
         print(f"\n{error}", flush=True)
         ok = False

@@ -190,12 +190,12 @@ def run_pipeline_locally(root: Path, **params: Any) -> tuple[str | None, Path]:
     the run's output directory)."""
     from kfp import local
 
-    from kfp_elastic.pipelines.elastic_training import elastic_training
+    from kfp_elastic.pipelines.elastic_training import local_pipeline
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
     error = None
     try:
-        elastic_training(launcher="local", **params)
+        local_pipeline()(launcher="local", **params)
     except RuntimeError as failure:
         error = str(failure)
     runs = list(root.glob("elastic-training-*"))

@@ -14,7 +14,12 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 
 from kfp_elastic.components import BASE_IMAGE
 from kfp_elastic.pipelines.compile import ROOT, stale, targets
-from kfp_elastic.pipelines.elastic_training import CONFIG_ENV, SNAPSHOT_MOUNT
+from kfp_elastic.pipelines.elastic_training import (
+    CONFIG_ENV,
+    SNAPSHOT_MOUNT,
+    TRAIN_RETRIES,
+    local_pipeline,
+)
 
 PIPELINE_YAML = ROOT / "pipelines" / "elastic_training.yaml"
 pytestmark = pytest.mark.filterwarnings(
@@ -77,6 +82,13 @@ def test_pipeline_shape() -> None:
     assert list(inner["elastic-train"].dependent_tasks) == ["shard-dataset"]
     assert list(inner["evaluate"].dependent_tasks) == ["elastic-train"]
     assert not inner["elastic-train"].caching_options.enable_cache
+    # A preempted master pod is retried by KFP (the new master adopts the workers); nothing
+    # else is: shard and evaluate are cheap to run again by hand, the exit handler must not loop.
+    retry = inner["elastic-train"].retry_policy
+    assert retry.max_retry_count == TRAIN_RETRIES >= 1
+    assert 0 < retry.backoff_duration.seconds <= retry.backoff_max_duration.seconds <= 300
+    assert not any(inner[t].HasField("retry_policy") for t in ("shard-dataset", "evaluate"))
+    assert not exit_task.HasField("retry_policy")
     train_component = spec.components["comp-elastic-train"]
     assert {"model", "metrics", "report"} <= set(train_component.output_definitions.artifacts)
     assert set(train_component.output_definitions.parameters) == {
@@ -109,3 +121,20 @@ def test_pipeline_shape() -> None:
     assert {e.env_var for e in config.config_map_as_env[0].key_to_env} == set(CONFIG_ENV)
     assert not config.field_path_as_env  # workers are owned by the run, not by this pod
     assert config.tolerations[0].key == "nvidia.com/gpu"
+
+
+def test_kfp_local_runs_the_same_pipeline_without_task_retries(tmp_path: Path) -> None:
+    """Its embedded etcd dies with the training task: a retry could only start over."""
+    from kfp import compiler
+
+    compiler.Compiler().compile(local_pipeline(), str(tmp_path / "local.yaml"))
+    local_spec = parse_spec(documents(tmp_path / "local.yaml")[0])
+    inner = local_spec.components["comp-exit-handler-1"].dag.tasks
+    assert not inner["elastic-train"].HasField("retry_policy")
+    committed = parse_spec(documents(PIPELINE_YAML)[0])
+    for task in inner.values():
+        task.ClearField("retry_policy")
+    committed_inner = committed.components["comp-exit-handler-1"].dag.tasks
+    for task in committed_inner.values():
+        task.ClearField("retry_policy")
+    assert local_spec.components == committed.components  # otherwise the same pipeline
