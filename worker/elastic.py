@@ -207,7 +207,7 @@ class State:
             raise RuntimeError("make the loader (elastic.DataLoader / ElasticSampler) first")
         s = self.settings
         self.manifest = shared(
-            ensure_manifest(self.progress, self._dataset_length, 0, s.epochs, s.seed)
+            ensure_manifest(self.progress, self._dataset_length, 0, s.epochs, s.seed, s.shuffle)
             if self.progress
             else None
         )

@@ -37,6 +37,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shard-size", type=int, default=0, help="samples per shard")
     parser.add_argument("--seed", type=int, default=job.DEFAULT_SEED)
     parser.add_argument(
+        "--no-shuffle",
+        dest="shuffle",
+        action="store_false",
+        default=job.DEFAULT_SHUFFLE,
+        help="keep the shards in order when this worker publishes the manifest (no master)",
+    )
+    parser.add_argument(
         "--snapshot-every",
         default=str(job.DEFAULT_SNAPSHOT_EVERY),
         help="steps between snapshots, or auto (or 0): as often as --snapshot-overhead allows",

@@ -297,7 +297,7 @@ def manifest_from_shards(
 
 
 def ensure_manifest(
-    progress: Progress, length: int, shard_size: int, epochs: int, seed: int
+    progress: Progress, length: int, shard_size: int, epochs: int, seed: int, shuffle: bool = True
 ) -> Manifest:
     """The run's shard manifest: the one in etcd (the master's, or an earlier rank 0's), else
     one of ``length`` samples published now; ``ValueError`` when it does not cover ``length``
@@ -305,7 +305,7 @@ def ensure_manifest(
     existing = progress.manifest()
     if existing is None:
         shards = shards_for_length(length, shard_size or max(1, length // 64))
-        existing = progress.publish_manifest(manifest_from_shards(shards, epochs, seed))
+        existing = progress.publish_manifest(manifest_from_shards(shards, epochs, seed, shuffle))
     if existing.num_samples != length:
         raise ValueError(
             f"shard manifest covers {existing.num_samples} samples but the training dataset "

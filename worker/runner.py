@@ -124,6 +124,7 @@ class Trainer:
                 self.args.shard_size,
                 self.args.epochs,
                 self.args.seed,
+                self.args.shuffle,
             )
         except ValueError as error:
             raise ValueError(f"{error} (dataset('train') of {self.md.name})") from None

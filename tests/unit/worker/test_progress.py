@@ -10,7 +10,8 @@ import torch
 
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.worker.data_plan import shards_for_length
-from kfp_elastic.worker.progress import Committed, Progress, manifest_from_shards
+from kfp_elastic.worker.options import parse_args
+from kfp_elastic.worker.progress import Committed, Progress, ensure_manifest, manifest_from_shards
 from kfp_elastic.worker.snapshot import SnapshotError, Snapshotter
 
 
@@ -41,6 +42,18 @@ def test_manifest_is_published_once_with_every_epochs_todo_queue(progress: Progr
             "doing": set(),
             "done": set(),
         }
+
+
+def test_a_worker_published_manifest_keeps_the_jobs_shuffle_setting(
+    progress: Progress, etcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KFP_ELASTIC_ETCD_ENDPOINTS", etcd.endpoint)
+    monkeypatch.setenv("KFP_ELASTIC_SNAPSHOT_DIR", "/tmp/unused")
+    args = parse_args(["--model-def", "m", "--no-shuffle", "--seed", "3"])
+    made = ensure_manifest(progress, 100, 10, 1, args.seed, args.shuffle)
+    assert not made.shuffle and made.visit_order(0) == list(range(10))
+    assert progress.manifest() == made  # what every later rank and restart reads
+    assert parse_args(["--model-def", "m"]).shuffle
 
 
 def test_commits_move_shards_and_reject_a_stale_writer(progress: Progress) -> None:
