@@ -183,6 +183,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-time", type=float, default=0.1, help="minimum seconds per step")
     p.add_argument("--settle-steps", type=int, default=5, help="steps of a world before an event")
     p.add_argument("--cap", type=float, default=120.0, help="seconds an event may take at most")
+    p.add_argument(
+        "--local-rdzv-conf",
+        default="",
+        help="extra --rdzv-conf of the local path's workers, e.g. warm_start_preload= (empty: "
+        "no preload of the runtime and model definition, to measure what it saves)",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     if args.quick:
@@ -494,6 +500,8 @@ class LocalPath:
             "workdir": root / "local" / "work",
             "local-capacity": 3,
         }
+        if params.get("local_rdzv_conf"):
+            flags["rdzv-conf"] = params["local_rdzv_conf"]
         argv = [str(x) for name, value in flags.items() for x in (f"--{name}", value)]
         spec = make_spec(build_parser().parse_args(argv), [], etcd_settings)
         self.steps_file = Path(spec.snapshot_dir or "") / STEPS_FILE
@@ -609,7 +617,8 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
                 if name == "cluster":
                     job = ClusterPath(work_dir, etcd, pki, manifest, params, path_stack)
                 else:
-                    job = LocalPath(work_dir, settings, manifest, params, path_stack)
+                    local = {**params, "local_rdzv_conf": args.local_rdzv_conf}
+                    job = LocalPath(work_dir, settings, manifest, local, path_stack)
                 started = time.monotonic()
                 runs += measure(job, args)
                 print(f"[{name}] done in {time.monotonic() - started:.0f} s", flush=True)

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 # -- the defaults (the only ones: every signature and flag that repeats one is tested) ----------
 DEFAULT_MODEL_DEF = "kfp_elastic.worker.examples.digits"
 RUNTIME_MODULE = "kfp_elastic.worker"  # the built-in training runtime (``--model-def``)
+# What the built-in runtime imports besides torch: the agents' zygotes import it once, so a
+# worker restart (every membership change) does not (see ``JobSpec.worker_rdzv_conf``).
+RUNTIME_PRELOAD = ("kfp_elastic.worker.runner",)
 DEFAULT_MIN_WORKERS = 1
 DEFAULT_MAX_WORKERS = 2
 DEFAULT_NPROC_PER_WORKER = 1
@@ -390,6 +393,22 @@ class JobSpec:
             argv += ["--snapshot-dir", str(self.snapshot_dir)]
             argv += ["--output", str(self.snapshot_dir / FINAL_MODEL_FILE)]
         return tuple(argv)
+
+    def worker_rdzv_conf(self) -> dict[str, str]:
+        """The ``--rdzv-conf`` of every worker: ``launch.rdzv_conf``, and for the built-in runtime
+        a ``warm_start_preload`` of the runtime and the model definition's module, so that each
+        restart forks a worker that has them imported already (a heavy model definition, e.g.
+        one importing transformers, costs seconds per restart otherwise). A command's own
+        modules are not preloaded: importing a script runs it. A ``warm_start_preload`` given
+        in ``launch.rdzv_conf`` is kept as it is."""
+        conf = dict(self.launch.rdzv_conf)
+        if self.entry.command or "warm_start_preload" in conf:
+            return conf
+        modules = list(RUNTIME_PRELOAD)
+        if all(part.isidentifier() for part in self.entry.model_def.split(".")):
+            modules.append(self.entry.model_def)  # else the worker reports the bad name
+        conf["warm_start_preload"] = ":".join(modules)
+        return conf
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the field at fault (with its flag and parameter), before

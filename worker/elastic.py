@@ -164,6 +164,7 @@ class State:
             log.warning(
                 "stopping on SIGTERM rank=%d step=%d (snapshot committed)", self.rank, self.step
             )
+            self.close()
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
             raise SystemExit(EXIT_PREEMPTED)
@@ -178,6 +179,16 @@ class State:
                 torch.save(_unwrapped(self.model).state_dict(), self.settings.output)
         dist.barrier()
         self.rescues.discard_up_to(self.step)  # the job is complete: none can win
+        self.close()
+
+    def close(self) -> None:
+        """Release rank 0's etcd connection once no snapshot is in flight (``finish`` and the
+        SIGTERM exit call it; safe to call again)."""
+        if self.progress is not None:
+            self.snapshots.wait()
+            with contextlib.suppress(Exception):
+                self.progress.close()
+            self.progress = None
 
     # -- the data plan ------------------------------------------------------------------------
     def _attach_dataset(self, length: int) -> None:

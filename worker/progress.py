@@ -105,6 +105,10 @@ class Progress:
         self.keys = ProgressKeys(run_prefix)
         self._orders: dict[tuple, list[int]] = {}
 
+    def close(self) -> None:
+        """Close the etcd connection (this object is unusable afterwards)."""
+        self._client.close()
+
     # -- manifest -----------------------------------------------------------------------------
     def publish_manifest(self, manifest: Manifest) -> Manifest:
         """Write the manifest and every epoch's TODO queue once; return the one in etcd."""

@@ -305,10 +305,29 @@ def test_the_worker_pods_get_the_same_spec(monkeypatch: pytest.MonkeyPatch) -> N
         ),
     )
     template = worker_pod_template(spec)
-    assert template.rdzv_conf == {"last_call_timeout": "1"} and template.max_restarts == 7
+    assert template.rdzv_conf == spec.worker_rdzv_conf() and template.max_restarts == 7
+    assert template.rdzv_conf["last_call_timeout"] == "1"
     assert template.priority_class == "from-configmap"
     assert template.service_account == contract.DEFAULT_SERVICE_ACCOUNT
     assert template.image == contract.DEFAULT_WORKER_IMAGE and template.gpu == 1
     assert (template.min_nodes, template.max_nodes, template.namespace) == (1, 3, "ml")
     assert template.module and template.entrypoint == "kfp_elastic.worker"
     assert template.entrypoint_args == spec.worker_argv()[2:]
+
+
+def test_the_builtin_runtime_and_its_model_def_are_preloaded_by_the_zygotes() -> None:
+    from kfp_elastic.rendezvous.config import RendezvousConfig
+
+    builtin = job(launch=Launch(rdzv_conf={"last_call_timeout": "1"}))
+    conf = builtin.worker_rdzv_conf()
+    assert conf == {
+        "last_call_timeout": "1",
+        "warm_start_preload": "kfp_elastic.worker.runner:m",
+    }
+    agent = RendezvousConfig.from_params("127.0.0.1:2379", "r", 1, 2, None, conf, env={})
+    assert agent.preload_modules == ("kfp_elastic.worker.runner", "m")
+    # A command is not imported ahead (importing a script runs it); the user's choice is kept.
+    command = JobSpec(run_id="r", entry=Entry(command=("train.py",)))
+    assert "warm_start_preload" not in command.worker_rdzv_conf()
+    own = job(launch=Launch(rdzv_conf={"warm_start_preload": "transformers"}))
+    assert own.worker_rdzv_conf() == {"warm_start_preload": "transformers"}
