@@ -396,18 +396,15 @@ class JobSpec:
 
     def worker_rdzv_conf(self) -> dict[str, str]:
         """The ``--rdzv-conf`` of every worker: ``launch.rdzv_conf``, and for the built-in runtime
-        a ``warm_start_preload`` of the runtime and the model definition's module, so that each
-        restart forks a worker that has them imported already (a heavy model definition, e.g.
-        one importing transformers, costs seconds per restart otherwise). A command's own
-        modules are not preloaded: importing a script runs it. A ``warm_start_preload`` given
-        in ``launch.rdzv_conf`` is kept as it is."""
+        a ``warm_start_preload`` of the runtime, so that each restart forks a worker that has it
+        imported already. Neither the model definition nor a command is preloaded: their
+        top-level code would run once in the zygote, with the agent's environment instead of
+        the worker's (``RANK``, ``LOCAL_RANK``, ...); a user who knows that theirs does not
+        care adds it (or ``transformers``, ...) with ``warm_start_preload`` in ``rdzv_conf``,
+        which is kept as it is."""
         conf = dict(self.launch.rdzv_conf)
-        if self.entry.command or "warm_start_preload" in conf:
-            return conf
-        modules = list(RUNTIME_PRELOAD)
-        if all(part.isidentifier() for part in self.entry.model_def.split(".")):
-            modules.append(self.entry.model_def)  # else the worker reports the bad name
-        conf["warm_start_preload"] = ":".join(modules)
+        if not self.entry.command and "warm_start_preload" not in conf:
+            conf["warm_start_preload"] = ":".join(RUNTIME_PRELOAD)
         return conf
 
     def validate(self) -> None:

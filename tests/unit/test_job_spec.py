@@ -315,18 +315,19 @@ def test_the_worker_pods_get_the_same_spec(monkeypatch: pytest.MonkeyPatch) -> N
     assert template.entrypoint_args == spec.worker_argv()[2:]
 
 
-def test_the_builtin_runtime_and_its_model_def_are_preloaded_by_the_zygotes() -> None:
+def test_the_builtin_runtime_is_preloaded_by_the_zygotes() -> None:
     from kfp_elastic.rendezvous.config import RendezvousConfig
 
     builtin = job(launch=Launch(rdzv_conf={"last_call_timeout": "1"}))
     conf = builtin.worker_rdzv_conf()
     assert conf == {
         "last_call_timeout": "1",
-        "warm_start_preload": "kfp_elastic.worker.runner:m",
+        "warm_start_preload": "kfp_elastic.worker.runner",
     }
     agent = RendezvousConfig.from_params("127.0.0.1:2379", "r", 1, 2, None, conf, env={})
-    assert agent.preload_modules == ("kfp_elastic.worker.runner", "m")
-    # A command is not imported ahead (importing a script runs it); the user's choice is kept.
+    assert agent.preload_modules == ("kfp_elastic.worker.runner",)
+    # Neither the model definition nor a command is imported ahead (their top-level code would
+    # see the agent's environment); the user's choice is kept.
     command = JobSpec(run_id="r", entry=Entry(command=("train.py",)))
     assert "warm_start_preload" not in command.worker_rdzv_conf()
     own = job(launch=Launch(rdzv_conf={"warm_start_preload": "transformers"}))
