@@ -67,7 +67,10 @@ class KubernetesLauncher(Launcher):
         request_timeout_s: float = 30.0,
         max_backoff_s: float = 5.0,
         max_name_attempts: int = 20,
+        first_attempts: Mapping[int, int] | None = None,
     ) -> None:
+        """``first_attempts``: per worker index, the first attempt to name a pod after (a new
+        master passes ``next_attempts`` of its workers table)."""
         if template.namespace not in (None, namespace):
             raise ValueError(f"template namespace {template.namespace!r} != {namespace!r}")
         build_pod(template)  # fail at construction, not at the first launch
@@ -80,7 +83,7 @@ class KubernetesLauncher(Launcher):
         self._max_backoff_s = max_backoff_s
         self._max_name_attempts = max_name_attempts
         self._lock = threading.Lock()
-        self._next_attempt: dict[int, int] = {}
+        self._next_attempt: dict[int, int] = dict(first_attempts or {})
         # Names this launcher deleted. Never reused (attempts), so only bounded, not pruned by
         # events: several consumers of events() may all need to recognise them.
         self._deleted: OrderedDict[str, None] = OrderedDict()

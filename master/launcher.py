@@ -11,10 +11,11 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import TracebackType
+from typing import Any
 
 
 class WorkerPhase(str, Enum):
@@ -98,6 +99,17 @@ class WorkerEvent(WorkerStatus):
     """A change of a worker's phase, reason or exit code, as the launcher observed it."""
 
     observed_at: float = field(default_factory=time.time, compare=False)
+
+
+def next_attempts(records: Mapping[str, Mapping[str, Any]]) -> dict[int, int]:
+    """The first unused attempt of every worker index in the master's workers table
+    (``MasterState.workers()``): a new master (a KFP retry) must not name a worker after one
+    an earlier master launched, even one that is gone, or the table would mix the two."""
+    attempts: dict[int, int] = {}
+    for record in records.values():
+        index, attempt = int(record.get("index", 0)), int(record.get("attempt", 0))
+        attempts[index] = max(attempts.get(index, 0), attempt + 1)
+    return attempts
 
 
 class Launcher(ABC):

@@ -45,6 +45,7 @@ from kfp_elastic.master.launcher import (
     WorkerHandle,
     WorkerPhase,
     WorkerStatus,
+    next_attempts,
 )
 from kfp_elastic.master.supervise import read_exit_file
 from kfp_elastic.rendezvous.local_agents import TAG_VAR, Agent
@@ -122,9 +123,9 @@ class LocalLauncher(Launcher):
 
     # -- adoption -----------------------------------------------------------------------------
     def _adopt(self, records: Mapping[str, Mapping[str, Any]]) -> None:
+        self._attempts.update(next_attempts(records))
         for name, record in records.items():
             index, attempt = int(record.get("index", 0)), int(record.get("attempt", 0))
-            self._attempts[index] = max(self._attempts.get(index, 0), attempt + 1)
             if record.get("ended") or "tag" not in record:
                 continue  # recorded as ended by the master: nothing to adopt
             worker = self._new_worker(name, index, attempt, record.get("launched_at"))

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from kfp_elastic.job_env import RUN_ID_ENV, SNAPSHOT_DIR_ENV, JobEnv
 from kfp_elastic.job_spec import MODULE_FLAGS, JobSpec, field_error
 from kfp_elastic.master.job import LauncherFactory
-from kfp_elastic.master.launcher import Launcher
+from kfp_elastic.master.launcher import Launcher, next_attempts
 from kfp_elastic.master.state import MasterState
 
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -76,8 +77,8 @@ def _kubernetes(spec: JobSpec) -> LauncherFactory:
     class OwnClientLauncher(KubernetesLauncher):
         """Closes the API client it was made with (one per launcher)."""
 
-        def __init__(self, api: Any) -> None:
-            super().__init__(template, template.namespace, api)
+        def __init__(self, api: Any, first_attempts: Mapping[int, int]) -> None:
+            super().__init__(template, template.namespace, api, first_attempts=first_attempts)
             self._api = api
 
         def close(self) -> None:
@@ -89,7 +90,7 @@ def _kubernetes(spec: JobSpec) -> LauncherFactory:
 
         # Read the credentials when the master starts the launcher, not at import time.
         load_kubernetes_config()
-        return OwnClientLauncher(client.ApiClient())
+        return OwnClientLauncher(client.ApiClient(), next_attempts(state.workers()))
 
     return kubernetes
 

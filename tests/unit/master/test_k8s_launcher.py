@@ -17,7 +17,13 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from kfp_elastic.master.k8s_launcher import KubernetesLauncher, LaunchError
-from kfp_elastic.master.launcher import Reason, WorkerEvent, WorkerHandle, WorkerPhase
+from kfp_elastic.master.launcher import (
+    Reason,
+    WorkerEvent,
+    WorkerHandle,
+    WorkerPhase,
+    next_attempts,
+)
 from kfp_elastic.master.pod_spec import JOB_LABEL, WorkerPodSpec, build_pod
 from kfp_elastic.master.pod_status import classify
 from tests.fakes.fake_k8s import FakeKubernetes
@@ -251,6 +257,19 @@ def test_taken_names_move_to_the_next_attempt(
     assert launcher.launch(1) == WorkerHandle("job-worker-1-2", 1, 2)
     assert launcher.launch(1).attempt == 3
     assert launcher.launch(0).attempt == 0
+
+
+def test_a_new_master_names_pods_after_every_attempt_in_its_table(api: client.ApiClient) -> None:
+    # An earlier master launched worker 0 twice (both pods are gone now) and worker 2 once.
+    table = {
+        "job-worker-0-0": {"index": 0, "attempt": 0, "ended": True},
+        "job-worker-0-1": {"index": 0, "attempt": 1, "ended": True},
+        "job-worker-2-0": {"index": 2, "attempt": 0},
+    }
+    assert next_attempts(table) == {0: 2, 2: 1}
+    launcher = KubernetesLauncher(TEMPLATE, NS, api, first_attempts=next_attempts(table))
+    assert launcher.launch(0) == WorkerHandle("job-worker-0-2", 0, 2)  # not the gone 0-0
+    assert launcher.launch(2).attempt == 1 and launcher.launch(1).attempt == 0
 
 
 def test_refused_pod_raises_a_named_error(api: client.ApiClient) -> None:

@@ -134,4 +134,10 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
     assert isinstance(timeline[-1], JobDone)
     state: Any = MasterState(client, spec.run_prefix)
     assert state.status()["state"] == "succeeded" and state.failures() == 0
+    # A retried master names a new pod after every attempt in its table, gone ones too.
+    retried = launcher_factory(spec)(state)
+    try:
+        assert retried.launch(1).name == f"{run_id}-worker-1-2"
+    finally:
+        retried.close()
     client.close()
