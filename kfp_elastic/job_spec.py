@@ -457,7 +457,7 @@ class JobSpec:
             raise field_error(
                 "kind", f"must be one of {', '.join(LAUNCHERS)}, got {self.launch.kind!r}"
             )
-        from kfp_elastic.rendezvous.config import ETCD_KEYS
+        from kfp_elastic.rendezvous.config import ETCD_KEYS, ConfigError, RendezvousConfig
 
         etcd_keys = sorted(set(self.launch.rdzv_conf) & {*ETCD_KEYS, "password"})
         if etcd_keys:
@@ -466,6 +466,15 @@ class JobSpec:
                 f"{etcd_keys}: give the etcd connection with the --etcd-* flags (or the "
                 "KFP_ELASTIC_ETCD_* variables); the master hands it to every worker",
             )
+        empty = sorted(key for key, value in self.launch.rdzv_conf.items() if str(value) == "")
+        if empty:
+            raise field_error("rdzv_conf", f"{empty} without a value: torchrun needs KEY=VALUE")
+        try:  # what every agent would refuse, refused here once, before any worker starts
+            RendezvousConfig.from_params(
+                "127.0.0.1:2379", "check", 1, 1, None, self.worker_rdzv_conf(), env={}
+            )
+        except ConfigError as error:
+            raise field_error("rdzv_conf", str(error)) from None
         capacity = self.launch.local.capacity
         if capacity is not None and capacity < 0:
             raise field_error("capacity", f"must be >= 0, got {capacity}")

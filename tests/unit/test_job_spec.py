@@ -166,6 +166,14 @@ def job(**sections: Any) -> JobSpec:
         (job(launch=Launch(local=LocalSettings(capacity=-1))), "capacity (--local-capacity / "),
         (job(launch=Launch(rdzv_conf={"cacert": "x"})), "rdzv_conf (--rdzv-conf) ['cacert']"),
         (
+            job(launch=Launch(rdzv_conf={"lease_ttl": ""})),
+            "rdzv_conf (--rdzv-conf) ['lease_ttl'] without a value",
+        ),
+        (
+            job(launch=Launch(rdzv_conf={"lease_tll": "5"})),  # what every agent would refuse
+            "rdzv_conf (--rdzv-conf) unknown --rdzv-conf key 'lease_tll'",
+        ),
+        (
             job(launch=Launch(kind="kubernetes")),
             "snapshot_dir (--snapshot-dir / snapshot_dir) is needed by the kubernetes launcher",
         ),
