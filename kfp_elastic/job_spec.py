@@ -64,7 +64,9 @@ LAUNCHERS = ("local", "kubernetes")
 DEFAULT_WORKER_MAX_RESTARTS = 100
 # Kubernetes settings left empty come from these variables (the kfp-elastic-config ConfigMap
 # maps them into the master's pod), else from these defaults: see KubernetesSettings.resolved.
-DEFAULT_WORKER_IMAGE = "ghcr.io/kfp-elastic/worker:0.1.0"  # also the components' base image
+# What images/worker/Dockerfile builds (images/README.md), the ConfigMap's
+# KFP_ELASTIC_WORKER_IMAGE, and the components' base image: one name (a test checks it).
+DEFAULT_WORKER_IMAGE = "kfp-elastic-worker:0.1.0"
 DEFAULT_PRIORITY_CLASS = "kfp-elastic-worker-low"
 DEFAULT_SERVICE_ACCOUNT = "kfp-elastic-worker"
 WORKER_IMAGE_ENV = "KFP_ELASTIC_WORKER_IMAGE"

@@ -90,7 +90,8 @@ def _kubernetes(spec: JobSpec) -> LauncherFactory:
 
         # Read the credentials when the master starts the launcher, not at import time.
         load_kubernetes_config()
-        return OwnClientLauncher(client.ApiClient(), next_attempts(state.workers()))
+        attempts = next_attempts(state.workers()) if state is not None else {}
+        return OwnClientLauncher(client.ApiClient(), attempts)
 
     return kubernetes
 

@@ -37,6 +37,17 @@ def test_every_key_is_a_setting_the_code_reads(target: str) -> None:
             assert resolved != KubernetesSettings().resolved({**data, key: value + "-x"}), key
 
 
+def test_one_worker_image_name_everywhere() -> None:
+    """The tag images/README.md builds, the ConfigMap's worker image, the master's default and
+    the components' image agree: a kind user who loads that one image runs everything."""
+    from kfp_elastic.components import BASE_IMAGE
+    from kfp_elastic.job_spec import DEFAULT_WORKER_IMAGE
+
+    assert config("base")["KFP_ELASTIC_WORKER_IMAGE"] == DEFAULT_WORKER_IMAGE == BASE_IMAGE
+    readme = Path(__file__).parents[3] / "images" / "README.md"
+    assert f"-t {DEFAULT_WORKER_IMAGE} ." in readme.read_text()
+
+
 def test_production_values_reach_the_worker_pods(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
