@@ -50,6 +50,7 @@ class TimelineStats:
     max_commit_gap: int = 0
     last_commit_t: float | None = None
     unconfirmed_lost: int = 0  # estimated at rounds since the last commit
+    _stopped: bool = False  # the last commit was the current world's stop: nothing to lose
     commits: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256))
 
     @property
@@ -65,14 +66,14 @@ class TimelineStats:
         if isinstance(event, RoundFormed):
             self._round(event.round, event.t, event.world_size)
         elif isinstance(event, Committed):
-            self._commit(event.step, event.t, event.rescued)
+            self._commit(event.step, event.t, event.rescued, event.stopping, event.world_size)
 
     def _round(self, number: int, t: float, world_size: int) -> None:
         # Rounds formed while no master watched show as a jump of the round number; a smaller
         # number means the run's rendezvous keys expired and counting started again.
         jump = number - self.last_round if self.last_round is not None else 1
         self.rounds += jump if jump > 0 else 1
-        if self.last_round is not None and self.commits:
+        if self.last_round is not None and self.commits and not self._stopped:
             since = max(x for x in (self.last_commit_t, self.last_round_t) if x is not None)
             rate = self.rate(at=self.commits[-1][0])
             lost = int(rate * max(0.0, t - since))
@@ -81,10 +82,23 @@ class TimelineStats:
             self.lost_steps += lost
             self.unconfirmed_lost += lost
         self.last_round, self.last_round_t, self.world_size = number, t, world_size
+        self._stopped = False
 
-    def _commit(self, step: int, t: float, rescued: bool = False) -> None:
-        if rescued:  # survivors kept what they had trained: the rounds' estimate did not happen
+    def _commit(
+        self,
+        step: int,
+        t: float,
+        rescued: bool = False,
+        stopping: bool = False,
+        world_size: int = 0,
+    ) -> None:
+        # A rescue (survivors kept what they had trained), or the last commit of the world
+        # before the latest round (stopped for a join: every rank finished its step and it was
+        # committed): the estimate taken at that round did not happen.
+        if rescued or (stopping and world_size != self.world_size):
             self.lost_steps -= self.unconfirmed_lost
+        # The current world stopping (SIGTERM): the round it leads to loses nothing.
+        self._stopped = stopping and world_size == self.world_size
         self.unconfirmed_lost = 0
         if self.commits:
             previous = self.commits[-1][1]

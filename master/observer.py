@@ -153,6 +153,7 @@ class Observer:
                 complete=committed.complete,
                 snapshot=committed.snapshot,
                 rescued=committed.rescued,
+                stopping=committed.stopping,
                 global_batch=committed.global_batch,
                 lr=committed.lr,
             )

@@ -147,6 +147,7 @@ class Committed(Event):
     complete: bool = False
     snapshot: str = ""
     rescued: bool = False
+    stopping: bool = False  # the world's last step before it stopped: it lost nothing
     global_batch: int | None = None
     lr: float | None = None
 

@@ -159,7 +159,7 @@ class State:
             return
         stop, snapshot = self._sync(epoch_end)
         if snapshot or stop or done:
-            self._snapshot(complete=done, wait=stop or done)
+            self._snapshot(complete=done, wait=stop or done, stopping=stop)
         if stop:
             log.warning(
                 "stopping on SIGTERM rank=%d step=%d (snapshot committed)", self.rank, self.step
@@ -324,7 +324,9 @@ class State:
         self._synced = (time.monotonic(), self.step)
         return stop > 0, snapshot > 0
 
-    def _snapshot(self, *, complete: bool, wait: bool, rescued: bool = False) -> None:
+    def _snapshot(
+        self, *, complete: bool, wait: bool, rescued: bool = False, stopping: bool = False
+    ) -> None:
         self._snapshot_step = self.step
         if self.rank != 0:
             return
@@ -337,6 +339,7 @@ class State:
             global_batch=self.global_batch_size,
             complete=complete,
             rescued=rescued,
+            stopping=stopping,
         )
 
         def commit(name: str) -> None:

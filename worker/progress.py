@@ -80,6 +80,7 @@ class Committed:
     complete: bool = False
     losses: tuple[float, ...] = field(default=())  # mean loss of the steps since last commit
     rescued: bool = False  # the state a survivor saved when its world broke (worker/rescue.py)
+    stopping: bool = False  # its world's last step before it stopped (SIGTERM): nothing lost
 
     def to_json(self) -> str:
         data = asdict(self)

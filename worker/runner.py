@@ -233,6 +233,7 @@ class Trainer:
         wait: bool = False,
         world: int = 0,
         rescued: bool = False,
+        stopping: bool = False,
     ) -> None:
         losses, self.losses = tuple(self.losses), []
         if self.rank != 0:
@@ -242,7 +243,17 @@ class Trainer:
 
         def commit(name: str) -> None:
             new = Committed(
-                step, epoch, position, name, world, shape_batch, lr, complete, losses, rescued
+                step,
+                epoch,
+                position,
+                name,
+                world,
+                shape_batch,
+                lr,
+                complete,
+                losses,
+                rescued,
+                stopping,
             )
             self._commit_with_retry(new)
             self.rescues.discard_up_to(step)
@@ -350,6 +361,7 @@ class Trainer:
                             *self._interval_shape,
                             complete=done,
                             wait=stop or done,
+                            stopping=stop,
                         )
                         snapshot_step = step
                     synced_at, synced_step = time.monotonic(), step

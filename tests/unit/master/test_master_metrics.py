@@ -15,8 +15,10 @@ from kfp_elastic.master.metrics import Metrics, Snapshot, TimelineStats, render
 from kfp_elastic.master.timeline import Committed, RoundFormed
 
 
-def commit(t: float, step: int, rescued: bool = False) -> Committed:
-    return Committed(t=t, step=step, rescued=rescued)
+def commit(
+    t: float, step: int, rescued: bool = False, stopping: bool = False, world: int = 2
+) -> Committed:
+    return Committed(t=t, step=step, rescued=rescued, stopping=stopping, world_size=world)
 
 
 def round_formed(t: float, number: int, world: int = 2) -> RoundFormed:
@@ -55,6 +57,21 @@ def test_a_rescued_commit_after_a_round_change_takes_the_estimate_back() -> None
     assert stats.lost_steps == 0 and stats.steps_total == 14
     stats.add_all([commit(20, 18), round_formed(22, 4), commit(24, 18)])  # a plain restore
     assert stats.lost_steps == 1  # 2 s at 0.875 steps/s: the estimate stands
+
+
+def test_a_world_that_stopped_with_a_commit_lost_nothing() -> None:
+    # A preemption: the world of 2 stops at a commit (SIGTERM), then the round of 1 forms.
+    preempted = [round_formed(0, 1), commit(4, 4), commit(8, 8), commit(9, 9, stopping=True)]
+    stats = TimelineStats().add_all([*preempted, round_formed(11, 2, world=1)])
+    assert stats.lost_steps == 0
+    # A join: the round of 3 forms first, then the world of 2 stops at a commit.
+    stats.add_all([commit(15, 13, world=1), round_formed(18, 3, world=3)])
+    assert stats.lost_steps > 0  # the estimate, until...
+    stats.add(commit(18.5, 16, stopping=True, world=1))
+    assert stats.lost_steps == 0
+    # ... and the world of 3 that trains on and then breaks without a commit loses steps.
+    stats.add_all([commit(22, 20, world=3), commit(24, 22, world=3), round_formed(28, 4, world=2)])
+    assert stats.lost_steps > 0
 
 
 def test_a_committed_step_going_backwards_counts_the_difference() -> None:
