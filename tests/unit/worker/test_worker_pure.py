@@ -104,3 +104,19 @@ def test_bad_model_def_says_what_is_wrong(name: str, message: str) -> None:
 def test_example_model_defs_load() -> None:
     assert load_model_def("kfp_elastic.worker.examples.digits").evaluate is not None
     assert load_model_def("tests.model_defs.counting").loss_reduction == "sum"
+
+
+def test_the_digits_example_holds_exactly_scikit_learns_digits() -> None:
+    """It reads scikit-learn's CSV itself (no ``import sklearn`` at each worker start)."""
+    import torch
+    from sklearn.datasets import load_digits
+
+    from kfp_elastic.worker.examples import digits
+
+    reference = load_digits()
+    pixels, labels = digits._digits()
+    assert torch.equal(pixels, torch.tensor(reference.data, dtype=torch.float32))
+    assert torch.equal(labels, torch.tensor(reference.target, dtype=torch.int64))
+    train, test = digits.dataset("train"), digits.dataset("test")
+    assert len(train) + len(test) == len(reference.target) and len(test) == 360
+    assert float(train.tensors[0].max()) == 1.0
