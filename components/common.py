@@ -8,6 +8,7 @@ import re
 import signal
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 from kfp_elastic.job_env import RUN_ID_ENV  # every local worker process of a run carries it
@@ -87,3 +88,27 @@ def delete_run_pods(run_id: str, namespace: str = "") -> list[str]:
         with contextlib.suppress(client.ApiException):
             core.delete_namespaced_pod(name, namespace, propagation_policy="Background")
     return names
+
+
+def forget_run(run_id: str, env: Mapping[str, str] | None = None) -> int | None:
+    """Delete every etcd key of run ``run_id`` (``{key_prefix}/{run_id}/``: rendezvous, master
+    state, timeline, progress, shard queues); the number deleted, or None when this process has
+    no etcd settings (``KFP_ELASTIC_ETCD_ENDPOINTS`` unset: an embedded etcd died with its run).
+
+    The keys a run writes without a lease outlive it by design (a KFP retry of the training task
+    continues from them); once the pipeline has ended nothing reads them again, and a cluster
+    that runs many pipelines would otherwise fill etcd's space quota with finished runs.
+    """
+    from kfp_elastic.etcd import settings as etcd_settings
+    from kfp_elastic.etcd.client import connect
+
+    env = os.environ if env is None else env
+    if not env.get(etcd_settings.BY_NAME["endpoints"].env):
+        return None
+    settings = etcd_settings.EtcdSettings.from_env(env)
+    client = connect(settings)
+    try:
+        deleted = client.delete_prefix(settings.run_prefix(run_id) + "/")
+        return int(getattr(deleted, "deleted", 0))
+    finally:
+        client.close()

@@ -44,6 +44,19 @@ TRAIN_RETRY_BACKOFF_MAX = "60s"
 LOCAL_TRAIN_RETRIES = 0
 
 
+def use_etcd(task: dsl.PipelineTask, env: tuple[str, ...]) -> None:
+    """What a task needs to reach the cluster's etcd (cluster-only: kfp.local ignores it): the
+    ConfigMap's ``env`` keys, the etcd client Secrets at the paths the ConfigMap names, and the
+    labels the NetworkPolicy in manifests/base admits to etcd's client port."""
+    kubernetes.use_config_map_as_env(task, CONFIG_MAP, {k: k for k in env}, optional=True)
+    kubernetes.use_secret_as_volume(task, ETCD_TLS_SECRET, mount_path=ETCD_TLS_MOUNT, optional=True)
+    kubernetes.use_secret_as_volume(
+        task, ETCD_PASSWORD_SECRET, mount_path=ETCD_AUTH_MOUNT, optional=True
+    )
+    for key, value in MASTER_POD_LABELS.items():
+        kubernetes.add_pod_label(task, key, value)
+
+
 def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
     """The pipeline, with ``train_retries`` KFP retries of the training task."""
 
@@ -81,6 +94,7 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
         cleanup = stop_workers(run_id=run_id, launcher=launcher)
         cleanup.set_display_name("stop leftover workers")
         cleanup.set_caching_options(False)
+        use_etcd(cleanup, ETCD_ENV)  # it deletes the run's etcd keys at the end
         with dsl.ExitHandler(cleanup, name="elastic-training-job"):
             shards = shard_dataset(dataset=dataset, model_def=model_def, num_shards=num_shards)
             shards.set_display_name("shard dataset")
@@ -120,19 +134,7 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
                 )
             # Cluster-only settings (kfp.local ignores them):
             kubernetes.mount_pvc(train, pvc_name=snapshot_pvc, mount_path=SNAPSHOT_MOUNT)
-            kubernetes.use_config_map_as_env(
-                train, CONFIG_MAP, {k: k for k in CONFIG_ENV}, optional=True
-            )
-            kubernetes.use_secret_as_volume(
-                train, ETCD_TLS_SECRET, mount_path=ETCD_TLS_MOUNT, optional=True
-            )
-            kubernetes.use_secret_as_volume(
-                train, ETCD_PASSWORD_SECRET, mount_path=ETCD_AUTH_MOUNT, optional=True
-            )
-            # The NetworkPolicy in manifests/base lets only pods with these labels (and the worker
-            # pods) reach etcd's client port.
-            for key, value in MASTER_POD_LABELS.items():
-                kubernetes.add_pod_label(train, key, value)
+            use_etcd(train, CONFIG_ENV)
             # No ownerReference from the worker pods to this task's pod: a KFP retry (or a preempted
             # task pod) starts a new master that adopts the running workers by their run-id label;
             # the run's end and the exit handler (stop_workers) delete them.

@@ -12,11 +12,15 @@ def stop_workers(
     launcher: str = "auto",
     namespace: str = "",
 ) -> str:
-    """Delete the run's worker pods (cluster) or kill its worker processes (local).
+    """Delete the run's worker pods (cluster) or kill its worker processes (local), then the
+    run's keys in etcd.
 
     ``elastic_train`` stops its workers when it ends normally, but when its pod is deleted
     (run cancelled, master pod preempted) the master steps down and leaves them running for a
-    successor; as the pipeline's exit handler this task makes sure none outlives the run.
+    successor; as the pipeline's exit handler this task makes sure none outlives the run. The
+    run's etcd keys (master state, timeline, progress, shard queues) are kept for KFP retries of
+    the training task; once the pipeline has ended, this task deletes them (the report and
+    metrics artifacts keep what they showed), so finished runs do not fill etcd's quota.
 
     Args:
         status: the final status of the pipeline's tasks (KFP fills it in).
@@ -29,6 +33,7 @@ def stop_workers(
     """
     from kfp_elastic.components.common import (
         delete_run_pods,
+        forget_run,
         in_cluster,
         normalize_run_id,
         reap_local_processes,
@@ -56,4 +61,11 @@ def stop_workers(
         pids = reap_local_processes(rid)
         line = f"stopped {len(pids)} worker processes of {rid}"
     print(f"stop_workers: {line}", flush=True)
+    try:
+        forgotten = forget_run(rid)
+    except Exception as error:  # noqa: BLE001 - an exit handler reports, never fails
+        print(f"stop_workers: could not delete the etcd keys of {rid}: {error!r}", flush=True)
+    else:
+        if forgotten is not None:
+            print(f"stop_workers: deleted {forgotten} etcd keys of {rid}", flush=True)
     return line

@@ -41,7 +41,8 @@ Written by the module in *italics*. Lease: ``run`` = the run lease; ``node's``,
 The run lease (TTL ``close_timeout``) is created by the leader of the first round and kept alive
 by every live node; once the last node has left it expires and takes the rendezvous keys and
 the store with it. Master, timeline, progress and shard keys have no lease: they outlive every
-process, so a new master or a KFP retry continues the run.
+process, so a new master or a KFP retry continues the run; the pipeline's exit handler
+(``stop_workers``: ``components.common.forget_run``) deletes the whole ``{run}/`` at the end.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ once, writes model, metrics and report; the exit handler's pod finds nothing lef
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +107,13 @@ def test_training_task_as_master_pod_through_preemption_growth_and_a_retry(
         assert run.train is not None
         assert "<html" in run.train.output("report").read_text().lower()
 
-        # cleanup: the master deleted its workers; the exit handler finds none left
+        # cleanup: the master deleted its workers; the exit handler finds none left, and
+        # deletes the run's etcd keys (kept for KFP retries until the pipeline ended)
         assert run.workers() == {}
-        assert "deleted 0 worker pods" in run.exit_handler()
+        handler_log = run.exit_handler()
+        assert "deleted 0 worker pods" in handler_log
+        assert re.search(r"deleted [1-9]\d* etcd keys", handler_log), handler_log
+        assert run.timeline() == []
         run.wait_no_leftovers()
     assert not run.cluster.leftover_processes()
 

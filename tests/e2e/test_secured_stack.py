@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -132,3 +133,11 @@ def test_local_pipeline_trains_on_a_secured_etcd(
     assert metrics["worker_failures"] == 0 and metrics["max_world_size"] == 2
     assert "model" in outputs(run)
     assert not run_pids(session, SESSION_ENV)
+    # The exit handler deleted the finished run's keys through the same secured connection.
+    deleted = re.search(r"stop_workers: deleted (\d+) etcd keys of (\S+)", log)
+    assert deleted and int(deleted[1]) > 0, log[-3000:]
+    client = connect(secure_etcd.settings)
+    try:
+        assert not list(client.get_prefix(secure_etcd.settings.run_prefix(deleted[2]) + "/"))
+    finally:
+        client.close()

@@ -398,3 +398,36 @@ def test_stop_workers_kills_the_processes_of_its_run_only(run_id: str) -> None:
         for proc in (mine, other):
             proc.kill()
             proc.wait(10)
+
+
+def test_stop_workers_deletes_the_run_keys_in_etcd_and_no_others(
+    run_id: str, etcd: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kfp_elastic.etcd.client import connect
+
+    rid = normalize_run_id(run_id)
+    settings = etcd.client_settings()
+    mine, other = settings.run_prefix(rid), settings.run_prefix(rid + "-x")
+    client = connect(settings)
+    try:
+        for key in ("master/status", "events/0000000001", "shards/epoch/0/todo/3"):
+            client.put(f"{mine}/{key}", "{}")
+            client.put(f"{other}/{key}", "{}")
+        status = dsl.PipelineTaskFinalStatus(
+            state="SUCCEEDED",
+            pipeline_job_resource_name="p",
+            pipeline_task_name="t",
+            error_code=0,
+            error_message="",
+        )
+        monkeypatch.delenv("KFP_ELASTIC_ETCD_ENDPOINTS", raising=False)
+        stop_workers.python_func(status=status, run_id=run_id, launcher="local")
+        assert "etcd keys" not in capsys.readouterr().out  # no etcd configured: nothing to do
+        for name, value in settings.to_env().items():
+            monkeypatch.setenv(name, value)
+        stop_workers.python_func(status=status, run_id=run_id, launcher="local")
+        assert f"deleted 3 etcd keys of {rid}" in capsys.readouterr().out
+        assert not list(client.get_prefix(f"{mine}/"))
+        assert len(list(client.get_prefix(f"{other}/"))) == 3
+    finally:
+        client.close()

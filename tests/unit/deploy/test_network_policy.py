@@ -66,11 +66,12 @@ def worker_labels() -> dict[str, str]:
     return build_pod(spec)["metadata"]["labels"]
 
 
-def master_labels() -> dict[str, str]:
-    """The labels KFP gives the elastic_train task's pod, from the compiled pipeline."""
+def master_labels(executor: str = "exec-elastic-train") -> dict[str, str]:
+    """The labels KFP gives a task's pod (the elastic_train task: the master), from the
+    compiled pipeline."""
     _, platform = [d for d in yaml.safe_load_all(PIPELINE_YAML.read_text()) if d]
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    return executors["exec-elastic-train"]["podMetadata"]["labels"]
+    return executors[executor]["podMetadata"]["labels"]
 
 
 def etcd_pod_labels(objs: list[Obj]) -> dict[str, str]:
@@ -99,9 +100,11 @@ def test_only_the_jobs_pods_reach_the_client_port_and_only_members_the_peer_port
     policy = one(objs, "NetworkPolicy", POLICY)
     assert allowed_ports(policy, worker_labels()) == {CLIENT_PORT}
     assert allowed_ports(policy, master_labels()) == {CLIENT_PORT}
+    # The exit handler deletes the run's etcd keys: it reaches etcd as the master does.
+    assert allowed_ports(policy, master_labels("exec-stop-workers")) == {CLIENT_PORT}
     assert allowed_ports(policy, etcd_pod_labels(objs)) == {PEER_PORT}
     others: list[dict[str, Any]] = [
-        {},  # any unlabelled pod, e.g. the pipeline's other tasks (stop_workers, evaluate)
+        {},  # any unlabelled pod, e.g. the pipeline's other tasks (shard_dataset, evaluate)
         {"app.kubernetes.io/part-of": "kfp-elastic"},  # part of us, but neither worker nor master
         {"app.kubernetes.io/component": "worker"},  # someone else's worker
         {**worker_labels(), "app.kubernetes.io/part-of": "other"},

@@ -13,6 +13,7 @@ from kfp.kubernetes import kubernetes_executor_config_pb2
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 from kfp_elastic.components import BASE_IMAGE
+from kfp_elastic.etcd.settings import ENV_VARS as ETCD_ENV
 from kfp_elastic.pipelines.compile import ROOT, stale, targets
 from kfp_elastic.pipelines.elastic_training import (
     CONFIG_ENV,
@@ -121,6 +122,16 @@ def test_pipeline_shape() -> None:
     assert {e.env_var for e in config.config_map_as_env[0].key_to_env} == set(CONFIG_ENV)
     assert not config.field_path_as_env  # workers are owned by the run, not by this pod
     assert config.tolerations[0].key == "nvidia.com/gpu"
+    # The exit handler reaches etcd like the master (it deletes the run's keys at the end).
+    cleanup = json_format.ParseDict(
+        platform_doc["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-stop-workers"],
+        kubernetes_executor_config_pb2.KubernetesExecutorConfig(),
+        ignore_unknown_fields=False,
+    )
+    assert {e.env_var for e in cleanup.config_map_as_env[0].key_to_env} == set(ETCD_ENV)
+    assert [s.mount_path for s in cleanup.secret_as_volume] == [
+        s.mount_path for s in config.secret_as_volume
+    ]
 
 
 def test_kfp_local_runs_the_same_pipeline_without_task_retries(tmp_path: Path) -> None:
