@@ -65,6 +65,8 @@ def test_unreachable_etcd_for_progress_is_named(etcd, run_id: str, tmp_path: Pat
         str(tmp_path),
         "--etcd",
         dead,
+        "--etcd-request-timeout",  # how long it tries is not what this test is about
+        "1",
     )
     assert result.returncode != 0
     assert f"cannot use etcd at {dead}" in result.stdout + result.stderr
