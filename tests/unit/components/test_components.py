@@ -374,19 +374,24 @@ def test_evaluate_takes_the_model_def_from_the_model_metadata(tmp_path: Path) ->
 # ------------------------------------------------------------------------------ stop_workers
 
 
+def final_status(state: str, error: str = "") -> dsl.PipelineTaskFinalStatus:
+    """What KFP hands an exit handler."""
+    return dsl.PipelineTaskFinalStatus(
+        state=state,
+        pipeline_job_resource_name="p",
+        pipeline_task_name="t",
+        error_code=1 if error else 0,
+        error_message=error,
+    )
+
+
 def test_stop_workers_kills_the_processes_of_its_run_only(run_id: str) -> None:
     rid = normalize_run_id(run_id)
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     mine = subprocess.Popen(sleeper, env={**os.environ, "KFP_ELASTIC_RUN_ID": rid})
     other = subprocess.Popen(sleeper, env={**os.environ, "KFP_ELASTIC_RUN_ID": rid + "-x"})
     try:
-        status = dsl.PipelineTaskFinalStatus(
-            state="FAILED",
-            pipeline_job_resource_name="p",
-            pipeline_task_name="t",
-            error_code=1,
-            error_message="boom",
-        )
+        status = final_status("FAILED", "boom")
         deadline = time.monotonic() + 10
         while not run_pids(rid) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -413,13 +418,7 @@ def test_stop_workers_deletes_the_run_keys_in_etcd_and_no_others(
         for key in ("master/status", "events/0000000001", "shards/epoch/0/todo/3"):
             client.put(f"{mine}/{key}", "{}")
             client.put(f"{other}/{key}", "{}")
-        status = dsl.PipelineTaskFinalStatus(
-            state="SUCCEEDED",
-            pipeline_job_resource_name="p",
-            pipeline_task_name="t",
-            error_code=0,
-            error_message="",
-        )
+        status = final_status("SUCCEEDED")
         monkeypatch.delenv("KFP_ELASTIC_ETCD_ENDPOINTS", raising=False)
         stop_workers.python_func(status=status, run_id=run_id, launcher="local")
         assert "etcd keys" not in capsys.readouterr().out  # no etcd configured: nothing to do
