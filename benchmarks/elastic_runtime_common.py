@@ -29,9 +29,10 @@ def node_env(device: str, index: int) -> dict[str, str]:
     node's one process has LOCAL_RANK 0; NCCL refuses two ranks on one GPU)."""
     if device != "cuda":
         return {}
-    import torch
+    from kfp_elastic.master.local_launcher import gpus_for_worker, visible_gpus
 
-    return {"CUDA_VISIBLE_DEVICES": str(index % max(1, torch.cuda.device_count()))}
+    devices = gpus_for_worker(index, 1, visible_gpus())
+    return {"CUDA_VISIBLE_DEVICES": devices} if devices else {}
 
 
 def steps_per_epoch(world: int) -> int:

@@ -77,6 +77,30 @@ class _Worker:
     removed: bool = False  # deleted and dead: no longer listed
 
 
+def visible_gpus(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The GPUs this machine gives its processes: ``CUDA_VISIBLE_DEVICES``'s entries when it is
+    set, else every device torch counts (none without CUDA)."""
+    listed = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return tuple(part.strip() for part in listed.split(",") if part.strip())
+    try:
+        import torch
+
+        return tuple(str(i) for i in range(torch.cuda.device_count()))
+    except Exception:  # noqa: BLE001 - no usable CUDA is no GPU
+        return ()
+
+
+def gpus_for_worker(index: int, nproc: int, gpus: Sequence[str]) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` of local worker ``index`` with ``nproc`` processes: GPUs of its
+    own (its process of ``LOCAL_RANK`` k uses the k-th), as a pod would get from the device
+    plugin; they wrap around when the machine has fewer than the job asks for. None without
+    GPUs. Without this every local worker's ``LOCAL_RANK`` 0 took GPU 0, which NCCL refuses."""
+    if not gpus:
+        return None
+    return ",".join(gpus[(index * nproc + k) % len(gpus)] for k in range(nproc))
+
+
 class LocalLauncher(Launcher):
     def __init__(
         self,
@@ -96,7 +120,10 @@ class LocalLauncher(Launcher):
         monitor_interval_s: float = 0.2,
         grace_s: float = 5.0,
         poll_interval_s: float = 0.2,
+        gpus: Sequence[str] | None = None,
     ) -> None:
+        """``gpus``: the machine's GPUs to share out (``gpus_for_worker``); None: the visible
+        ones (``visible_gpus``)."""
         if not entry:
             raise ValueError("the worker entry (script or -m module) is empty")
         self.run_id = run_id
@@ -105,6 +132,15 @@ class LocalLauncher(Launcher):
         self.entry = _absolute_script(list(entry))
         self.workdir = Path(workdir).resolve()
         self.nproc_per_worker = nproc_per_worker
+        self.gpus = tuple(visible_gpus() if gpus is None else gpus)
+        if self.gpus and len(self.gpus) < max_workers * nproc_per_worker:
+            log.warning(
+                "local workers share GPUs: %d workers x %d processes on %d GPUs (NCCL refuses "
+                "two ranks on one GPU: use fewer workers, or --device cpu)",
+                max_workers,
+                nproc_per_worker,
+                len(self.gpus),
+            )
         self.rdzv_conf = dict(rdzv_conf or {})
         self.env = dict(env or {})
         self.registry = registry
@@ -251,6 +287,9 @@ class LocalLauncher(Launcher):
         self, name: str, index: int, attempt: int, launched_at: float | None = None
     ) -> _Worker:
         env = {**self.env, "KFP_ELASTIC_WORKER_NAME": name, "KFP_ELASTIC_WORKER_INDEX": str(index)}
+        devices = gpus_for_worker(index, self.nproc_per_worker, self.gpus)
+        if devices is not None:  # like a pod's own GPUs from the device plugin
+            env["CUDA_VISIBLE_DEVICES"] = devices
         agent = Agent(
             backend="elastic-etcd",
             endpoint=self.endpoint,

@@ -26,7 +26,7 @@ from kfp_elastic.etcd.client import connect
 from kfp_elastic.job_spec import Data, Entry, JobSpec, Policy, Size
 from kfp_elastic.master.job import ElasticJob, JobResult
 from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
-from kfp_elastic.master.local_launcher import LocalLauncher
+from kfp_elastic.master.local_launcher import LocalLauncher, gpus_for_worker, visible_gpus
 from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import (
     Committed,
@@ -461,3 +461,32 @@ def test_min_above_max_is_refused_at_once(tmp_path: Path) -> None:
         result.stderr
     )
     assert time.monotonic() - started < 10
+
+
+def test_each_local_worker_gets_gpus_of_its_own() -> None:
+    gpus = ("0", "1", "2", "3")
+    assert [gpus_for_worker(i, 1, gpus) for i in range(3)] == ["0", "1", "2"]
+    assert gpus_for_worker(1, 2, gpus) == "2,3"  # LOCAL_RANK 0 and 1 of worker 1
+    assert gpus_for_worker(2, 1, ("0", "1")) == "0"  # fewer GPUs than workers: they wrap
+    assert gpus_for_worker(0, 1, ()) is None  # no GPU: the environment is left alone
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "3, 5"}) == ("3", "5")
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == ()
+
+
+def test_the_local_launcher_hands_each_worker_its_gpus(tmp_path: Path) -> None:
+    def launcher(gpus: tuple[str, ...]) -> LocalLauncher:
+        return LocalLauncher(
+            run_id="r",
+            endpoint="127.0.0.1:2379",
+            min_workers=1,
+            max_workers=2,
+            entry=["-m", "kfp_elastic.worker"],
+            workdir=tmp_path,
+            nproc_per_worker=2,
+            gpus=gpus,
+        )
+
+    worker = launcher(("0", "1", "2", "3"))._new_worker("worker-1-0", 1, 0)
+    assert worker.agent.env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    cpu_only = launcher(())._new_worker("worker-1-0", 1, 0)
+    assert cpu_only.agent.env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
