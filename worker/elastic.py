@@ -60,7 +60,8 @@ from kfp_elastic.job_env import SNAPSHOT_DIR_ENV, JobEnv
 from .collective import EXIT_PREEMPTED, shared
 from .data_plan import epoch_order, step_ids, steps_left
 from .progress import INITIAL, Committed, Manifest, Progress, commit_with_retry, ensure_manifest
-from .rescue import Rescues, best_holder
+from .rescue import Rescues
+from .restore import newest_state
 from .schedule import SnapshotPolicy, next_sync_step
 from .snapshot import Snapshotter
 
@@ -227,26 +228,15 @@ class State:
 
     def _restore(self) -> None:
         """The newest state any rank has: a survivor's rescue, else the committed snapshot."""
-        committed, revision = shared(self._committed_head() if self.progress else None)
-        mine = self.rescues.newest_after(committed.step)
-        steps: list[Any] = [None] * self.world
-        dist.all_gather_object(steps, mine[0] if mine else -1)
-        self.rescues.discard_up_to(committed.step)
-        holder = best_holder(steps, committed.step)
-        if holder is not None:
-            state = shared(mine[1] if self.rank == holder else None, src=holder)
-            source = f"rescue of rank {holder}"
-        else:
-            state = shared(
-                self.snapshots.load(committed.snapshot)
-                if self.rank == 0 and committed.snapshot
-                else None
-            )
-            source = f"snapshot {committed.snapshot or '-'}"
-        self._committed, self._revision = committed, revision
+        assert self.manifest is not None
+        restored = newest_state(
+            self.rank, self.world, self.progress, self.manifest, self.snapshots, self.rescues
+        )
+        committed = restored.committed
+        self._committed, self._revision = committed, restored.revision
         self.step, self.epoch, self.position = committed.step, committed.epoch, committed.position
-        if state is not None:
-            self._load(state)
+        if restored.state is not None:
+            self._load(restored.state)
         self._snapshot_step = self.step
         self._sync_at = next_sync_step(self.step, None, self.snapshot_policy.every)
         log.info(
@@ -256,17 +246,10 @@ class State:
             self.step,
             self.epoch,
             self.position,
-            source,
+            restored.source,
         )
-        if holder is not None:  # persist + commit it like any snapshot, in the background
+        if restored.holder is not None:  # persist + commit it like any snapshot, in background
             self._snapshot(complete=False, wait=False, rescued=True)
-
-    def _committed_head(self) -> tuple[Committed, int]:
-        assert self.progress is not None and self.manifest is not None
-        committed, revision = self.progress.committed_record()
-        if committed is not None:
-            self.progress.reconcile_queues(self.manifest, committed)
-        return committed or INITIAL, revision
 
     def _state(self) -> dict[str, Any]:
         state: dict[str, Any] = {

@@ -42,10 +42,11 @@ from .device import (
 from .model_def import ModelDef, checked_scheduler, load_model_def
 from .options import parse_args
 from .policy import BatchPolicy, step_shape
-from .progress import INITIAL, Committed, Manifest, Progress, commit_with_retry, ensure_manifest
-from .rescue import Rescues, best_holder
+from .progress import Committed, Manifest, Progress, commit_with_retry, ensure_manifest
+from .rescue import Rescues
+from .restore import newest_state
 from .schedule import SnapshotPolicy, next_sync_step
-from .snapshot import SnapshotError, Snapshotter
+from .snapshot import Snapshotter
 from .train_step import TrainStep, rng_state, set_rng_state
 
 log = logging.getLogger("kfp_elastic.worker")
@@ -131,21 +132,17 @@ class Trainer:
 
     def _restore(self) -> None:
         """Restore the newest state any rank has: a survivor's rescue, else the committed one."""
-        committed, revision = shared(self._committed_head() if self.rank == 0 else None)
-        mine = self.rescues.newest_after(committed.step) if self.local_rank == 0 else None
-        steps: list[Any] = [None] * self.world
-        dist.all_gather_object(steps, mine[0] if mine else -1)
-        self.rescues.discard_up_to(committed.step)
-        holder = best_holder(steps, committed.step)
-        if holder is not None:
-            state = shared(mine[1] if self.rank == holder else None, src=holder)
-            source = f"rescue of rank {holder}"
-        else:
-            committed, revision, state = shared(
-                self._load_committed(committed, revision) if self.rank == 0 else None
-            )
-            source = f"snapshot {committed.snapshot or '-'}"
-        self.committed, self.committed_revision = committed, revision
+        restored = newest_state(
+            self.rank,
+            self.world,
+            self.progress,
+            self.manifest,
+            self.snapshots,
+            self.rescues,
+            reads_rescues=self.local_rank == 0,
+        )
+        committed, state = restored.committed, restored.state
+        self.committed, self.committed_revision = committed, restored.revision
         self.start = (committed.step, committed.epoch, committed.position)
         if state is not None:
             self.stepper.load_state_dict(state)
@@ -156,9 +153,9 @@ class Trainer:
             self.rank,
             self.world,
             *self.start,
-            source,
+            restored.source,
         )
-        if holder is not None:
+        if restored.holder is not None:
             assert state is not None
             # Persist + commit it like any snapshot (in the background): until that lands the
             # rescue files stay, so another failure meanwhile finds them again.
@@ -171,49 +168,6 @@ class Trainer:
                 world=state.get("world_size", self.world),
                 rescued=True,
             )
-
-    def _committed_head(self) -> tuple[Committed, int]:
-        assert self.progress is not None
-        committed, revision = self.progress.committed_record()
-        if committed is not None:
-            fixed = self.progress.reconcile_queues(self.manifest, committed)
-            if fixed:
-                log.warning("repaired %d shard queue keys left by an interrupted commit", fixed)
-        return committed or INITIAL, revision
-
-    def _load_committed(
-        self, committed: Committed, revision: int
-    ) -> tuple[Committed, int, dict | None]:
-        assert self.progress is not None
-        if not committed.snapshot:
-            return committed, revision, None
-        try:
-            return committed, revision, self.snapshots.load(committed.snapshot)
-        except SnapshotError as error:
-            log.error("%s; falling back to an older snapshot", error)
-        for name in self.snapshots.available():
-            if name >= committed.snapshot:
-                continue
-            try:
-                state = self.snapshots.load(name)
-            except SnapshotError:
-                continue
-            older = Committed(
-                step=state["step"],
-                epoch=state["epoch"],
-                position=state["position"],
-                snapshot=name,
-                world_size=self.world,
-            )
-            if not self.progress.commit(self.manifest, committed, revision, older):
-                raise SnapshotError("another process committed while rolling back; restart")
-            log.warning("rolled back to older snapshot=%s step=%d", name, older.step)
-            return older, self.progress.committed_record()[1], state
-        raise SnapshotError(
-            f"committed snapshot {committed.snapshot} is corrupt or missing in "
-            f"{self.args.snapshot_dir} and no older one is readable; nothing was overwritten: "
-            "restore the file or delete the run's progress keys to start over"
-        )
 
     def _state(
         self, step: int, epoch: int, position: int, rng: dict[str, torch.Tensor]
