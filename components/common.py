@@ -11,6 +11,8 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from kfp_elastic.etcd import settings as etcd_settings
+from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.job_env import RUN_ID_ENV  # every local worker process of a run carries it
 
 MAX_RUN_ID = 40  # pod names are {run_id}-worker-{index}-{attempt}, at most 63 characters
@@ -90,6 +92,18 @@ def delete_run_pods(run_id: str, namespace: str = "") -> list[str]:
     return names
 
 
+ENDPOINTS_ENV = etcd_settings.BY_NAME["endpoints"].env
+
+
+def etcd_from(endpoint: str, env: Mapping[str, str] | None = None) -> EtcdSettings | None:
+    """How a task reaches etcd (its ``etcd_endpoint`` parameter over the ``KFP_ELASTIC_ETCD_*``
+    environment the ConfigMap gives it); None when neither names an endpoint."""
+    env = os.environ if env is None else env
+    if not (endpoint or env.get(ENDPOINTS_ENV)):
+        return None
+    return etcd_settings.from_sources({"endpoints": endpoint}, env, {"endpoints": "etcd_endpoint"})
+
+
 def forget_run(run_id: str, env: Mapping[str, str] | None = None) -> int | None:
     """Delete every etcd key of run ``run_id`` (``{key_prefix}/{run_id}/``: rendezvous, master
     state, timeline, progress, shard queues); the number deleted, or None when this process has
@@ -99,13 +113,11 @@ def forget_run(run_id: str, env: Mapping[str, str] | None = None) -> int | None:
     continues from them); once the pipeline has ended nothing reads them again, and a cluster
     that runs many pipelines would otherwise fill etcd's space quota with finished runs.
     """
-    from kfp_elastic.etcd import settings as etcd_settings
     from kfp_elastic.etcd.client import connect
 
-    env = os.environ if env is None else env
-    if not env.get(etcd_settings.BY_NAME["endpoints"].env):
+    settings = etcd_from("", env)
+    if settings is None:
         return None
-    settings = etcd_settings.EtcdSettings.from_env(env)
     client = connect(settings)
     try:
         deleted = client.delete_prefix(settings.run_prefix(run_id) + "/")

@@ -21,12 +21,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kfp_elastic.components.common import in_cluster, reap_local_processes
+from kfp_elastic.components.common import ENDPOINTS_ENV, etcd_from, in_cluster, reap_local_processes
 from kfp_elastic.components.elastic_train.faults import Fault, FaultInjector, Injected, parse_faults
 from kfp_elastic.components.elastic_train.summary import describe
 from kfp_elastic.components.shard_dataset.shard import read_manifest
-from kfp_elastic.etcd import settings as etcd_settings
-from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.job_spec import (
     DEFAULT_MODEL_DEF,
     FINAL_MODEL_FILE,
@@ -38,20 +36,9 @@ from kfp_elastic.master.job import LauncherFactory
 from kfp_elastic.master.timeline import Event, TimelineTail, read_timeline
 from kfp_elastic.master.wiring import launcher_factory
 
-ENDPOINTS_ENV = etcd_settings.BY_NAME["endpoints"].env
-
 POLL_S = 0.5
 Say = Callable[[str], None]
 Act = Callable[[str, str], None]  # (fault action, worker name)
-
-
-def etcd_from(endpoint: str, env: Mapping[str, str] | None = None) -> EtcdSettings | None:
-    """How to reach etcd (the ``etcd_endpoint`` parameter over the environment); None: embed
-    one."""
-    env = os.environ if env is None else env
-    if not (endpoint or env.get(ENDPOINTS_ENV)):
-        return None
-    return etcd_settings.from_sources({"endpoints": endpoint}, env, {"endpoints": "etcd_endpoint"})
 
 
 def resolve_launcher(launcher: str) -> str:
