@@ -77,18 +77,23 @@ class _Worker:
     removed: bool = False  # deleted and dead: no longer listed
 
 
-def visible_gpus(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+NVIDIA_GPUS_DIR = Path("/proc/driver/nvidia/gpus")  # one entry per GPU the driver sees
+
+
+def visible_gpus(
+    env: Mapping[str, str] | None = None, driver_dir: Path = NVIDIA_GPUS_DIR
+) -> tuple[str, ...]:
     """The GPUs this machine gives its processes: ``CUDA_VISIBLE_DEVICES``'s entries when it is
-    set, else every device torch counts (none without CUDA)."""
+    set, else every GPU the NVIDIA driver lists (none without one). Read from the driver, not
+    torch: the master does not import torch, which would cost it seconds at every start."""
     listed = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return tuple(part.strip() for part in listed.split(",") if part.strip())
     try:
-        import torch
-
-        return tuple(str(i) for i in range(torch.cuda.device_count()))
-    except Exception:  # noqa: BLE001 - no usable CUDA is no GPU
+        count = sum(1 for _ in driver_dir.iterdir())
+    except OSError:
         return ()
+    return tuple(str(i) for i in range(count))
 
 
 def gpus_for_worker(index: int, nproc: int, gpus: Sequence[str]) -> str | None:

@@ -463,7 +463,7 @@ def test_min_above_max_is_refused_at_once(tmp_path: Path) -> None:
     assert time.monotonic() - started < 10
 
 
-def test_each_local_worker_gets_gpus_of_its_own() -> None:
+def test_each_local_worker_gets_gpus_of_its_own(tmp_path: Path) -> None:
     gpus = ("0", "1", "2", "3")
     assert [gpus_for_worker(i, 1, gpus) for i in range(3)] == ["0", "1", "2"]
     assert gpus_for_worker(1, 2, gpus) == "2,3"  # LOCAL_RANK 0 and 1 of worker 1
@@ -471,6 +471,10 @@ def test_each_local_worker_gets_gpus_of_its_own() -> None:
     assert gpus_for_worker(0, 1, ()) is None  # no GPU: the environment is left alone
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "3, 5"}) == ("3", "5")
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == ()
+    for pci in ("0000:17:00.0", "0000:65:00.0"):  # what the NVIDIA driver lists, one per GPU
+        (tmp_path / pci).mkdir()
+    assert visible_gpus({}, tmp_path) == ("0", "1")
+    assert visible_gpus({}, tmp_path / "no-driver") == ()
 
 
 def test_the_local_launcher_hands_each_worker_its_gpus(tmp_path: Path) -> None:
