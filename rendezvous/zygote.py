@@ -239,6 +239,7 @@ def _run_worker(target: PythonTarget, env: dict, cwd: str, fds: list[int]) -> No
     code = 1
     try:
         _become_fresh_process(target, env, cwd, fds)
+        keep_process_groups_until_exit()
         code = _run_target(target)
     except BaseException:  # noqa: BLE001 - a forked child must never return into the zygote
         sys.excepthook(*sys.exc_info())
@@ -298,6 +299,38 @@ def _fresh_random_state() -> None:
         threads = os.environ.get("OMP_NUM_THREADS", "")
         if threads.isdigit() and int(threads) > 0:
             torch.set_num_threads(int(threads))
+
+
+_kept_process_groups: list[object] = []
+
+
+def keep_process_groups_until_exit() -> None:
+    """Hold every process group this worker creates until the worker's ``os._exit``.
+
+    Torch's Gloo process group joins its worker threads in its destructor. When the last
+    reference goes away in Python (a DDP model freed as ``main()`` returns, after
+    ``destroy_process_group()``), that destructor runs with the GIL held (pybind11 frees the
+    Reducer without releasing it), while a Gloo thread that is dropping the last reference to a
+    finished collective needs the GIL to release a Python object the work holds (a
+    Python-created tensor, or the ``contextvars`` context the autograd engine stashes in the
+    thread-local state every collective issued during ``backward()`` captures): each waits
+    for the other forever. It is torch's race (a cold ``python script.py`` hits it as well), and
+    the zygote's workers hit it more often. A forked worker ends with ``os._exit`` after its
+    exit handlers, which runs no destructor, so a group that is never freed from Python cannot
+    deadlock; its threads and sockets end with the process, as they do at a cold process's end.
+    """
+    distributed_c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    create = getattr(distributed_c10d, "_new_process_group_helper", None)
+    if create is None or getattr(create, "_keeps_groups", False):
+        return  # torch.distributed not preloaded, or a torch without this helper
+
+    def create_and_keep(*args, **kwargs):
+        created = create(*args, **kwargs)
+        _kept_process_groups.append(created[0] if isinstance(created, tuple) else created)
+        return created
+
+    create_and_keep._keeps_groups = True  # type: ignore[attr-defined]
+    distributed_c10d._new_process_group_helper = create_and_keep  # type: ignore[union-attr]
 
 
 def _run_target(target: PythonTarget) -> int:

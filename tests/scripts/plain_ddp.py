@@ -95,7 +95,10 @@ def main(save_every: int, total_epochs: int, batch_size: int, step_time: float) 
         dataset, batch_size=batch_size, shuffle=False, sampler=DistributedSampler(dataset)
     )
     snapshot_path = os.path.join(os.environ.get("KFP_ELASTIC_SNAPSHOT_DIR", "."), "snapshot.pt")
-    Trainer(model, loader, optimizer, save_every, snapshot_path, step_time).train(total_epochs)
+    # As the tutorial has it: the trainer (and its DDP model) outlives destroy_process_group()
+    # and is freed as main() returns, which is where a job's end can deadlock in torch.
+    trainer = Trainer(model, loader, optimizer, save_every, snapshot_path, step_time)
+    trainer.train(total_epochs)
     destroy_process_group()
 
 
