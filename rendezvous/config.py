@@ -63,6 +63,9 @@ class RendezvousConfig:
     rejoin_timeout: float = 30.0
     # How long a node that finished keeps waiting for others in shutdown (torch's name).
     close_timeout: float = 30.0
+    # How long a node whose workers succeeded waits at torch's exit barrier for the other nodes'
+    # workers to end (torch: 300 s); then it exits 0, naming the nodes that did not finish.
+    exit_barrier_timeout: float = 30.0
     # Liveness: a node whose lease is not refreshed for this long is dead (etcd clamps to >= 2).
     lease_ttl: float = 5.0
     # How long a blocking get/wait of the agent's round store, or a node entering a round
@@ -158,6 +161,7 @@ class RendezvousConfig:
             "last_call_timeout",
             "rejoin_timeout",
             "close_timeout",
+            "exit_barrier_timeout",
             "store_timeout",
         ):
             if getattr(self, name) <= 0:
@@ -193,6 +197,7 @@ _FLOAT_KEYS = {
     "last_call_timeout",
     "rejoin_timeout",
     "close_timeout",
+    "exit_barrier_timeout",
     "lease_ttl",
     "store_timeout",
     "peer_failure_grace",

@@ -54,7 +54,7 @@ from .round_formation import (
     RoundRecord,
     nodes_waiting_count,
 )
-from .store import EtcdStore
+from .store import EtcdStore, ExitBarrier
 
 log = logging.getLogger(__name__)
 
@@ -376,6 +376,9 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             lease_id=current.run_lease,
             timeout=timedelta(seconds=self._config.store_timeout),
             abort_if=self._round_broken,
+            exit_barrier=ExitBarrier(
+                self.node_id, tuple(current.participants), self._config.exit_barrier_timeout
+            ),
         )
         bootstrap = RendezvousStoreInfo(master.addr, master.port)
         return RendezvousInfo(store, rank, len(current.participants), bootstrap)

@@ -7,9 +7,11 @@ are stored as the bytes torch gives us; counters of ``add`` are decimal text lik
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -19,9 +21,35 @@ from kfp_elastic.etcd.keys import prefix_range_end
 
 from .config import DEFAULT_STORE_TIMEOUT_S
 
+log = logging.getLogger("kfp_elastic.rendezvous.store")
+
 DEFAULT_STORE_TIMEOUT = timedelta(seconds=DEFAULT_STORE_TIMEOUT_S)
 # How often a blocked wait asks whether its round broke.
 ABORT_CHECK_S = 0.2
+# The keys of torch's exit barrier (``torch.distributed.elastic``: ``_TERMINAL_STATE_SYNC_ID``
+# and ``store.barrier``'s suffixes): an agent whose workers ended adds itself to num_members,
+# the last one sets last_member, and every agent waits for that key.
+EXIT_BARRIER_PREFIX = "torchelastic/agent/terminal_state"
+EXIT_BARRIER_MEMBERS = EXIT_BARRIER_PREFIX + "/num_members"
+EXIT_BARRIER_DONE = EXIT_BARRIER_PREFIX + "/last_member"
+_FINISHED = EXIT_BARRIER_PREFIX + "/finished/"
+
+
+@dataclass(frozen=True)
+class ExitBarrier:
+    """This node and its round, for a bounded exit barrier that names who did not finish.
+
+    torch waits up to 300 s there for every other agent; a node whose worker hangs at its end
+    would hold a finished job for 5 minutes. ``timeout_s`` is ``exit_barrier_timeout``."""
+
+    node_id: str
+    participants: tuple[str, ...]
+    timeout_s: float
+
+
+def unfinished(participants: Sequence[str], finished: set[str]) -> list[str]:
+    """The round's nodes that have not reached the exit barrier, in rank order."""
+    return [node for node in participants if node not in finished]
 
 
 def _as_bytes(value: str | bytes | Sequence[int]) -> bytes:
@@ -40,11 +68,14 @@ class EtcdStore(dist.Store):
         lease_id: int = 0,
         timeout: timedelta = DEFAULT_STORE_TIMEOUT,
         abort_if: Callable[[], bool] | None = None,
+        exit_barrier: ExitBarrier | None = None,
     ) -> None:
-        """``abort_if()`` true ends a blocking wait early (the round it belongs to broke)."""
+        """``abort_if()`` true ends a blocking wait early (the round it belongs to broke);
+        ``exit_barrier`` bounds torch's exit barrier and names the nodes it waited for."""
         super().__init__()
         self._client = client
         self._abort_if = abort_if
+        self._exit_barrier = exit_barrier
         self._prefix = prefix
         self._lease = lease_id or None
         self.set_timeout(timeout)
@@ -86,6 +117,8 @@ class EtcdStore(dist.Store):
                 failure=[], compare=[guard], success=[tx.put(full_key, str(new), lease=self._lease)]
             )
             if ok:
+                if key == EXIT_BARRIER_MEMBERS and self._exit_barrier is not None:
+                    self.set(_FINISHED + self._exit_barrier.node_id, b"")
                 return new
 
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
@@ -141,6 +174,34 @@ class EtcdStore(dist.Store):
 
     def _wait_for(self, keys: list[str], timeout: timedelta | None) -> list[bytes]:
         limit = (timeout or self.timeout).total_seconds()
+        if keys == [EXIT_BARRIER_DONE] and self._exit_barrier is not None:
+            limit = min(limit, self._exit_barrier.timeout_s)
+            try:
+                return self._wait_until(keys, limit)
+            except dist.DistStoreError:
+                raise self._exit_barrier_error() from None
+        return self._wait_until(keys, limit)
+
+    def _exit_barrier_error(self) -> dist.DistStoreError:
+        assert self._exit_barrier is not None
+        response = self._client.get_range_response(
+            self._key(_FINISHED), prefix_range_end(self._key(_FINISHED)), keys_only=True
+        )
+        finished = {kv.key.decode()[len(self._key(_FINISHED)) :] for kv in response.kvs}
+        missing = unfinished(self._exit_barrier.participants, finished)
+        message = (
+            f"elastic-etcd: this node's workers finished, but node(s) {', '.join(missing)} did "
+            f"not finish within exit_barrier_timeout={self._exit_barrier.timeout_s:g}s (or the "
+            "round broke); not waiting longer"
+        )
+        log.warning(
+            "exit barrier: not finished nodes=%s node=%s",
+            ",".join(missing),
+            self._exit_barrier.node_id,
+        )
+        return dist.DistStoreError(message)
+
+    def _wait_until(self, keys: list[str], limit: float) -> list[bytes]:
         deadline = time.monotonic() + limit
         while True:
             present, revision = self._read(keys)

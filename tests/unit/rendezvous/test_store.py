@@ -118,3 +118,68 @@ def test_torch_barrier_runs_on_the_store(client, run_id: str) -> None:
     [t.join(15) for t in threads]
     assert not any(t.is_alive() for t in threads)
     assert time.monotonic() - started < 10
+
+
+def test_the_exit_barrier_is_torchs() -> None:
+    from torch.distributed.elastic.agent.server import api
+
+    from kfp_elastic.rendezvous.store import EXIT_BARRIER_PREFIX
+
+    assert EXIT_BARRIER_PREFIX == api._TERMINAL_STATE_SYNC_ID
+
+
+def test_the_exit_barrier_is_bounded_and_names_who_did_not_finish(client, run_id: str) -> None:
+    """torch's own exit barrier (300 s) on our store: a node that finished gives up after
+    exit_barrier_timeout and names the node whose workers never ended."""
+    from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
+    from torch.distributed.elastic.utils.store import barrier
+
+    from kfp_elastic.rendezvous.store import ExitBarrier
+
+    prefix = f"/kfp-elastic/{run_id}/store/3/"
+    round_nodes = ("node-a", "node-b", "node-c")
+    stores = {
+        node: EtcdStore(client, prefix, exit_barrier=ExitBarrier(node, round_nodes, 1.0))
+        for node in round_nodes
+    }
+    errors: dict[str, BaseException] = {}
+
+    def finish(node: str) -> None:
+        try:
+            barrier(stores[node], 3, _TERMINAL_STATE_SYNC_ID, barrier_timeout=300)
+        except BaseException as error:  # noqa: BLE001
+            errors[node] = error
+
+    threads = [threading.Thread(target=finish, args=(n,)) for n in ("node-a", "node-c")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)  # far below torch's 300 s: the bound is ours
+    assert not any(thread.is_alive() for thread in threads)
+    for node in ("node-a", "node-c"):
+        message = str(errors[node])
+        assert "node-b" in message and "exit_barrier_timeout=1s" in message
+        assert "node-a" not in message.split("node(s)")[1].split("did not")[0]
+
+
+def test_the_exit_barrier_passes_when_every_node_finished(client, run_id: str) -> None:
+    from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
+    from torch.distributed.elastic.utils.store import barrier
+
+    from kfp_elastic.rendezvous.store import ExitBarrier
+
+    prefix = f"/kfp-elastic/{run_id}/store/4/"
+    nodes = ("node-a", "node-b")
+    stores = [EtcdStore(client, prefix, exit_barrier=ExitBarrier(n, nodes, 5.0)) for n in nodes]
+    passed: list[EtcdStore] = []
+    threads = [
+        threading.Thread(
+            target=lambda s=s: (barrier(s, 2, _TERMINAL_STATE_SYNC_ID, 300), passed.append(s))
+        )
+        for s in stores
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(passed) == 2
