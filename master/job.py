@@ -237,6 +237,8 @@ class ElasticJob:
                             if observer.complete
                             else "a worker completed (exit code 0)"
                         )
+                        if live:
+                            why += "; " + self._lingering(live)
                         return self._finish("succeeded", why, observer)
                 failures = self._launch(decision, failures)
                 self._delete(decision.delete, now)
@@ -245,6 +247,24 @@ class ElasticJob:
                 self._wake.wait(1.0)
             self._wake.wait(spec.policy.reconcile_interval_s)
             self._wake.clear()
+
+    def _lingering(self, live: list[WorkerStatus]) -> str:
+        """What to say of workers still running ``finish_grace_s`` after the job completed (a
+        script that hangs at its end): they are ended, and the job is still a success."""
+        where = {}
+        for worker in live:
+            pid = self._table.get(worker.name, {}).get("pid", "?")
+            where[worker.name] = f"{worker.name} (node {worker.node or '?'}, pid {pid})"
+        log.warning(
+            "workers did not exit %.0fs after the job completed; ending them run=%s workers=%s",
+            self.spec.policy.finish_grace_s,
+            self.spec.run_id,
+            ",".join(where.values()),
+        )
+        return (
+            f"ended worker(s) {', '.join(where.values())} that did not exit within "
+            f"finish_grace_s={self.spec.policy.finish_grace_s:g}s of the job's completion"
+        )
 
     # -- workers ------------------------------------------------------------------------------
     def _consume_events(self) -> None:

@@ -11,6 +11,7 @@ every count must be exactly E, whatever preemptions and world size changes happe
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 
 import torch
@@ -73,15 +74,18 @@ class Trainer:
         self.state.finish()  # elastic
 
 
-def main(samples: int, step_time: float) -> None:
+def main(samples: int, step_time: float, hang_at_end: bool = False) -> None:
     ddp_setup()
     Trainer(Counter(samples), Ids(samples), step_time).train()
     dist.destroy_process_group()
+    if hang_at_end:  # a script that never returns after its last step (tests the master)
+        threading.Event().wait()
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="elastic DDP counting job")
     parser.add_argument("--samples", type=int, default=240)
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds to sleep per step")
+    parser.add_argument("--hang-at-end", action="store_true", help="never exit after training")
     args = parser.parse_args()
-    main(args.samples, args.step_time)
+    main(args.samples, args.step_time, args.hang_at_end)
