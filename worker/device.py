@@ -123,8 +123,8 @@ def backend_for(device: torch.device) -> str:
         raise DeviceError(f"no collective backend for device type {device.type!r}") from None
 
 
-def place_this_process(requested: str) -> Placement:
-    """Choose this process's device (from ``LOCAL_RANK``) and make it the current one."""
+def device_of_this_process(requested: str) -> torch.device:
+    """``LOCAL_RANK``'s device here (``choose_device``), logged with the reason."""
     accelerator = torch.accelerator.current_accelerator(check_available=True)
     count = torch.accelerator.device_count() if accelerator is not None else 0
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -132,6 +132,12 @@ def place_this_process(requested: str) -> Placement:
     device = choose_device(requested, local_rank, kind, count)
     level, line = explain_device(requested, device, kind, count, len(visible_gpus()))
     log.log(level, "rank local=%d %s", local_rank, line)
+    return device
+
+
+def place_this_process(requested: str) -> Placement:
+    """Choose this process's device (from ``LOCAL_RANK``) and make it the current one."""
+    device = device_of_this_process(requested)
     if device.type != "cpu":
         # Before init_process_group: NCCL and the object collectives use the current device.
         torch.accelerator.set_device_index(device.index)
