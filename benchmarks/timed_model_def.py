@@ -8,8 +8,9 @@ gets a ``register_step_post_hook`` that appends one line
 
     {"t": time.time(), "step": S, "rank": R, "world": W, "pid": P, "lr": LR}
 
-to ``$TIMED_STEPS_FILE`` (on a GPU after ``torch.cuda.synchronize``) with a single ``os.write`` (O_APPEND: the processes of a job share the
-file, and a SIGKILLed process has lost nothing it wrote) each time ``optimizer.step()`` returns.
+to ``$TIMED_STEPS_FILE`` with a single ``os.write`` (O_APPEND: the processes of a job share the
+file, and a SIGKILLed process has lost nothing it wrote) each time ``optimizer.step()`` returns
+(on a GPU after ``torch.cuda.synchronize``: the time is when the step's work finished).
 ``S`` is the runtime's global step number: the ``step`` local of ``worker.runner.Trainer._train``
 (the steps done before the one now finishing, + 1), read from the calling frames; set
 ``TIMED_STEP_NUMBERS=0`` to skip that look-up (``S`` is then null). ``LR`` is the first parameter
