@@ -21,6 +21,7 @@ to the end of the step (``stepping``) writes no rescue at all.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import re
 import warnings
@@ -54,6 +55,41 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["rng"])
     if "cuda_rng" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda_rng"])
+
+
+# A snapshot's generators of every rank (index: rank; None where a rank's is not known, as in
+# a rescue, which holds its writer's): ranks draw different dropout masks and augmentations,
+# and each must go on with its own, not rank 0's.
+RNG_BY_RANK = "rng_by_rank"
+
+
+def derived_seed(seed: int, rank: int, step: int) -> int:
+    """A seed for ``rank`` at ``step`` of a run seeded ``seed``: different for every rank and
+    every restart step, the same for the same three (a rank with no generators to restore)."""
+    digest = hashlib.sha256(f"{seed}:{rank}:{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def own_rng_state(state: dict[str, Any], rank: int, world: int) -> dict[str, Any] | None:
+    """``rank``'s generators in a restored ``state`` when it has them for a world of this
+    size; None otherwise (another world size: rank ``r`` of the new world is not rank ``r``
+    of the old one, and a new rank has none)."""
+    per_rank = state.get(RNG_BY_RANK)
+    if not isinstance(per_rank, list) or len(per_rank) != world:
+        return None
+    return per_rank[rank]
+
+
+def restore_rng_state(state: dict[str, Any], rank: int, world: int, seed: int) -> str:
+    """Put back this rank's generators from ``state`` (``own_rng_state``), else seed them with
+    ``derived_seed(seed, rank, state's step)``; returns which, for the log."""
+    own = own_rng_state(state, rank, world)
+    if own is not None:
+        set_rng_state(own)
+        return "own"
+    chosen = derived_seed(seed, rank, int(state.get("step", 0)))
+    torch.manual_seed(chosen)  # the CPU generator and every CUDA device's
+    return f"derived seed {chosen}"
 
 
 def _device_type(model: nn.Module) -> str:
