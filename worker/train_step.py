@@ -70,23 +70,21 @@ def derived_seed(seed: int, rank: int, step: int) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
-def own_rng_state(state: dict[str, Any], rank: int, world: int) -> dict[str, Any] | None:
-    """``rank``'s generators in a restored ``state`` when it has them for a world of this
-    size; None otherwise (another world size: rank ``r`` of the new world is not rank ``r``
-    of the old one, and a new rank has none)."""
-    per_rank = state.get(RNG_BY_RANK)
-    if not isinstance(per_rank, list) or len(per_rank) != world:
-        return None
-    return per_rank[rank]
-
-
 def restore_rng_state(state: dict[str, Any], rank: int, world: int, seed: int) -> str:
-    """Put back this rank's generators from ``state`` (``own_rng_state``), else seed them with
-    ``derived_seed(seed, rank, state's step)``; returns which, for the log."""
-    own = own_rng_state(state, rank, world)
-    if own is not None:
-        set_rng_state(own)
-        return "own"
+    """Put back this rank's generators from a restored ``state``; returns which, for the log.
+
+    * ``own``: the state holds this rank's (``RNG_BY_RANK``) for a world of this size;
+    * ``writer's``: same world size, but only the writer's are known (a rescue: the ranks of a
+      lost node left none) -- what ranks seeded alike (torch's default) had anyway;
+    * ``derived seed N``: another world size (rank r of the new world is not rank r of the old
+      one, and a new rank has none) or a state without per-rank generators: seeded with
+      ``derived_seed(seed, rank, step)``, different for every rank.
+    """
+    per_rank = state.get(RNG_BY_RANK)
+    if isinstance(per_rank, list) and len(per_rank) == world:
+        own = per_rank[rank]
+        set_rng_state(own if own is not None else state)
+        return "own" if own is not None else "writer's"
     chosen = derived_seed(seed, rank, int(state.get("step", 0)))
     torch.manual_seed(chosen)  # the CPU generator and every CUDA device's
     return f"derived seed {chosen}"
