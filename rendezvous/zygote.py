@@ -84,6 +84,21 @@ def parse_python_command(argv: list[str] | tuple[str, ...]) -> PythonTarget | No
     return PythonTarget(args=tuple(rest[1:]), script=rest[0], unbuffered=unbuffered)
 
 
+def zygote_command(listener_fd: int, parent_pid: int, modules: tuple[str, ...]) -> list[str]:
+    """The command of a fresh zygote serving the inherited listening socket ``listener_fd``."""
+    return [
+        sys.executable,
+        "-m",
+        "kfp_elastic.rendezvous.zygote",
+        "--listen-fd",
+        str(listener_fd),
+        "--parent-pid",
+        str(parent_pid),
+        "--preload",
+        ":".join(modules),
+    ]
+
+
 def set_parent_death_signal(signum: int) -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signum))

@@ -32,7 +32,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 
-from .zygote import fork_poison, preload, serve, set_parent_death_signal
+from .zygote import fork_poison, preload, serve, set_parent_death_signal, zygote_command
 
 log = logging.getLogger(__name__)
 
@@ -161,20 +161,8 @@ def _exec_fresh_zygote(
     log.warning("zygote pid=%d restarts as a fresh process: %s", os.getpid(), reason)
     logging.shutdown()
     os.set_inheritable(listener_fd, True)
-    os.execv(
-        sys.executable,
-        [
-            sys.executable,
-            "-m",
-            "kfp_elastic.rendezvous.zygote",
-            "--listen-fd",
-            str(listener_fd),
-            "--parent-pid",
-            str(parent_pid),
-            "--preload",
-            ":".join(modules),
-        ],
-    )
+    command = zygote_command(listener_fd, parent_pid, modules)
+    os.execv(command[0], command)
 
 
 def _become_zygote(listener_fd: int) -> None:
