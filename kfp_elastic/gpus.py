@@ -15,10 +15,13 @@ which would cost it seconds at every start.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 NVIDIA_GPUS_DIR = Path("/proc/driver/nvidia/gpus")  # one entry per GPU the driver sees
+DEV_DIR = Path("/dev")
+_DEVICE_NODE = re.compile(r"nvidia[0-9]+")  # one per GPU; nvidiactl, nvidia-uvm are not GPUs
 
 
 class GpuShortage(ValueError):
@@ -26,17 +29,23 @@ class GpuShortage(ValueError):
 
 
 def visible_gpus(
-    env: Mapping[str, str] | None = None, driver_dir: Path = NVIDIA_GPUS_DIR
+    env: Mapping[str, str] | None = None,
+    driver_dir: Path = NVIDIA_GPUS_DIR,
+    dev_dir: Path = DEV_DIR,
 ) -> tuple[str, ...]:
     """The GPUs this machine gives its processes: ``CUDA_VISIBLE_DEVICES``'s entries when it is
-    set, else every GPU the NVIDIA driver lists (none without one)."""
+    set, else every GPU the NVIDIA driver lists, else (a sandbox without the driver's /proc
+    entries) one per ``/dev/nvidiaN`` device node; none without any."""
     listed = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return tuple(part.strip() for part in listed.split(",") if part.strip())
     try:
         count = sum(1 for _ in driver_dir.iterdir())
     except OSError:
-        return ()
+        try:
+            count = sum(1 for entry in dev_dir.iterdir() if _DEVICE_NODE.fullmatch(entry.name))
+        except OSError:
+            return ()
     return tuple(str(i) for i in range(count))
 
 

@@ -21,7 +21,12 @@ def test_each_local_worker_gets_gpus_of_its_own(tmp_path: Path) -> None:
     for pci in ("0000:17:00.0", "0000:65:00.0"):  # what the NVIDIA driver lists, one per GPU
         (tmp_path / pci).mkdir()
     assert visible_gpus({}, tmp_path) == ("0", "1")
-    assert visible_gpus({}, tmp_path / "no-driver") == ()
+    assert visible_gpus({}, tmp_path / "no-driver", tmp_path / "no-dev") == ()
+    dev = tmp_path / "dev"  # a sandbox without the driver's /proc entries: its device nodes
+    dev.mkdir()
+    for node in ("nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm"):
+        (dev / node).touch()
+    assert visible_gpus({}, tmp_path / "no-driver", dev) == ("0", "1", "2")
 
 
 @pytest.mark.parametrize(
