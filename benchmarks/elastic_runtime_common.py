@@ -24,17 +24,6 @@ HUGE = 10**9
 AUTO = 0  # --snapshot-every auto (the runner's default)
 
 
-def node_env(device: str, index: int) -> dict[str, str]:
-    """The environment of local node ``index``: with ``--device cuda`` its own GPU (each local
-    node's one process has LOCAL_RANK 0; NCCL refuses two ranks on one GPU)."""
-    if device != "cuda":
-        return {}
-    from kfp_elastic.master.local_launcher import gpus_for_worker, visible_gpus
-
-    devices = gpus_for_worker(index, 1, visible_gpus())
-    return {"CUDA_VISIBLE_DEVICES": devices} if devices else {}
-
-
 def steps_per_epoch(world: int) -> int:
     return -(-TRAIN_SAMPLES // (world * BATCH))
 

@@ -19,7 +19,6 @@ from benchmarks.elastic_runtime_common import (
     agents_done,
     group_log,
     median,
-    node_env,
     steps_per_epoch,
     worker_lines,
 )
@@ -78,7 +77,8 @@ def disrupt_run(
                     max_restarts=10,
                     rdzv_conf={"last_call_timeout": 1},
                     script="-m",
-                    env={"TIMED_STEPS_FILE": str(steps_file), **node_env(args.device, index)},
+                    env={"TIMED_STEPS_FILE": str(steps_file)},
+                    device=args.device,
                     script_args=[
                         "worker",
                         "--device",

@@ -58,11 +58,18 @@ def bench_micro(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path) ->
             "rng": torch.get_rng_state(),
         }
 
+    def settle() -> None:
+        """Wait for the GPU's queued work: a clock read before it times only the queueing."""
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     def timed(fn: Any, n: int) -> list[float]:
         out = []
         for _ in range(n):
+            settle()
             began = time.perf_counter()
             fn()
+            settle()
             out.append(time.perf_counter() - began)
         return out
 
@@ -70,8 +77,10 @@ def bench_micro(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path) ->
     snapshotter = Snapshotter(work_dir / "micro-snapshots")
     save_times = []
     for step in range(n):
+        settle()
         began = time.perf_counter()
         snapshotter.save(step, state(), lambda name: None)  # _commit's synchronous part
+        settle()
         save_times.append(time.perf_counter() - began)
         snapshotter.wait()  # the background part, not timed here
     cpu = state()
@@ -87,9 +96,11 @@ def bench_micro(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path) ->
     def steps_after(on_persisted: Any) -> float:
         """Seconds for 10 train steps right after save() (background write under way)."""
         snapshotter.save(0, state(), on_persisted)
+        settle()
         began = time.perf_counter()
         for _ in range(10):
             train_step()
+        settle()
         spent = time.perf_counter() - began
         snapshotter.wait()
         return spent

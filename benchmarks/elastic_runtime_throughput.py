@@ -24,7 +24,6 @@ from benchmarks.elastic_runtime_common import (
     agents_done,
     group_log,
     median,
-    node_env,
     steps_per_epoch,
     worker_lines,
     worker_pids,
@@ -109,7 +108,8 @@ def start_throughput_job(
                 max_restarts=0,
                 rdzv_conf={"is_host": int(index == 0)},
                 script=BASELINE,
-                env={**env, **node_env(args.device, index)},
+                env=env,
+                device=args.device,
                 script_args=[
                     "--device",
                     args.device,
@@ -131,7 +131,8 @@ def start_throughput_job(
                 nnodes="2:3",
                 max_restarts=3,
                 rdzv_conf={"last_call_timeout": 1},
-                env={**env, **node_env(args.device, index)},
+                env=env,
+                device=args.device,
                 script="-m",
                 script_args=[
                     "worker",

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            steps.emit(step)
+            steps.emit(step, device=placement.device)
     if rank == 0 and args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.module.state_dict(), args.output)

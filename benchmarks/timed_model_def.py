@@ -9,7 +9,8 @@ gets a ``register_step_post_hook`` that appends one line
     {"t": time.time(), "step": S, "rank": R, "world": W, "pid": P, "lr": LR}
 
 to ``$TIMED_STEPS_FILE`` with a single ``os.write`` (O_APPEND: the processes of a job share the
-file, and a SIGKILLed process has lost nothing it wrote) each time ``optimizer.step()`` returns.
+file, and a SIGKILLed process has lost nothing it wrote) each time ``optimizer.step()`` returns
+(on a GPU after ``torch.cuda.synchronize``: the time is when the step's work finished).
 ``S`` is the runtime's global step number: the ``step`` local of ``worker.runner.Trainer._train``
 (the steps done before the one now finishing, + 1), read from the calling frames; set
 ``TIMED_STEP_NUMBERS=0`` to skip that look-up (``S`` is then null). ``LR`` is the first parameter
@@ -99,8 +100,14 @@ class StepLog:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.pid = os.getpid()
 
-    def emit(self, step: int | None, lr: float | None = None) -> None:
+    def emit(
+        self, step: int | None, lr: float | None = None, device: torch.device | None = None
+    ) -> None:
+        """``device``: where the step computed; a GPU's queued work is waited for first, so
+        that the time stamp is when the step finished, not when its kernels were queued."""
         if self.fd is not None:
+            if device is not None and device.type == "cuda":
+                torch.cuda.synchronize(device)
             record = {
                 "t": time.time(),
                 "step": step,
@@ -118,7 +125,9 @@ _log: StepLog | None = None
 def _after_step(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
     assert _log is not None
     before = _runner_step() if _NUMBERS else None
-    _log.emit(None if before is None else before + 1, optimizer.param_groups[0]["lr"])
+    group = optimizer.param_groups[0]
+    device = group["params"][0].device if group["params"] else None
+    _log.emit(None if before is None else before + 1, group["lr"], device)
 
 
 def optimizer(params) -> torch.optim.Optimizer:  # noqa: ANN001 - torch's own type is loose

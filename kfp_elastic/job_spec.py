@@ -47,6 +47,7 @@ DEFAULT_BATCH_POLICY = "fixed-global-batch"
 SNAPSHOT_EVERY_AUTO = 0
 DEFAULT_SNAPSHOT_EVERY = SNAPSHOT_EVERY_AUTO
 DEFAULT_STEP_TIME_S = 0.0  # no artificial minimum step time
+DEFAULT_SHM_PER_PROCESS = "1Gi"  # /dev/shm of a pod with several processes, per process
 DEFAULT_DEVICE = "auto"  # the node's accelerator (LOCAL_RANK's device) if it has one, else CPU
 DEVICES = ("auto", "cpu", "cuda")
 # Seconds any one collective may take before it fails (torch's defaults: NCCL 10 min, Gloo
@@ -240,7 +241,19 @@ class KubernetesSettings:
     memory: str = _option(
         "", "memory request and limit per worker pod (empty: none)", param="worker_memory"
     )
-    gpus: int = _option(0, "GPUs per worker pod", flag="--gpu", param="worker_gpus")
+    gpus: int = _option(
+        0,
+        "GPUs per worker pod (0: one per process when the built-in runtime runs on cuda)",
+        flag="--gpu",
+        param="worker_gpus",
+    )
+    shm_size: str = _option(
+        "",
+        "memory-backed /dev/shm per worker pod, e.g. 8Gi (NCCL and DataLoader workers use it; "
+        f"empty: {DEFAULT_SHM_PER_PROCESS} per process when a pod has several, else the "
+        "container runtime's 64Mi)",
+        param=None,
+    )
     job_name: str = _option("", "pod name prefix (DNS label; empty: the run id)", param=None)
     etcd_tls_secret: str = _option(
         "",
@@ -477,6 +490,8 @@ class JobSpec:
             )
         except ConfigError as error:
             raise field_error("rdzv_conf", str(error)) from None
+        if self.launch.kind == "kubernetes":
+            self.worker_pod_gpus()  # a GPU count that does not fit the processes fails here
         capacity = self.launch.local.capacity
         if capacity is not None and capacity < 0:
             raise field_error("capacity", f"must be >= 0, got {capacity}")
@@ -504,6 +519,36 @@ class JobSpec:
         if self.etcd is not None:
             self.etcd.validate()  # ConfigError names the flag or variable
         self.manifest()  # a bad manifest fails here
+
+    def worker_pod_gpus(self) -> int:
+        """``nvidia.com/gpu`` of each worker pod: ``gpus`` when given, else one per process
+        when the built-in runtime computes on CUDA (``--device cuda``). The built-in runtime
+        gives each process ``LOCAL_RANK``'s GPU, so a pod with another count than its
+        processes is refused (``ValueError``): fewer would put two ranks on one GPU (NCCL
+        refuses), more would leave GPUs idle."""
+        gpus, nproc = self.launch.kubernetes.gpus, self.size.nproc_per_worker
+        if not self.entry.model_def or self.training.device == "cpu":
+            return gpus
+        if gpus == 0:
+            return nproc if self.training.device == "cuda" else 0
+        if gpus != nproc:
+            raise field_error(
+                "gpus",
+                f"is {gpus} GPUs per pod but nproc_per_worker is {nproc} processes: the built-in "
+                "runtime uses one GPU per process (leave gpus at 0 to get one per process)",
+            )
+        return gpus
+
+    def worker_shm_size(self) -> str | None:
+        """``/dev/shm`` of each worker pod: ``shm_size``, else ``DEFAULT_SHM_PER_PROCESS`` per
+        process for pods with several (their ranks talk through shared memory; the runtime's
+        64 MiB makes NCCL fail), else none of our own."""
+        given = self.launch.kubernetes.shm_size
+        nproc = self.size.nproc_per_worker
+        if given or nproc == 1:
+            return given or None
+        number, unit = DEFAULT_SHM_PER_PROCESS[:-2], DEFAULT_SHM_PER_PROCESS[-2:]
+        return f"{int(number) * nproc}{unit}"
 
     def manifest(self) -> Manifest | None:
         """The shard manifest the master publishes (None: the workers plan their own)."""

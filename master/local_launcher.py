@@ -37,6 +37,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
+from kfp_elastic.gpus import gpus_for_worker, require_gpus, visible_gpus
 from kfp_elastic.job_spec import DEFAULT_WORKER_MAX_RESTARTS
 from kfp_elastic.master.launcher import (
     Launcher,
@@ -77,35 +78,6 @@ class _Worker:
     removed: bool = False  # deleted and dead: no longer listed
 
 
-NVIDIA_GPUS_DIR = Path("/proc/driver/nvidia/gpus")  # one entry per GPU the driver sees
-
-
-def visible_gpus(
-    env: Mapping[str, str] | None = None, driver_dir: Path = NVIDIA_GPUS_DIR
-) -> tuple[str, ...]:
-    """The GPUs this machine gives its processes: ``CUDA_VISIBLE_DEVICES``'s entries when it is
-    set, else every GPU the NVIDIA driver lists (none without one). Read from the driver, not
-    torch: the master does not import torch, which would cost it seconds at every start."""
-    listed = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return tuple(part.strip() for part in listed.split(",") if part.strip())
-    try:
-        count = sum(1 for _ in driver_dir.iterdir())
-    except OSError:
-        return ()
-    return tuple(str(i) for i in range(count))
-
-
-def gpus_for_worker(index: int, nproc: int, gpus: Sequence[str]) -> str | None:
-    """``CUDA_VISIBLE_DEVICES`` of local worker ``index`` with ``nproc`` processes: GPUs of its
-    own (its process of ``LOCAL_RANK`` k uses the k-th), as a pod would get from the device
-    plugin; they wrap around when the machine has fewer than the job asks for. None without
-    GPUs. Without this every local worker's ``LOCAL_RANK`` 0 took GPU 0, which NCCL refuses."""
-    if not gpus:
-        return None
-    return ",".join(gpus[(index * nproc + k) % len(gpus)] for k in range(nproc))
-
-
 class LocalLauncher(Launcher):
     def __init__(
         self,
@@ -126,9 +98,11 @@ class LocalLauncher(Launcher):
         grace_s: float = 5.0,
         poll_interval_s: float = 0.2,
         gpus: Sequence[str] | None = None,
+        device: str | None = None,
     ) -> None:
-        """``gpus``: the machine's GPUs to share out (``gpus_for_worker``); None: the visible
-        ones (``visible_gpus``)."""
+        """``gpus``: the machine's GPUs to share out (``kfp_elastic.gpus``); None: the visible
+        ones. ``device``: the workers' ``--device`` (None: a command of the user's); a job that
+        computes on GPUs and has more processes than GPUs is refused here (``GpuShortage``)."""
         if not entry:
             raise ValueError("the worker entry (script or -m module) is empty")
         self.run_id = run_id
@@ -138,6 +112,7 @@ class LocalLauncher(Launcher):
         self.workdir = Path(workdir).resolve()
         self.nproc_per_worker = nproc_per_worker
         self.gpus = tuple(visible_gpus() if gpus is None else gpus)
+        require_gpus(device, max_workers * nproc_per_worker, self.gpus)
         if self.gpus and len(self.gpus) < max_workers * nproc_per_worker:
             log.warning(
                 "local workers share GPUs: %d workers x %d processes on %d GPUs (NCCL refuses "

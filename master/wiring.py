@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kfp_elastic.gpus import require_gpus, visible_gpus
 from kfp_elastic.job_env import RUN_ID_ENV, SNAPSHOT_DIR_ENV, JobEnv
 from kfp_elastic.job_spec import MODULE_FLAGS, JobSpec, field_error
 from kfp_elastic.master.job import LauncherFactory
@@ -49,6 +50,9 @@ def _local(spec: JobSpec) -> LauncherFactory:
     # Local workers share this machine's files: they get the very same etcd settings.
     env = {**spec.etcd.to_env(), **JobEnv.of(spec, str(snapshot_dir)).to_env()}
     endpoint = spec.etcd.endpoint_text
+    device = spec.training.device if spec.entry.model_def else None
+    # Refused now, before the master starts: the launcher checks the same when it is made.
+    require_gpus(device, spec.size.max_workers * spec.size.nproc_per_worker, visible_gpus())
 
     def local(state: MasterState) -> Launcher:
         return LocalLauncher(
@@ -64,6 +68,7 @@ def _local(spec: JobSpec) -> LauncherFactory:
             registry=state,
             capacity=spec.launch.local.capacity,
             max_restarts=spec.launch.worker_max_restarts,
+            device=device,
         )
 
     return local
@@ -129,7 +134,8 @@ def worker_pod_template(spec: JobSpec) -> Any:
         service_account=k8s.service_account,
         cpu=k8s.cpu or None,
         memory=k8s.memory or None,
-        gpu=k8s.gpus,
+        gpu=spec.worker_pod_gpus(),
+        shm_size=spec.worker_shm_size(),
         namespace=pod_namespace(k8s.namespace),
         tolerations=tuple(overrides.get("tolerations") or ()),
         node_selector=dict(overrides.get("node_selector") or {}),

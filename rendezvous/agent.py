@@ -13,17 +13,26 @@ pages with it instead of copying them.
     python -m kfp_elastic.rendezvous.agent ...        (the same, with this interpreter)
 
 Plain ``torchrun --rdzv-backend=elastic-etcd`` works as well; it only starts slower.
+
+CUDA: the agent sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (unless set) before torch is imported.
+torchrun's ``LaunchConfig.__post_init__`` calls ``torch.cuda.is_available()`` (to choose a default
+NUMA binding) whatever ``--nproc-per-node`` is, and ``--nproc-per-node gpu|auto`` counts devices;
+by default these call the CUDA driver, after which torch marks every fork of the agent a "bad
+fork" that cannot use CUDA: the zygote's workers failed at their first CUDA call. With the
+variable set they ask NVML instead, which leaves forks usable (see ``zygote.fork_poison``).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 log = logging.getLogger("kfp_elastic.rendezvous.agent")
 _running = False
+NVML_CUDA_CHECK = ("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # read by torch.cuda.is_available()
 
 
 def running() -> bool:
@@ -33,6 +42,7 @@ def running() -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     global _running
+    os.environ.setdefault(*NVML_CUDA_CHECK)  # before torchrun asks whether CUDA is there
     gc.disable()
     try:
         from torch.distributed.run import main as torchrun_main

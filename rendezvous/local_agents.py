@@ -11,6 +11,10 @@ of an agent is found by a tag in the environment (inherited by the workers) and 
         a = group.start(backend="c10d", endpoint=ep, run_id="r1", nnodes="2", script_args=[...])
         ...
 
+Each node started by an :class:`AgentGroup` gets GPUs of its own (``CUDA_VISIBLE_DEVICES``, the
+rule of ``kfp_elastic.gpus``, as the master's local launcher does); ``device="cuda"`` (or ``auto``
+on a GPU machine) with more processes than GPUs is refused before the node starts.
+
 ``tests/helpers.py`` re-exports this module for the tests.
 """
 
@@ -30,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kfp_elastic.gpus import gpus_for_worker, require_gpus, visible_gpus
 from kfp_elastic.rendezvous.embedded_etcd import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -256,10 +261,20 @@ class AgentGroup:
         self.log_dir = Path(log_dir)
         self.agents: list[Agent] = []
 
-    def start(self, **kwargs: Any) -> Agent:
-        """``Agent(**kwargs).start()``; ``log_path`` defaults to ``<log_dir>/<name>.log``."""
+    def start(self, *, device: str | None = None, **kwargs: Any) -> Agent:
+        """``Agent(**kwargs).start()``; ``log_path`` defaults to ``<log_dir>/<name>.log``.
+        The node gets GPUs of its own (``kfp_elastic.gpus``) unless ``env`` names some;
+        ``device``: its workers' ``--device`` (None: unknown, never refused)."""
         name = kwargs.setdefault("name", f"agent{len(self.agents)}")
         kwargs.setdefault("log_path", self.log_dir / f"{name}.log")
+        env = dict(kwargs.get("env") or {})
+        if "CUDA_VISIBLE_DEVICES" not in env:
+            gpus, nproc = visible_gpus(), int(kwargs.get("nproc_per_node", 1))
+            index = len(self.agents)
+            require_gpus(device, (index + 1) * nproc, gpus)
+            devices = gpus_for_worker(index, nproc, gpus)
+            if devices is not None:
+                kwargs["env"] = {**env, "CUDA_VISIBLE_DEVICES": devices}
         agent = Agent(**kwargs)
         self.agents.append(agent)  # before start: cleaned up even if start half-fails
         return agent.start()

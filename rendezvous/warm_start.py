@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import agent
-from .zygote import DEFAULT_PRELOAD, parse_python_command
+from .zygote import DEFAULT_PRELOAD, parse_python_command, zygote_command
 from .zygote_fork import ForkedZygote, fork_zygote
 
 __all__ = ["DEFAULT_PRELOAD", "install", "shim_command", "ZygoteProcess"]
@@ -81,17 +81,7 @@ class ZygoteProcess:
                         else None
                     )
                     self._process = forked or subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-m",
-                            "kfp_elastic.rendezvous.zygote",
-                            "--listen-fd",
-                            str(listener.fileno()),
-                            "--parent-pid",
-                            str(os.getpid()),
-                            "--preload",
-                            ":".join(self.preload),
-                        ],
+                        zygote_command(listener.fileno(), os.getpid(), self.preload),
                         stdin=subprocess.DEVNULL,
                         start_new_session=True,
                         pass_fds=(listener.fileno(),),

@@ -11,6 +11,10 @@ milliseconds. A worker forked here is set up like a fresh ``python [-u] script.p
 
 The zygote never creates threads, sockets to other hosts, CUDA contexts or process groups, so a
 fork from it is safe. It dies with its agent (parent-death signal), and its workers die with it.
+CUDA is the exception it checks for (``fork_poison``): once a process has called the CUDA driver
+(``torch.cuda.is_available()`` without ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` is enough), torch
+marks every fork of it a "bad fork" that cannot use CUDA. A zygote in that state starts every
+worker cold (the shim runs the command itself) and says why in its log.
 
     python -m kfp_elastic.rendezvous.zygote (--socket PATH | --listen-fd FD) --parent-pid PID
                                 [--preload mod1:mod2]
@@ -45,6 +49,7 @@ DEFAULT_PRELOAD = (
 )
 REQUEST_TIMEOUT_S = 10.0
 _PR_SET_PDEATHSIG = 1
+_BAD_FORK_EXIT = 3  # the probe child's exit code when it could not use CUDA
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,21 @@ def parse_python_command(argv: list[str] | tuple[str, ...]) -> PythonTarget | No
     return PythonTarget(args=tuple(rest[1:]), script=rest[0], unbuffered=unbuffered)
 
 
+def zygote_command(listener_fd: int, parent_pid: int, modules: tuple[str, ...]) -> list[str]:
+    """The command of a fresh zygote serving the inherited listening socket ``listener_fd``."""
+    return [
+        sys.executable,
+        "-m",
+        "kfp_elastic.rendezvous.zygote",
+        "--listen-fd",
+        str(listener_fd),
+        "--parent-pid",
+        str(parent_pid),
+        "--preload",
+        ":".join(modules),
+    ]
+
+
 def set_parent_death_signal(signum: int) -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signum))
@@ -97,9 +117,14 @@ class _Worker:
 class Zygote:
     """Accepts shim connections and forks one worker per request; reports each exit code."""
 
-    def __init__(self, listener: socket.socket, parent_pid: int) -> None:
+    def __init__(
+        self, listener: socket.socket, parent_pid: int, cold_reason: str | None = None
+    ) -> None:
+        """``cold_reason``: why workers must not be forked from here (``fork_poison``); every
+        request is then answered with it and the shim starts the worker cold."""
         self._listener = listener
         self._parent_pid = parent_pid
+        self.cold_reason = cold_reason
         self._selector = selectors.DefaultSelector()
         self._selector.register(listener, selectors.EVENT_READ, ("accept", None))
         self._workers: dict[int, _Worker] = {}
@@ -144,7 +169,7 @@ class Zygote:
                 os.close(fd)
 
     def _start(self, conn: socket.socket, request: dict | None, fds: list[int]) -> None:
-        target, problem = _validate(request, fds)
+        target, problem = _validate(request, fds, self.cold_reason)
         if target is None:
             _reply(conn, {"error": problem})
             conn.close()
@@ -210,7 +235,9 @@ class Zygote:
         self._listener.close()
 
 
-def _validate(request: dict | None, fds: list[int]) -> tuple[PythonTarget | None, str]:
+def _validate(
+    request: dict | None, fds: list[int], cold_reason: str | None = None
+) -> tuple[PythonTarget | None, str]:
     if not isinstance(request, dict) or len(fds) != 3:
         return None, "malformed request"
     argv, env, cwd = request.get("argv"), request.get("env"), request.get("cwd")
@@ -221,11 +248,62 @@ def _validate(request: dict | None, fds: list[int]) -> tuple[PythonTarget | None
     target = parse_python_command(argv)
     if target is None:
         return None, f"command {argv} is not 'python [-u] SCRIPT|-m MODULE ...'"
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        # A forked child cannot use CUDA once its parent has: start cold instead.
-        return None, "a preloaded module initialised CUDA in the zygote"
+    if cold_reason is not None:
+        return None, cold_reason
     return target, ""
+
+
+def fork_poison(probe: bool = True) -> str | None:
+    """Why a process forked from this one could not use CUDA, or ``None`` when it could.
+
+    torch's CUDA module refuses to initialise in a fork of a process that called the CUDA
+    driver ("Cannot re-initialize CUDA in forked subprocess"): ``torch.cuda.is_initialized()``
+    covers a process that initialised CUDA, ``torch.cuda._is_in_bad_fork()`` a process that is
+    itself such a fork (a zygote forked from a poisoned agent), and with ``probe`` a child is
+    forked to ask (the driver was called here, e.g. ``torch.cuda.is_available()``, which leaves
+    both False). A CPU-only torch build is never poisoned; without torch there is nothing to ask.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    cuda = torch.cuda
+    if cuda.is_initialized():
+        return "CUDA is initialised in this process; its forks cannot use CUDA"
+    if cuda._is_in_bad_fork():
+        return (
+            "this process is a fork of one that called the CUDA driver (torch.cuda.is_available"
+            " or device_count without PYTORCH_NVML_BASED_CUDA_CHECK=1); its forks cannot use CUDA"
+        )
+    if not probe or not cuda._is_compiled():
+        return None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = _BAD_FORK_EXIT if cuda._is_in_bad_fork() else 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code == _BAD_FORK_EXIT:
+        return (
+            "the CUDA driver was called in this process (torch.cuda.is_available or device_count"
+            " without PYTORCH_NVML_BASED_CUDA_CHECK=1): a fork of it cannot use CUDA"
+        )
+    if code != 0:
+        return f"a probe fork of this process exited with code {code}"
+    return None
+
+
+def serve(listener: socket.socket, parent_pid: int) -> None:
+    """Serve the agent's shims: warm (forked) workers, or cold ones when a fork could not use
+    CUDA (``fork_poison``, checked once: the zygote runs no code of its workers)."""
+    cold_reason = fork_poison()
+    if cold_reason is not None:
+        log.warning("warm start off, workers start cold: %s", cold_reason)
+    Zygote(listener, parent_pid, cold_reason).serve_forever()
 
 
 def _reply(conn: socket.socket, message: dict) -> None:
@@ -448,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         listener.listen(64)
     # Shims that connect now wait in the backlog until the imports are done.
     preload([name for name in args.preload.split(":") if name])
-    Zygote(listener, args.parent_pid).serve_forever()
+    serve(listener, args.parent_pid)
     return 0
 
 

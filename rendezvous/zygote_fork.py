@@ -12,7 +12,10 @@ its own session, stdin on ``/dev/null``, the agent's other descriptors released 
 their place), default signal handlers, the agent's exit handlers dropped, and the agent's
 logging changes undone. When the agent has
 threads already (the zygote died and is restarted later), :mod:`warm_start` starts it as a new
-process instead.
+process instead. A fork of an agent that called the CUDA driver (torch marks it a "bad fork":
+torchrun's ``LaunchConfig`` calls ``torch.cuda.is_available()``) could never give its workers
+CUDA: that zygote replaces itself at once by a fresh ``python -m kfp_elastic.rendezvous.zygote``
+(``exec``, same pid and listening socket), which imports torch itself.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 
-from .zygote import Zygote, preload, set_parent_death_signal
+from .zygote import fork_poison, preload, serve, set_parent_death_signal, zygote_command
 
 log = logging.getLogger(__name__)
 
@@ -138,13 +141,28 @@ def _serve_in_child(
                 parent_pid,
                 _seconds_since_start(parent_pid),
             )
+            poison = fork_poison(probe=False)
+            if poison is not None:
+                _exec_fresh_zygote(listener.fileno(), parent_pid, modules, poison)
             preload(list(modules))
-            Zygote(listener, parent_pid).serve_forever()
+            serve(listener, parent_pid)
             code = 0
     except BaseException:  # noqa: BLE001 - a forked child must never return into the agent
         traceback.print_exc()
     finally:
         os._exit(code)
+
+
+def _exec_fresh_zygote(
+    listener_fd: int, parent_pid: int, modules: tuple[str, ...], reason: str
+) -> None:
+    """Become ``python -m kfp_elastic.rendezvous.zygote`` on the same socket (never returns):
+    a new program has none of the agent's CUDA state. Same pid: the agent's handle stays valid."""
+    log.warning("zygote pid=%d restarts as a fresh process: %s", os.getpid(), reason)
+    logging.shutdown()
+    os.set_inheritable(listener_fd, True)
+    command = zygote_command(listener_fd, parent_pid, modules)
+    os.execv(command[0], command)
 
 
 def _become_zygote(listener_fd: int) -> None:

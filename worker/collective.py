@@ -15,3 +15,10 @@ def shared(value: Any, src: int = 0) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def gathered(value: Any, dst: int = 0) -> list[Any] | None:
+    """Every rank's ``value``, by rank, on rank ``dst`` (None on the others); collective."""
+    box: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+    dist.gather_object(value, box, dst=dst)
+    return box

@@ -3,7 +3,9 @@ and the abort that frees a rank stuck in a NCCL collective whose peer is gone.
 
 * **Device**: ``--device auto`` takes the accelerator ``torch.accelerator`` reports (CUDA on a
   GPU node), ``LOCAL_RANK``'s device on it, else the CPU; ``cuda`` insists on one, ``cpu`` never
-  uses one. ``choose_device`` decides from plain values (tested without a GPU).
+  uses one. ``choose_device`` decides from plain values (tested without a GPU); the choice and
+  its reason are logged (``explain_device``), as a warning when ``auto`` takes the CPU on a
+  machine whose NVIDIA driver lists GPUs.
 * **Backend**: the one torch registers for the device type (``nccl`` for cuda, ``gloo`` for the
   CPU): NCCL only takes device tensors, so every collective's tensor is made on
   ``Placement.device``.
@@ -34,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from kfp_elastic.gpus import visible_gpus
 from kfp_elastic.job_spec import DEVICES  # --device: the job contract's choices
 
 log = logging.getLogger(__name__)
@@ -90,6 +93,28 @@ def choose_device(
     return torch.device(wanted, local_rank)
 
 
+def explain_device(
+    requested: str, device: torch.device, accelerator: str | None, count: int, driver_gpus: int
+) -> tuple[int, str]:
+    """The log level and line that say which device this process computes on and why.
+    ``driver_gpus``: GPUs the NVIDIA driver lists for this process (``kfp_elastic.gpus``). A
+    process that takes the CPU under ``--device auto`` although the driver lists GPUs is a
+    warning: torch cannot use them (a CPU-only torch build, or a driver too old for its CUDA)."""
+    seen = f"torch sees {count} {accelerator} device(s)" if accelerator else "torch sees no GPU"
+    if device.type != "cpu":
+        return logging.INFO, f"device={device} (--device {requested}: {seen})"
+    if requested == "cpu":
+        return logging.INFO, "device=cpu (--device cpu)"
+    if driver_gpus:
+        return logging.WARNING, (
+            f"device=cpu although the NVIDIA driver lists {driver_gpus} GPU(s): --device auto, "
+            f"but {seen} (torch {torch.__version__}, built for CUDA {torch.version.cuda}); "
+            "install a CUDA build of torch that this driver supports, or give --device cuda "
+            "to fail instead"
+        )
+    return logging.INFO, f"device=cpu (--device auto: {seen} and the driver lists no GPU)"
+
+
 def backend_for(device: torch.device) -> str:
     """The collective backend for tensors on ``device`` (torch's registered default)."""
     try:
@@ -98,12 +123,21 @@ def backend_for(device: torch.device) -> str:
         raise DeviceError(f"no collective backend for device type {device.type!r}") from None
 
 
-def place_this_process(requested: str) -> Placement:
-    """Choose this process's device (from ``LOCAL_RANK``) and make it the current one."""
+def device_of_this_process(requested: str) -> torch.device:
+    """``LOCAL_RANK``'s device here (``choose_device``), logged with the reason."""
     accelerator = torch.accelerator.current_accelerator(check_available=True)
     count = torch.accelerator.device_count() if accelerator is not None else 0
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = choose_device(requested, local_rank, accelerator.type if accelerator else None, count)
+    kind = accelerator.type if accelerator else None
+    device = choose_device(requested, local_rank, kind, count)
+    level, line = explain_device(requested, device, kind, count, len(visible_gpus()))
+    log.log(level, "rank local=%d %s", local_rank, line)
+    return device
+
+
+def place_this_process(requested: str) -> Placement:
+    """Choose this process's device (from ``LOCAL_RANK``) and make it the current one."""
+    device = device_of_this_process(requested)
     if device.type != "cpu":
         # Before init_process_group: NCCL and the object collectives use the current device.
         torch.accelerator.set_device_index(device.index)

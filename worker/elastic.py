@@ -57,13 +57,14 @@ from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.job_env import SNAPSHOT_DIR_ENV, JobEnv
 
-from .collective import EXIT_PREEMPTED, shared
+from .collective import EXIT_PREEMPTED, gathered, shared
 from .data_plan import epoch_order, step_ids, steps_left
 from .progress import INITIAL, Committed, Manifest, Progress, commit_with_retry, ensure_manifest
 from .rescue import Rescues
 from .restore import newest_state
 from .schedule import SnapshotPolicy, next_sync_step
 from .snapshot import Snapshotter
+from .train_step import RNG_BY_RANK, restore_rng_state, rng_state
 
 __all__ = ["EXIT_PREEMPTED", "DataLoader", "ElasticSampler", "State"]
 
@@ -115,9 +116,10 @@ class State:
         self._dataset_length: int | None = None
         self._committed, self._revision = INITIAL, 0
         self._restored = False
+        self._rng_restored = "fresh"  # how this rank's generators were restored (for the log)
         self._stop_requested = False
         self._in_commit = False
-        self._rng = torch.get_rng_state()
+        self._rng = rng_state()  # this rank's generators after its last counted step
         self._sync_at = 0
         self._synced = (time.monotonic(), 0)  # (when, step) of the last sync
         self._snapshot_step = 0
@@ -154,7 +156,7 @@ class State:
         epoch_end = self.position >= total
         if epoch_end:
             self.epoch, self.position = self.epoch + 1, 0
-        self._rng = torch.get_rng_state()
+        self._rng = rng_state()
         done = self.epoch >= self.manifest.epochs
         if not (done or epoch_end or self.step >= self._sync_at):
             return
@@ -240,13 +242,14 @@ class State:
         self._snapshot_step = self.step
         self._sync_at = next_sync_step(self.step, None, self.snapshot_policy.every)
         log.info(
-            "restored rank=%d world=%d step=%d epoch=%d position=%d from=%s",
+            "restored rank=%d world=%d step=%d epoch=%d position=%d from=%s rng=%s",
             self.rank,
             self.world,
             self.step,
             self.epoch,
             self.position,
             restored.source,
+            self._rng_restored,
         )
         if restored.holder is not None:  # persist + commit it like any snapshot, in background
             self._snapshot(complete=False, wait=False, rescued=True)
@@ -259,7 +262,7 @@ class State:
             "step": self.step,
             "epoch": self.epoch,
             "position": self.position,
-            "rng": self._rng,
+            **self._rng,
             "world_size": self.world,
             "global_batch": self.global_batch_size,
         }
@@ -275,8 +278,8 @@ class State:
         for name, obj in self.extra.items():
             if name in state.get("extra", {}):
                 obj.load_state_dict(state["extra"][name])
-        torch.set_rng_state(state["rng"])
-        self._rng = state["rng"]
+        self._rng_restored = restore_rng_state(state, self.rank, self.world, self.settings.seed)
+        self._rng = rng_state()
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
 
     # -- sync, snapshot, rescue -----------------------------------------------------------------
@@ -311,6 +314,7 @@ class State:
         self, *, complete: bool, wait: bool, rescued: bool = False, stopping: bool = False
     ) -> None:
         self._snapshot_step = self.step
+        rng_by_rank = gathered(self._rng)  # every rank's generators, into rank 0's snapshot
         if self.rank != 0:
             return
         assert self.manifest is not None
@@ -342,7 +346,8 @@ class State:
                 named.world_size,
             )
 
-        self.snapshots.save(self.step, self._state(), commit, wait=wait)
+        state = self._state() | {RNG_BY_RANK: rng_by_rank}
+        self.snapshots.save(self.step, state, commit, wait=wait)
 
     def _write_rescue(self) -> None:
         """Training broke (a peer died, mostly): keep this rank's last counted step for the
@@ -351,7 +356,8 @@ class State:
         if not self._restored or self.manifest is None:
             return
         try:
-            path = self.rescues.write(self.step, self.rank, self._state())
+            own = [self._rng if r == self.rank else None for r in range(self.world)]
+            path = self.rescues.write(self.step, self.rank, self._state() | {RNG_BY_RANK: own})
         except Exception as error:  # noqa: BLE001 - the original failure is what matters
             log.error("rescue not written rank=%d step=%d error=%r", self.rank, self.step, error)
             return

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import torch
 
+from kfp_elastic.job_spec import DEFAULT_DEVICE, DEVICES
+
+from .device import DeviceError, device_of_this_process, to_device
 from .model_def import ModelDefError, load_model_def
 
 
@@ -26,9 +29,15 @@ class Evaluation:
 
 
 def evaluate(
-    model_def_name: str, model_path: str | Path, split: str = "test", batch_size: int = 256
+    model_def_name: str,
+    model_path: str | Path,
+    split: str = "test",
+    batch_size: int = 256,
+    device: str = DEFAULT_DEVICE,
 ) -> Evaluation:
+    """``device``: as the training's ``--device`` (``auto``: the GPU when there is one)."""
     model_def = load_model_def(model_def_name)
+    where = device_of_this_process(device)
     path = Path(model_path)
     if not path.is_file():
         raise FileNotFoundError(f"model file {path} does not exist")
@@ -39,7 +48,7 @@ def evaluate(
         raise ValueError(
             f"{path} is not a state_dict of {model_def_name}.model(): {error}"
         ) from error
-    model.eval()
+    model.to(where).eval()
     data = model_def.dataset(split)
     if len(data) == 0:
         raise ValueError(f"dataset({split!r}) of {model_def_name} is empty")
@@ -48,8 +57,11 @@ def evaluate(
     classes: set[int] = set()
     with torch.no_grad():
         for start in range(0, len(data), batch_size):
-            batch = model_def.collate(
-                [data[i] for i in range(start, min(len(data), start + batch_size))]
+            batch = to_device(
+                model_def.collate(
+                    [data[i] for i in range(start, min(len(data), start + batch_size))]
+                ),
+                where,
             )
             total_loss += float(model_def.loss(model, batch)) * _size(batch)
             count += _size(batch)
@@ -84,10 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-def", required=True)
     parser.add_argument("--model", required=True, help="state_dict written by the trainer")
     parser.add_argument("--split", default="test")
+    parser.add_argument("--device", choices=DEVICES, default=DEFAULT_DEVICE, help="as training's")
     args = parser.parse_args(argv)
     try:
-        result = evaluate(args.model_def, args.model, args.split)
-    except (ModelDefError, FileNotFoundError, ValueError) as error:
+        result = evaluate(args.model_def, args.model, args.split, device=args.device)
+    except (ModelDefError, FileNotFoundError, ValueError, DeviceError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(json.dumps(asdict(result)))

@@ -28,7 +28,7 @@ from torch.utils.data import TensorDataset, default_collate
 
 from kfp_elastic.etcd.client import connect
 
-from .collective import EXIT_PREEMPTED, shared
+from .collective import EXIT_PREEMPTED, gathered, shared
 from .data_plan import epoch_order
 from .device import (
     Placement,
@@ -47,7 +47,7 @@ from .rescue import Rescues
 from .restore import newest_state
 from .schedule import SnapshotPolicy, next_sync_step
 from .snapshot import Snapshotter
-from .train_step import TrainStep, rng_state, set_rng_state
+from .train_step import RNG_BY_RANK, TrainStep, restore_rng_state, rng_state
 
 log = logging.getLogger("kfp_elastic.worker")
 
@@ -144,16 +144,18 @@ class Trainer:
         committed, state = restored.committed, restored.state
         self.committed, self.committed_revision = committed, restored.revision
         self.start = (committed.step, committed.epoch, committed.position)
+        rng = "fresh"
         if state is not None:
             self.stepper.load_state_dict(state)
-            set_rng_state(state)
+            rng = restore_rng_state(state, self.rank, self.world, self.args.seed)
             self.start = (state["step"], state["epoch"], state["position"])
         log.info(
-            "restored rank=%d world=%d step=%d epoch=%d position=%d from=%s",
+            "restored rank=%d world=%d step=%d epoch=%d position=%d from=%s rng=%s",
             self.rank,
             self.world,
             *self.start,
             restored.source,
+            rng,
         )
         if restored.holder is not None:
             assert state is not None
@@ -190,9 +192,10 @@ class Trainer:
         stopping: bool = False,
     ) -> None:
         losses, self.losses = tuple(self.losses), []
+        rng_by_rank = gathered(rng_state())  # every rank's generators, into rank 0's snapshot
         if self.rank != 0:
             return
-        state = self._state(step, epoch, position, rng_state())
+        state = self._state(step, epoch, position, rng_state()) | {RNG_BY_RANK: rng_by_rank}
         world = world or self.world
 
         def commit(name: str) -> None:
@@ -346,6 +349,9 @@ class Trainer:
         # Losses of steps not yet agreed are this rank's estimate of the global-batch mean.
         pending = [round(total * self.world / max(1, n), 6) for total, n in self._pending_losses]
         state = self._state(step, epoch, position, self._rng_after_step) | {
+            RNG_BY_RANK: [
+                self._rng_after_step if r == self.rank else None for r in range(self.world)
+            ],
             "world_size": self.world,
             "global_batch": batch,
             "lr": lr,

@@ -21,6 +21,7 @@ to the end of the step (``stepping``) writes no rescue at all.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import re
 import warnings
@@ -54,6 +55,39 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["rng"])
     if "cuda_rng" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda_rng"])
+
+
+# A snapshot's generators of every rank (index: rank; None where a rank's is not known, as in
+# a rescue, which holds its writer's): ranks draw different dropout masks and augmentations,
+# and each must go on with its own, not rank 0's.
+RNG_BY_RANK = "rng_by_rank"
+
+
+def derived_seed(seed: int, rank: int, step: int) -> int:
+    """A seed for ``rank`` at ``step`` of a run seeded ``seed``: different for every rank and
+    every restart step, the same for the same three (a rank with no generators to restore)."""
+    digest = hashlib.sha256(f"{seed}:{rank}:{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def restore_rng_state(state: dict[str, Any], rank: int, world: int, seed: int) -> str:
+    """Put back this rank's generators from a restored ``state``; returns which, for the log.
+
+    * ``own``: the state holds this rank's (``RNG_BY_RANK``) for a world of this size;
+    * ``writer's``: same world size, but only the writer's are known (a rescue: the ranks of a
+      lost node left none) -- what ranks seeded alike (torch's default) had anyway;
+    * ``derived seed N``: another world size (rank r of the new world is not rank r of the old
+      one, and a new rank has none) or a state without per-rank generators: seeded with
+      ``derived_seed(seed, rank, step)``, different for every rank.
+    """
+    per_rank = state.get(RNG_BY_RANK)
+    if isinstance(per_rank, list) and len(per_rank) == world:
+        own = per_rank[rank]
+        set_rng_state(own if own is not None else state)
+        return "own" if own is not None else "writer's"
+    chosen = derived_seed(seed, rank, int(state.get("step", 0)))
+    torch.manual_seed(chosen)  # the CPU generator and every CUDA device's
+    return f"derived seed {chosen}"
 
 
 def _device_type(model: nn.Module) -> str:

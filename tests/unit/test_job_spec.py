@@ -323,6 +323,66 @@ def test_the_worker_pods_get_the_same_spec(monkeypatch: pytest.MonkeyPatch) -> N
     assert template.entrypoint_args == spec.worker_argv()[2:]
 
 
+@pytest.mark.parametrize(
+    ("device", "gpus", "nproc", "expected"),
+    [
+        ("cuda", 0, 4, 4),  # one GPU per process unless told otherwise
+        ("cuda", 2, 2, 2),
+        ("auto", 0, 2, 0),  # auto on a pod without GPUs: the CPU
+        ("auto", 2, 2, 2),
+        ("cpu", 1, 2, 1),  # as given: the runtime does not use it
+    ],
+)
+def test_a_cuda_job_gets_a_gpu_per_process(device, gpus, nproc, expected) -> None:
+    spec = JobSpec(
+        run_id="r",
+        entry=Entry(model_def="m"),
+        size=Size(nproc_per_worker=nproc),
+        training=Training(device=device, snapshot_dir="/mnt/snap"),
+        etcd=ETCD,
+        launch=Launch(kind="kubernetes", kubernetes=KubernetesSettings(gpus=gpus)),
+    )
+    spec.validate()
+    assert spec.worker_pod_gpus() == expected
+    assert worker_pod_template(spec).gpu == expected
+
+
+@pytest.mark.parametrize("device", ["cuda", "auto"])
+def test_gpus_that_do_not_fit_the_processes_are_refused(device: str) -> None:
+    spec = JobSpec(
+        run_id="r",
+        entry=Entry(model_def="m"),
+        size=Size(nproc_per_worker=4),
+        training=Training(device=device, snapshot_dir="/mnt/snap"),
+        etcd=ETCD,
+        launch=Launch(kind="kubernetes", kubernetes=KubernetesSettings(gpus=2)),
+    )
+    with pytest.raises(ValueError, match="gpus .* is 2 GPUs per pod but nproc_per_worker is 4"):
+        spec.validate()
+
+
+@pytest.mark.parametrize(
+    ("nproc", "given", "expected"), [(1, "", None), (4, "", "4Gi"), (4, "16Gi", "16Gi")]
+)
+def test_pods_with_several_processes_get_a_shared_memory_volume(nproc, given, expected) -> None:
+    spec = JobSpec(
+        run_id="r",
+        entry=Entry(model_def="m"),
+        size=Size(nproc_per_worker=nproc),
+        training=Training(snapshot_dir="/mnt/snap"),
+        etcd=ETCD,
+        launch=Launch(kind="kubernetes", kubernetes=KubernetesSettings(shm_size=given)),
+    )
+    template = worker_pod_template(spec)
+    assert template.shm_size == expected
+    if expected:
+        from kfp_elastic.master.pod_spec import build_pod
+
+        pod = build_pod(template)
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": expected}
+
+
 def test_the_builtin_runtime_is_preloaded_by_the_zygotes() -> None:
     from kfp_elastic.rendezvous.config import RendezvousConfig
 

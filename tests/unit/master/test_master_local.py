@@ -23,10 +23,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.client import connect
+from kfp_elastic.gpus import GpuShortage
 from kfp_elastic.job_spec import Data, Entry, JobSpec, Policy, Size
 from kfp_elastic.master.job import ElasticJob, JobResult
 from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
-from kfp_elastic.master.local_launcher import LocalLauncher, gpus_for_worker, visible_gpus
+from kfp_elastic.master.local_launcher import LocalLauncher
 from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import (
     Committed,
@@ -463,22 +464,8 @@ def test_min_above_max_is_refused_at_once(tmp_path: Path) -> None:
     assert time.monotonic() - started < 10
 
 
-def test_each_local_worker_gets_gpus_of_its_own(tmp_path: Path) -> None:
-    gpus = ("0", "1", "2", "3")
-    assert [gpus_for_worker(i, 1, gpus) for i in range(3)] == ["0", "1", "2"]
-    assert gpus_for_worker(1, 2, gpus) == "2,3"  # LOCAL_RANK 0 and 1 of worker 1
-    assert gpus_for_worker(2, 1, ("0", "1")) == "0"  # fewer GPUs than workers: they wrap
-    assert gpus_for_worker(0, 1, ()) is None  # no GPU: the environment is left alone
-    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "3, 5"}) == ("3", "5")
-    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == ()
-    for pci in ("0000:17:00.0", "0000:65:00.0"):  # what the NVIDIA driver lists, one per GPU
-        (tmp_path / pci).mkdir()
-    assert visible_gpus({}, tmp_path) == ("0", "1")
-    assert visible_gpus({}, tmp_path / "no-driver") == ()
-
-
 def test_the_local_launcher_hands_each_worker_its_gpus(tmp_path: Path) -> None:
-    def launcher(gpus: tuple[str, ...]) -> LocalLauncher:
+    def launcher(gpus: tuple[str, ...], device: str | None = None) -> LocalLauncher:
         return LocalLauncher(
             run_id="r",
             endpoint="127.0.0.1:2379",
@@ -488,9 +475,15 @@ def test_the_local_launcher_hands_each_worker_its_gpus(tmp_path: Path) -> None:
             workdir=tmp_path,
             nproc_per_worker=2,
             gpus=gpus,
+            device=device,
         )
 
     worker = launcher(("0", "1", "2", "3"))._new_worker("worker-1-0", 1, 0)
     assert worker.agent.env["CUDA_VISIBLE_DEVICES"] == "2,3"
     cpu_only = launcher(())._new_worker("worker-1-0", 1, 0)
     assert cpu_only.agent.env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
+    with pytest.raises(GpuShortage, match="4 processes need a GPU each but this machine has 3"):
+        launcher(("0", "1", "2"), device="cuda")
+    with pytest.raises(GpuShortage):
+        launcher(("0", "1", "2"), device="auto")  # auto takes the GPUs it sees
+    launcher(("0", "1", "2"), device="cpu")  # processes on the CPU need no GPU

@@ -33,6 +33,9 @@ AGENT = textwrap.dedent("""
     logging.getLogger("kfp_elastic.rendezvous").addHandler(logging.StreamHandler(sys.stdout))
     if mode == "thread":
         threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+    if mode == "poisoned":  # what a fork of an agent that called the CUDA driver sees
+        import torch
+        torch.cuda._is_in_bad_fork = lambda: True
     zygote = ZygoteProcess(["json"])
     path = zygote.socket_path(fork_from_here=True)
     # Registered after the fork, as the handler registers its leave(): never run by workers.
@@ -60,6 +63,7 @@ PROBE = textwrap.dedent("""
         "root_level": logging.root.level, "root_handlers": len(logging.root.handlers),
         "session_leader": os.getsid(0) == os.getpid(),
         "gc_enabled": gc.isenabled(),
+        "parent": open(f"/proc/{os.getppid()}/cmdline").read().split("\\0"),
     }), flush=True)
 """)
 
@@ -138,6 +142,15 @@ def test_an_agent_with_threads_starts_the_zygote_as_a_new_process(agent, tmp_pat
     _, info, _ = agent
     assert not info["forked"]
     assert start_probe(info["socket"], tmp_path)["warm"] == "1"
+
+
+@pytest.mark.parametrize("agent", ["poisoned"], indirect=True)
+def test_a_zygote_forked_from_a_poisoned_agent_restarts_as_a_fresh_process(agent, tmp_path) -> None:
+    _, info, _ = agent
+    assert info["forked"]
+    worker = start_probe(info["socket"], tmp_path)
+    assert worker["warm"] == "1", "workers still start warm, from the fresh zygote"
+    assert "kfp_elastic.rendezvous.zygote" in worker["parent"], worker["parent"]
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:

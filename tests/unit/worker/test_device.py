@@ -4,6 +4,7 @@ stopped (the state a NCCL rank is in when its peer died)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from kfp_elastic.worker.device import (
     StallAbort,
     backend_for,
     choose_device,
+    explain_device,
     settle,
     stall_is_abortable,
     to_device,
@@ -42,6 +44,22 @@ def test_each_local_rank_gets_its_own_device(
     requested: str, local_rank: int, accelerator: str | None, count: int, expected: torch.device
 ) -> None:
     assert choose_device(requested, local_rank, accelerator, count) == expected
+
+
+def test_auto_never_takes_the_cpu_quietly_where_the_driver_lists_gpus() -> None:
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 1)
+    level, line = explain_device("auto", cpu, None, 0, driver_gpus=2)
+    assert level == logging.WARNING and "the NVIDIA driver lists 2 GPU(s)" in line
+    assert "torch sees no GPU" in line and "--device cuda" in line
+    assert explain_device("auto", cpu, None, 0, 0) == (
+        logging.INFO,
+        "device=cpu (--device auto: torch sees no GPU and the driver lists no GPU)",
+    )
+    assert explain_device("auto", gpu, "cuda", 2, 2) == (
+        logging.INFO,
+        "device=cuda:1 (--device auto: torch sees 2 cuda device(s))",
+    )
+    assert explain_device("cpu", cpu, "cuda", 2, 2)[0] == logging.INFO  # asked for
 
 
 @pytest.mark.parametrize(
