@@ -1,6 +1,6 @@
-"""A model of >= 1 B parameters for the snapshot benchmark on a GPU (issue 13: snapshot
-blocking time per snapshot next to ``torch.save`` of the same state; DLRover's Flash
-Checkpoint, the field's anchor, blocks ≈ 0.2 s):
+"""A model of >= 1 B parameters for the snapshot benchmark on a GPU (the blocking time per
+snapshot next to ``torch.save`` of the same state; DLRover's Flash Checkpoint, the field's
+anchor, blocks ≈ 0.2 s per checkpoint: docs/benchmarks.md):
 
     python benchmarks/elastic_runtime.py --parts micro --model 1b --device cuda --micro-n 10
 

@@ -60,8 +60,8 @@ FINAL_MODEL_FILE = "model.pt"  # rank 0 writes the final weights here, in the sn
 DEFAULT_LAUNCHER = "local"
 LAUNCHERS = ("local", "kubernetes")
 # torchrun --max-restarts of every worker: restarts of its local process group after a process
-# failed. High, because the agent itself ends a failure that repeats at every start (issue 11)
-# and membership changes do not count against it.
+# failed. High, because the agent itself ends a failure that repeats at every start
+# (rdzv-conf max_repeated_failures) and membership changes do not count against it.
 DEFAULT_WORKER_MAX_RESTARTS = 100
 # Kubernetes settings left empty come from these variables (the kfp-elastic-config ConfigMap
 # maps them into the master's pod), else from these defaults: see KubernetesSettings.resolved.

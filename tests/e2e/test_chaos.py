@@ -1,4 +1,4 @@
-"""Seeded chaos at one training job on the test cluster (issue 12, deliverable 4).
+"""Seeded chaos at one training job on the test cluster.
 
 The compiled ``elastic-train`` task runs as the master pod with the production settings
 (``training_run.TrainingRun``) on three one-worker nodes; the chaos executor fires a seeded plan

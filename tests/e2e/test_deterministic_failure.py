@@ -23,7 +23,7 @@ from tests.helpers import REPO_ROOT, master_command
 
 IMPORT_ERROR = "RuntimeError: raises_at_import: this model definition is broken on purpose"
 WORKER_ERROR = "RuntimeError: raises_in_workers: this model definition is broken on the workers"
-# The issue asks for a failure within 30 s: one generation of agents (each gives up after the
+# The goal is a failure within 30 s: one generation of agents (each gives up after the
 # same failure twice; 2 x 2 counted failures exceed --max-failures=3). On this shared 2-core
 # machine under load (load average 6-11) that took 33-68 s, mostly two agents and zygotes
 # importing torch at once; the bound is generous (the storm it guards against never ended).
