@@ -91,6 +91,13 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
         max_wait_s: float = 600.0,
         max_failures: int = 3,
     ) -> None:
+        """Shard the dataset, train with min..max elastic workers, evaluate the model.
+
+        Args:
+            image: the worker pods' image; empty: the kfp-elastic-config ConfigMap's
+                KFP_ELASTIC_WORKER_IMAGE (kfp-elastic-worker:0.1.0 in manifests/base), else
+                kfp-elastic-worker:0.1.0. Set either without recompiling the pipeline.
+        """
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         cleanup = stop_workers(run_id=run_id, launcher=launcher)
         cleanup.set_display_name("stop leftover workers")

@@ -15,6 +15,7 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 
 from kfp_elastic.components import BASE_IMAGE
 from kfp_elastic.etcd.settings import ENV_VARS as ETCD_ENV
+from kfp_elastic.job_spec import DEFAULT_WORKER_IMAGE, WORKER_IMAGE_ENV, KubernetesSettings
 from kfp_elastic.pipelines import compile as compile_module
 from kfp_elastic.pipelines.compile import ROOT, same_compile, stale, targets
 from kfp_elastic.pipelines.elastic_training import (
@@ -191,3 +192,29 @@ def test_kfp_local_runs_the_same_pipeline_without_task_retries(tmp_path: Path) -
     for task in committed_inner.values():
         task.ClearField("retry_policy")
     assert local_spec.components == committed.components  # otherwise the same pipeline
+
+
+def test_the_worker_image_is_a_run_parameter_and_a_config_map_value() -> None:
+    """Changing the worker image needs no recompile: the run's ``image`` parameter reaches the
+    training task; left empty, the ConfigMap's KFP_ELASTIC_WORKER_IMAGE (mapped into the task)
+    decides, else the default image."""
+    spec_doc, platform_doc = documents(PIPELINE_YAML)
+    spec = parse_spec(spec_doc)
+    image = spec.root.input_definitions.parameters["image"]
+    assert image.is_optional and image.default_value.string_value == ""
+    assert WORKER_IMAGE_ENV in image.description and DEFAULT_WORKER_IMAGE in image.description
+    train = spec.components["comp-exit-handler-1"].dag.tasks["elastic-train"]
+    wired = train.inputs.parameters["image"].component_input_parameter
+    assert wired == "pipelinechannel--image"
+    exit_handler = spec.root.dag.tasks["exit-handler-1"]
+    assert exit_handler.inputs.parameters[wired].component_input_parameter == "image"
+    executors = platform_doc["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    (config_map,) = executors["exec-elastic-train"]["configMapAsEnv"]
+    assert {"configMapKey": WORKER_IMAGE_ENV, "envVar": WORKER_IMAGE_ENV} in config_map["keyToEnv"]
+    # What the master in that task then runs the worker pods with.
+    settings = KubernetesSettings(image="")
+    assert settings.resolved({}).image == DEFAULT_WORKER_IMAGE
+    assert settings.resolved({WORKER_IMAGE_ENV: "reg/w:2"}).image == "reg/w:2"
+    assert KubernetesSettings(image="reg/w:3").resolved({WORKER_IMAGE_ENV: "reg/w:2"}).image == (
+        "reg/w:3"
+    )
