@@ -28,8 +28,9 @@ Five added lines make a DDP script (e.g. pytorch/examples' DDP tutorial) elastic
   default; ``skip`` only logs it, the script having stepped already), counts the step,
   snapshots when due (rank 0 writes, in the background; etcd records the step and data
   position) and, when any rank got SIGTERM, makes every rank stop at the same step after a
-  committed snapshot: nothing trained is lost. An uncaught exception (a peer died) first writes this rank's rescue: the state after its last
-  counted step, which the next world restores when it is the newest.
+  committed snapshot: nothing trained is lost. An uncaught exception (a peer died) first
+  writes this rank's rescue: the state after its last counted step, which the next world
+  restores when it is the newest.
 
 Settings come from the environment the master sets (``kfp_elastic/job_env.py``); under a plain
 ``torchrun --rdzv-backend=elastic-etcd`` the rendezvous plugin gives the etcd connection and
