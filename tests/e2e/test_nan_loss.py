@@ -7,7 +7,9 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +68,32 @@ def test_with_the_skip_policy_every_rank_skips_that_step_and_the_job_finishes(
     # Only rank NAN_RANK's loss was NaN; the other rank skips the same step with it.
     for rank in (0, 1):
         assert f"skipped step={NAN_STEP} rank={rank}: non-finite gradients" in logs
+
+
+def _torchrun_script(tmp_path: Path, etcd: Any, run_id: str, policy: str) -> Any:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KFP_ELASTIC_")}
+    env.update(
+        KFP_ELASTIC_SNAPSHOT_DIR=str(tmp_path / "snap"),
+        KFP_ELASTIC_BATCH_SIZE="4",
+        KFP_ELASTIC_NAN_POLICY=policy,
+        PYTHONPATH=str(REPO_ROOT),
+    )
+    command = [
+        *(sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2"),
+        "--rdzv-backend=elastic-etcd",
+        f"--rdzv-endpoint={etcd.endpoint}",
+        f"--rdzv-id={run_id}",
+        "--rdzv-conf=last_call_timeout=1",
+        str(REPO_ROOT / "tests" / "scripts" / "nan_loss_script.py"),
+    ]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+
+
+def test_the_script_api_applies_the_same_nan_policy(tmp_path: Path, etcd: Any) -> None:
+    failed = _torchrun_script(tmp_path / "fail", etcd, f"{uuid.uuid4().hex[:10]}-f", "fail")
+    assert failed.returncode != 0
+    assert "NonFiniteLoss: non-finite loss (nan) at step 3 on rank 1" in failed.stderr
+    skipped = _torchrun_script(tmp_path / "skip", etcd, f"{uuid.uuid4().hex[:10]}-s", "skip")
+    assert skipped.returncode == 0, skipped.stderr[-3000:]
+    assert "rank 0 finished steps=6" in skipped.stdout
+    assert "non-finite loss step=3 rank=1" in skipped.stderr
