@@ -50,6 +50,7 @@ class JobEnv:
     seed: int = contract.DEFAULT_SEED
     shuffle: bool = contract.DEFAULT_SHUFFLE
     snapshot_every: int = contract.DEFAULT_SNAPSHOT_EVERY
+    nan_policy: str = contract.DEFAULT_NAN_POLICY
 
     @classmethod
     def of(cls, spec: JobSpec, snapshot_dir: str) -> JobEnv:
@@ -65,6 +66,7 @@ class JobEnv:
             seed=spec.data.seed,
             shuffle=spec.data.shuffle,
             snapshot_every=spec.training.snapshot_every,
+            nan_policy=spec.training.nan_policy,
         )
 
     def to_env(self) -> dict[str, str]:

@@ -48,6 +48,9 @@ SNAPSHOT_EVERY_AUTO = 0
 DEFAULT_SNAPSHOT_EVERY = SNAPSHOT_EVERY_AUTO
 DEFAULT_STEP_TIME_S = 0.0  # no artificial minimum step time
 DEFAULT_SHM_PER_PROCESS = "1Gi"  # /dev/shm of a pod with several processes, per process
+# What a NaN/inf training loss does (worker/finite_loss.py): fail the job, or skip that step.
+NAN_POLICIES = ("fail", "skip")
+DEFAULT_NAN_POLICY = "fail"
 DEFAULT_DEVICE = "auto"  # the node's accelerator (LOCAL_RANK's device) if it has one, else CPU
 DEVICES = ("auto", "cpu", "cuda")
 # Seconds any one collective may take before it fails (torch's defaults: NCCL 10 min, Gloo
@@ -189,6 +192,10 @@ class Training:
         "the training time allows",
     )
     step_time: float = _option(DEFAULT_STEP_TIME_S, "minimum seconds per step (demos)")
+    nan_policy: str = _option(
+        DEFAULT_NAN_POLICY,
+        "fail | skip: a NaN/inf loss fails the job (naming the step and rank) or skips the step",
+    )
     snapshot_dir: str = _option(
         "", "shared snapshot directory (default: $KFP_ELASTIC_SNAPSHOT_DIR, else WORKDIR/snapshots)"
     )
@@ -401,7 +408,7 @@ class JobSpec:
         argv += ["--epochs", str(d.epochs), "--seed", str(d.seed)]
         argv += ["--batch-size", str(t.batch_size), "--lr", str(t.learning_rate)]
         argv += ["--policy", t.batch_policy, "--snapshot-every", str(t.snapshot_every)]
-        argv += ["--step-time", str(t.step_time)]
+        argv += ["--step-time", str(t.step_time), "--nan-policy", t.nan_policy]
         argv += ["--device", t.device, "--collective-timeout", str(t.collective_timeout_s)]
         argv += ["--collective-abort", str(t.collective_abort_s)]
         if self.snapshot_dir is not None:
@@ -464,6 +471,11 @@ class JobSpec:
             BatchPolicy.parse(training.batch_policy)
         except ValueError as error:
             raise field_error("batch_policy", str(error)) from None
+        if training.nan_policy not in NAN_POLICIES:
+            raise field_error(
+                "nan_policy",
+                f"must be one of {', '.join(NAN_POLICIES)}, got {training.nan_policy!r}",
+            )
         if training.device not in DEVICES:
             raise field_error(
                 "device", f"must be one of {', '.join(DEVICES)}, got {training.device!r}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -39,10 +40,24 @@ from kfp_elastic.master.timeline import (
     WorkerLost,
     read_timeline,
 )
+from kfp_elastic.worker.progress import Committed
 
 log = logging.getLogger(__name__)
 
 REDELETE_S = 10.0
+
+
+def non_finite_loss(committed: Committed | None) -> str | None:
+    """Why a job whose last commit is ``committed`` must not count as succeeded: a NaN/inf
+    loss among the steps it records (a script that never checks its loss), else None."""
+    if committed is None:
+        return None
+    losses = tuple(committed.losses)
+    for index, loss in enumerate(losses):
+        if not math.isfinite(loss):
+            step = committed.step - len(losses) + 1 + index
+            return f"training loss is not finite ({loss}) at step {step}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -418,6 +433,9 @@ class ElasticJob:
     # -- end ----------------------------------------------------------------------------------
     def _finish(self, result: str, message: str, observer: Observer) -> JobResult:
         spec, state = self.spec, self.state
+        diverged = non_finite_loss(observer.committed) if result == "succeeded" else None
+        if diverged:
+            result, message = "failed", f"{diverged}: the model is not usable ({message})"
         log.log(
             logging.INFO if result == "succeeded" else logging.ERROR,
             "job %s run=%s message=%s",

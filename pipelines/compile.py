@@ -2,11 +2,15 @@
 
 kfp-elastic compile           # rewrite the YAML files
 kfp-elastic compile --check   # exit 1 if a committed file differs from a compile
+
+The check ignores what only kfp's patch release changes (the `sdkVersion` stamp): YAML compiled
+with kfp 2.17.0 is current under 2.17.3 as long as every component and the pipeline are the same.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -39,13 +43,28 @@ def compile_to(func: Callable, path: Path) -> str:
     return path.read_text()
 
 
+# `sdkVersion: kfp-2.17.3` → `sdkVersion: kfp-2.17`: the only line of a compile that varies
+# with kfp's patch release (a minor release may change the spec, so it still counts).
+_SDK_PATCH = re.compile(r"^(sdkVersion: kfp-\d+\.\d+)\.\S+$", re.MULTILINE)
+
+
+def comparable(compiled: str) -> str:
+    """A compiled YAML text without what varies only with kfp's patch release."""
+    return _SDK_PATCH.sub(r"\1", compiled)
+
+
+def same_compile(committed: str, fresh: str) -> bool:
+    """Whether a committed YAML is current: equal to a fresh compile up to kfp's patch release."""
+    return comparable(committed) == comparable(fresh)
+
+
 def stale() -> list[Path]:
-    """Committed files that differ from a fresh compile."""
+    """Committed files that differ from a fresh compile (beyond kfp's patch release)."""
     differ = []
     with tempfile.TemporaryDirectory() as tmp:
         for path, func in targets().items():
             fresh = compile_to(func, Path(tmp) / path.name)
-            if not path.exists() or path.read_text() != fresh:
+            if not path.exists() or not same_compile(path.read_text(), fresh):
                 differ.append(path)
     return differ
 

@@ -78,6 +78,7 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
         batch_policy: str = "fixed-global-batch",
         snapshot_every: int = 0,
         step_time: float = 0.0,
+        nan_policy: str = "fail",
         launcher: str = "auto",
         etcd_endpoint: str = "",
         image: str = "",
@@ -90,6 +91,13 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
         max_wait_s: float = 600.0,
         max_failures: int = 3,
     ) -> None:
+        """Shard the dataset, train with min..max elastic workers, evaluate the model.
+
+        Args:
+            image: the worker pods' image; empty: the kfp-elastic-config ConfigMap's
+                KFP_ELASTIC_WORKER_IMAGE (kfp-elastic-worker:0.1.0 in manifests/base), else
+                kfp-elastic-worker:0.1.0. Set either without recompiling the pipeline.
+        """
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         cleanup = stop_workers(run_id=run_id, launcher=launcher)
         cleanup.set_display_name("stop leftover workers")
@@ -111,6 +119,7 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
                 batch_policy=batch_policy,
                 snapshot_every=snapshot_every,
                 step_time=step_time,
+                nan_policy=nan_policy,
                 launcher=launcher,
                 etcd_endpoint=etcd_endpoint,
                 image=image,

@@ -53,6 +53,10 @@ class EtcdNotFoundError(RuntimeError):
     pass
 
 
+class PortInUseError(RuntimeError):
+    """A port the embedded etcd needs is taken by another process."""
+
+
 def find_etcd_binary(name: str = "etcd") -> str:
     """Return the path of the ``etcd`` (or ``etcdctl``) binary, or raise with what to install."""
     env_value = os.environ.get(f"KFP_ELASTIC_{name.upper()}_BIN")
@@ -99,6 +103,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether another socket listens on (or is bound to) ``host:port``. SO_REUSEADDR, as etcd
+    itself binds: a port left in TIME_WAIT by a stopped etcd (``restart()``) counts as free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+        return False
 
 
 # Run as `python -c _EXEC_DYING_WITH_PARENT PARENT_PID BINARY ARGS...`: asks Linux to SIGTERM
@@ -228,6 +244,14 @@ class EmbeddedEtcd:
     def start(self, timeout: float = HEALTH_TIMEOUT_S) -> EmbeddedEtcd:
         if self._process and self._process.poll() is None:
             return self
+        # Checked first: etcd would exit on the bind error, but another server on the client
+        # port would answer the health check below, and a start would seem to succeed.
+        for role, port in (("client", self.client_port), ("peer", self.peer_port)):
+            if port_taken(self.host, port):
+                raise PortInUseError(
+                    f"etcd {role} port {port} on {self.host} is in use by another process: "
+                    "choose another port (--port) or stop that process"
+                )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as log_handle:
             self._process = subprocess.Popen(
@@ -417,6 +441,12 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    try:
+        etcd.start()
+    except PortInUseError as error:
+        etcd.stop()
+        print(f"kfp-elastic etcd: error: {error}", file=sys.stderr)
+        return 1
     with etcd:
         auth: dict[str, str] = {}
         if args.auth:
@@ -436,6 +466,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"export {name}={value}", flush=True)
         while not stop_requested and etcd._process and etcd._process.poll() is None:
             time.sleep(0.2)
+        if not stop_requested:
+            tail = etcd._log_tail()
+            print(f"kfp-elastic etcd: error: etcd exited on its own:\n{tail}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -23,11 +23,14 @@ Five added lines make a DDP script (e.g. pytorch/examples' DDP tutorial) elastic
   after step the next ``batch_size x world`` sample ids, round-robin over the ranks. Like
   DLRover's ``ElasticDistributedSampler``, it resumes mid-epoch at the sample where the state
   was saved, whatever the new world size, so every sample is trained on once per epoch.
-* ``commit()`` after each optimizer step counts it, snapshots when due (rank 0 writes, in the
-  background; etcd records the step and data position) and, when any rank got SIGTERM, makes
-  every rank stop at the same step after a committed snapshot: nothing trained is lost. An
-  uncaught exception (a peer died) first writes this rank's rescue: the state after its last
-  counted step, which the next world restores when it is the newest.
+* ``commit(loss)`` after each optimizer step checks this rank's loss (a NaN/inf one raises
+  ``NonFiniteLoss`` naming the step and rank under ``KFP_ELASTIC_NAN_POLICY=fail``, the
+  default; ``skip`` only logs it, the script having stepped already), counts the step,
+  snapshots when due (rank 0 writes, in the background; etcd records the step and data
+  position) and, when any rank got SIGTERM, makes every rank stop at the same step after a
+  committed snapshot: nothing trained is lost. An uncaught exception (a peer died) first
+  writes this rank's rescue: the state after its last counted step, which the next world
+  restores when it is the newest.
 
 Settings come from the environment the master sets (``kfp_elastic/job_env.py``); under a plain
 ``torchrun --rdzv-backend=elastic-etcd`` the rendezvous plugin gives the etcd connection and
@@ -59,6 +62,7 @@ from kfp_elastic.job_env import SNAPSHOT_DIR_ENV, JobEnv
 
 from .collective import EXIT_PREEMPTED, gathered, shared
 from .data_plan import epoch_order, step_ids, steps_left
+from .finite_loss import NonFiniteLoss, skips_step
 from .progress import INITIAL, Committed, Manifest, Progress, commit_with_retry, ensure_manifest
 from .rescue import Rescues
 from .restore import newest_state
@@ -66,7 +70,7 @@ from .schedule import SnapshotPolicy, next_sync_step
 from .snapshot import Snapshotter
 from .train_step import RNG_BY_RANK, restore_rng_state, rng_state
 
-__all__ = ["EXIT_PREEMPTED", "DataLoader", "ElasticSampler", "State"]
+__all__ = ["EXIT_PREEMPTED", "DataLoader", "ElasticSampler", "NonFiniteLoss", "State"]
 
 log = logging.getLogger("kfp_elastic.worker.elastic")
 
@@ -146,10 +150,18 @@ class State:
         while self.epoch < self.manifest.epochs:
             yield self.epoch
 
-    def commit(self) -> None:
+    def commit(self, loss: float | torch.Tensor | None = None) -> None:
         """Call once after each optimizer step: counts it (and its samples), snapshots when due,
-        and exits the process (status 143) after a committed snapshot when a rank got SIGTERM."""
+        and exits the process (status 143) after a committed snapshot when a rank got SIGTERM.
+        ``loss``, this rank's loss of the step, is checked first: a NaN/inf one raises
+        ``NonFiniteLoss`` (naming the step and rank) unless the job's nan policy is ``skip``."""
         assert self.manifest is not None, "iterate state.epochs() first"
+        if loss is not None:
+            value = float(loss.item() if isinstance(loss, torch.Tensor) else loss)
+            if skips_step(value, self.step + 1, self.rank, self.settings.nan_policy):
+                log.warning(
+                    "non-finite loss step=%d rank=%d loss=%s", self.step + 1, self.rank, value
+                )
         total = self.manifest.num_samples
         self.step += 1
         self.position += min(self.global_batch_size, total - self.position)

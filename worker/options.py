@@ -71,6 +71,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--step-time", type=float, default=job.DEFAULT_STEP_TIME_S, help="min seconds per step"
     )
     parser.add_argument(
+        "--nan-policy",
+        default=job.DEFAULT_NAN_POLICY,
+        choices=job.NAN_POLICIES,
+        help="a NaN/inf loss: fail (the job fails, naming the step and rank) or skip the step",
+    )
+    parser.add_argument(
         "--device",
         default=job.DEFAULT_DEVICE,
         choices=job.DEVICES,

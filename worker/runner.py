@@ -100,7 +100,12 @@ class Trainer:
             else None
         )
         self.stepper = TrainStep(
-            self.model, self.optimizer, scheduler, model_def.amp, model_def.clip_grad_norm
+            self.model,
+            self.optimizer,
+            scheduler,
+            model_def.amp,
+            model_def.clip_grad_norm,
+            args.nan_policy,
         )
         self._restore()
         self.ddp = DistributedDataParallel(
@@ -282,7 +287,7 @@ class Trainer:
                 began = time.monotonic()
                 ids = order[position : position + shape.global_batch]
                 lr = self.stepper.lr  # the scheduler moves it on within the step
-                self._train_step(ids, shape.accumulation)
+                self._train_step(ids, shape.accumulation, step + 1)
                 step, position = step + 1, position + len(ids)
                 if position >= total:
                     epoch, position = epoch + 1, 0
@@ -402,8 +407,8 @@ class Trainer:
         self._pending_losses = []
         return stop > 0, snapshot > 0, int(next_step)
 
-    def _train_step(self, ids: list[int], accumulation: int) -> None:
-        """One optimizer step over the global batch ``ids``."""
+    def _train_step(self, ids: list[int], accumulation: int, step: int) -> None:
+        """Optimizer step number ``step`` over the global batch ``ids``."""
         summed = self.md.loss_reduction == "sum"
         loss_sum = self.stepper.run(
             self.ddp,
@@ -415,6 +420,7 @@ class Trainer:
             self.md.loss,
             summed,
             settle=lambda: settle(self.device, self.stall),
+            step=step,
         )
         self._pending_losses.append((loss_sum, len(ids)))
 

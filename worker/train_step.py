@@ -9,6 +9,11 @@ A step over a global batch (``TrainStep.run``), in torch's AMP recipe order:
    applied for ``optimizer.step()`` only (``scaler.step`` skips a step with inf/NaN gradients)
    → ``scaler.update`` → ``scheduler.step()`` (once per optimizer step, skipped or not).
 
+A non-finite loss is ``finite_loss.skips_step``'s decision: under ``--nan-policy fail`` the rank
+raises before its backward; under ``skip`` it backpropagates NaN into every gradient instead, so
+DDP's allreduce carries the decision to every rank and all skip the same optimizer step without
+a collective of their own (with fp16 the GradScaler skips it and lowers its scale).
+
 ``state_dict`` / ``load_state_dict`` are the one place that gathers and restores this state
 (model, optimizer, LR scheduler, GradScaler): snapshots, rescues and restores all use them.
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import re
 import warnings
 from collections.abc import Callable, Sequence
@@ -31,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .finite_loss import DEFAULT_NAN_POLICY, skips_step
 from .model_def import AMP_DTYPES
 
 log = logging.getLogger(__name__)
@@ -106,8 +113,10 @@ class TrainStep:
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         amp: str | None = None,
         clip_grad_norm: float | None = None,
+        nan_policy: str = DEFAULT_NAN_POLICY,
     ) -> None:
         self.model = model
+        self.nan_policy = nan_policy
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.device_type = _device_type(model)
@@ -141,11 +150,13 @@ class TrainStep:
         loss: Callable[[Any, Any], torch.Tensor],
         summed: bool,
         settle: Callable[[], None] = lambda: None,
+        step: int = 0,
     ) -> float:
-        """One optimizer step over the global batch ``ids`` (dealt round-robin to ranks);
-        returns this rank's loss summed over its samples. ``settle`` runs once the gradients
-        are reduced, before anything reads them (``worker/device.py``: an aborted collective
-        leaves partial gradients that must not reach the parameters)."""
+        """Optimizer step number ``step`` over the global batch ``ids`` (dealt round-robin to
+        ranks); returns this rank's loss summed over its samples (a skipped non-finite
+        micro-batch adds nothing). ``settle`` runs once the gradients are reduced, before
+        anything reads them (``worker/device.py``: an aborted collective leaves partial
+        gradients that must not reach the parameters)."""
         parts = micro_batches(ids[rank::world], accumulation)
         loss_sum = 0.0
         for index, part in enumerate(parts):
@@ -156,16 +167,35 @@ class TrainStep:
                 if part:
                     with self.autocast():
                         value = loss(ddp, fetch(part))
+                    item = value.item()
+                    if skips_step(item, step, rank, self.nan_policy):
+                        log.warning("skipping step=%d rank=%d: loss is %s", step, rank, item)
+                        self._backward(sum(p.sum() for p in ddp.parameters()) * math.nan)
+                        continue
                     # DDP averages gradients over ranks; weight so the step's gradient is that
                     # of the mean over the whole global batch, however it was split.
                     weight = world if summed else world * len(part) / len(ids)
                     self._backward(value if weight == 1 else value * weight)
-                    loss_sum += value.item() * (1 if summed else len(part))
+                    loss_sum += item * (1 if summed else len(part))
                 else:  # no samples left for this rank: still join the gradient allreduce
                     self._backward(sum(p.sum() * 0 for p in ddp.parameters()))
         settle()
-        self._optimizer_step()
+        if self.scaler is None and self.nan_policy == "skip" and not self._gradients_finite():
+            self._skip_optimizer_step(step, rank)
+        else:
+            self._optimizer_step()
         return loss_sum
+
+    def _gradients_finite(self) -> bool:
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        return not grads or bool(torch.stack([g.isfinite().all() for g in grads]).all())
+
+    def _skip_optimizer_step(self, step: int, rank: int) -> None:
+        """A step some rank's non-finite loss (or gradient) skips: parameters and optimizer
+        stay; the schedule moves on, as after a step the GradScaler skips."""
+        log.warning("skipped step=%d rank=%d: non-finite gradients", step, rank)
+        self._step_scheduler()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def _backward(self, value: torch.Tensor) -> None:
         (self.scaler.scale(value) if self.scaler is not None else value).backward()
@@ -190,6 +220,11 @@ class TrainStep:
             # The scheduler and every saved state see the unscaled LR.
             for group, lr in zip(groups, scheduled, strict=True):
                 group["lr"] = lr
+        self._step_scheduler()
+        self.stepping = False
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _step_scheduler(self) -> None:
         if self.scheduler is not None:
             with warnings.catch_warnings():
                 # A step the GradScaler skipped (inf/NaN) still advances the schedule: the
@@ -198,8 +233,6 @@ class TrainStep:
                     "ignore", re.escape("Detected call of `lr_scheduler.step()`")
                 )
                 self.scheduler.step()
-        self.stepping = False
-        self.optimizer.zero_grad(set_to_none=True)
 
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer and, when used, scheduler and GradScaler state (CPU or device

@@ -37,6 +37,7 @@ def elastic_train(
     batch_policy: str = "fixed-global-batch",
     snapshot_every: int = 0,
     step_time: float = 0.0,
+    nan_policy: str = "fail",
     seed: int = 0,
     launcher: str = "auto",
     etcd_endpoint: str = "",
@@ -83,6 +84,8 @@ def elastic_train(
         snapshot_every: steps between snapshots (and commits of the data position); 0 =
             auto: as often as 1 % of training time allows.
         step_time: minimum seconds per step (slows a tiny demo down so faults land mid-run).
+        nan_policy: fail | skip: a NaN/inf training loss fails the job (its error names the
+            step and rank) or skips that step.
         launcher: auto | local | kubernetes.
         etcd_endpoint: HOST:PORT[,...]; empty: $KFP_ELASTIC_ETCD_ENDPOINTS, else embedded.
             TLS files, user and password file come from the KFP_ELASTIC_ETCD_* variables
@@ -130,6 +133,7 @@ def elastic_train(
             "batch_policy": batch_policy,
             "snapshot_every": snapshot_every,
             "step_time": step_time,
+            "nan_policy": nan_policy,
             "seed": seed,
             "image": image,
             "priority_class": priority_class,

@@ -406,3 +406,30 @@ def test_dockerfile_shape(image: str) -> None:
     assert entrypoint == expected
     ignore = DOCKERFILES[image].with_name("Dockerfile.dockerignore").read_text().split()
     assert ".git" in ignore and "README.md" not in ignore and "pyproject.toml" not in ignore
+
+
+# What the default pipeline needs in the worker image, which also runs its tasks: kfp (the
+# components import it, install_kfp_package=False) and the digits example's scikit-learn data.
+WORKER_IMAGE_EXTRAS = {"pipelines", "examples"}
+
+
+def test_the_worker_image_has_what_the_default_pipeline_needs() -> None:
+    from kfp_elastic.job_spec import DEFAULT_MODEL_DEF
+
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()  # tomllib is Python >= 3.11
+
+    def extra(name: str) -> str:
+        found = re.search(rf"^{name} = \[([^\]]*)\]", pyproject, re.MULTILINE)
+        assert found, name
+        return found[1]
+
+    assert DEFAULT_MODEL_DEF == "kfp_elastic.worker.examples.digits"
+    assert '"scikit-learn' in extra("examples") and '"kfp==' in extra("pipelines")
+    ins = instructions(DOCKERFILES["worker"])
+    default = next(rest for op, rest in ins if op == "ARG" and rest.startswith("EXTRAS="))
+    assert WORKER_IMAGE_EXTRAS <= set(default.split("=", 1)[1].split(","))
+    # Every documented worker image build that names its extras names these too.
+    for doc in (REPO_ROOT / "docs" / "deploy.md", IMAGES / "README.md"):
+        for build in re.findall(r"docker build -f images/worker/Dockerfile[^\n]*", doc.read_text()):
+            named = re.search(r"EXTRAS=([\w,]+)", build)
+            assert named is None or WORKER_IMAGE_EXTRAS <= set(named[1].split(",")), (doc, build)

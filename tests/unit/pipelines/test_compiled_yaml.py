@@ -3,6 +3,7 @@ KFP's protos with no unknown field, the pipeline's shape (exit handler, passthro
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,9 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 
 from kfp_elastic.components import BASE_IMAGE
 from kfp_elastic.etcd.settings import ENV_VARS as ETCD_ENV
-from kfp_elastic.pipelines.compile import ROOT, stale, targets
+from kfp_elastic.job_spec import DEFAULT_WORKER_IMAGE, WORKER_IMAGE_ENV, KubernetesSettings
+from kfp_elastic.pipelines import compile as compile_module
+from kfp_elastic.pipelines.compile import ROOT, same_compile, stale, targets
 from kfp_elastic.pipelines.elastic_training import (
     CONFIG_ENV,
     SNAPSHOT_MOUNT,
@@ -44,6 +47,46 @@ def parse_spec(document: dict[str, Any]) -> pipeline_spec_pb2.PipelineSpec:
 
 def test_committed_yaml_equals_a_fresh_compile() -> None:
     assert stale() == [], "run: kfp-elastic compile"
+    assert compile_module.main(["--check"]) == 0
+
+
+def test_only_the_kfp_patch_release_is_ignored() -> None:
+    committed = "deploymentSpec: {}\nsdkVersion: kfp-2.17.0\n"
+    assert same_compile(committed, committed.replace("kfp-2.17.0", "kfp-2.17.3"))
+    assert not same_compile(committed, committed.replace("kfp-2.17.0", "kfp-2.18.0"))
+    assert not same_compile(committed, committed.replace("{}", "{a: 1}"))
+
+
+def _committed_copy(tmp_path: Path, source: Path, edit: tuple[str, str]) -> Path:
+    """`source` as if compiled by another kfp 2.17 patch release, with `edit` applied."""
+    text = source.read_text()
+    assert edit[0] in text
+    tmp_path.mkdir(exist_ok=True)
+    copy = tmp_path / source.name
+    text = re.sub(r"sdkVersion: kfp-2\.17\.\S+", "sdkVersion: kfp-2.17.99", text)
+    copy.write_text(text.replace(edit[0], edit[1], 1))
+    return copy
+
+
+@pytest.mark.parametrize(
+    "committed, edit",
+    [
+        ("components/stop_workers/component.yaml", ("image: ", "image: changed/")),
+        ("pipelines/elastic_training.yaml", ("fixed-global-batch", "fixed-local-batch")),
+    ],
+    ids=["component", "pipeline"],
+)
+def test_a_real_change_is_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, committed: str, edit: tuple[str, str]
+) -> None:
+    source = ROOT / committed
+    func = targets()[source]
+    unchanged = _committed_copy(tmp_path / "unchanged", source, ("", ""))
+    changed = _committed_copy(tmp_path, source, edit)
+    monkeypatch.setattr(compile_module, "targets", lambda: {unchanged: func, changed: func})
+    assert stale() == [changed]
+    monkeypatch.setattr(compile_module, "ROOT", tmp_path)
+    assert compile_module.main(["--check"]) == 1
 
 
 @pytest.mark.parametrize("path", sorted(targets()), ids=lambda p: str(p.relative_to(ROOT)))
@@ -149,3 +192,29 @@ def test_kfp_local_runs_the_same_pipeline_without_task_retries(tmp_path: Path) -
     for task in committed_inner.values():
         task.ClearField("retry_policy")
     assert local_spec.components == committed.components  # otherwise the same pipeline
+
+
+def test_the_worker_image_is_a_run_parameter_and_a_config_map_value() -> None:
+    """Changing the worker image needs no recompile: the run's ``image`` parameter reaches the
+    training task; left empty, the ConfigMap's KFP_ELASTIC_WORKER_IMAGE (mapped into the task)
+    decides, else the default image."""
+    spec_doc, platform_doc = documents(PIPELINE_YAML)
+    spec = parse_spec(spec_doc)
+    image = spec.root.input_definitions.parameters["image"]
+    assert image.is_optional and image.default_value.string_value == ""
+    assert WORKER_IMAGE_ENV in image.description and DEFAULT_WORKER_IMAGE in image.description
+    train = spec.components["comp-exit-handler-1"].dag.tasks["elastic-train"]
+    wired = train.inputs.parameters["image"].component_input_parameter
+    assert wired == "pipelinechannel--image"
+    exit_handler = spec.root.dag.tasks["exit-handler-1"]
+    assert exit_handler.inputs.parameters[wired].component_input_parameter == "image"
+    executors = platform_doc["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    (config_map,) = executors["exec-elastic-train"]["configMapAsEnv"]
+    assert {"configMapKey": WORKER_IMAGE_ENV, "envVar": WORKER_IMAGE_ENV} in config_map["keyToEnv"]
+    # What the master in that task then runs the worker pods with.
+    settings = KubernetesSettings(image="")
+    assert settings.resolved({}).image == DEFAULT_WORKER_IMAGE
+    assert settings.resolved({WORKER_IMAGE_ENV: "reg/w:2"}).image == "reg/w:2"
+    assert KubernetesSettings(image="reg/w:3").resolved({WORKER_IMAGE_ENV: "reg/w:2"}).image == (
+        "reg/w:3"
+    )

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from kfp_elastic.worker.finite_loss import NonFiniteLoss, skips_step
 from kfp_elastic.worker.model_def import (
     ModelDef,
     ModelDefError,
@@ -240,3 +241,47 @@ def test_a_failure_inside_the_optimizer_step_marks_the_state_unsafe() -> None:
         )
     assert stepper.stepping  # the runner writes no rescue from here
     assert stepper.optimizer.param_groups[0]["lr"] == 0.1  # the scale was taken back
+
+
+# -- non-finite losses (worker/finite_loss.py) -------------------------------------------------
+
+
+def test_the_nan_policy_decides_per_loss() -> None:
+    assert not skips_step(0.5, 7, 1, "fail") and not skips_step(0.5, 7, 1, "skip")
+    assert skips_step(float("nan"), 7, 1, "skip") and skips_step(float("-inf"), 7, 1, "skip")
+    with pytest.raises(NonFiniteLoss, match=r"non-finite loss \(inf\) at step 7 on rank 1"):
+        skips_step(float("inf"), 7, 1, "fail")
+    with pytest.raises(ValueError, match="nan policy must be one of fail, skip"):
+        skips_step(0.5, 7, 1, "ignore")
+
+
+def _nan_stepper(policy: str) -> tuple[TrainStep, Replica, Any]:
+    torch.manual_seed(0)
+    model = nn.Linear(2, 1)
+    stepper = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), nan_policy=policy)
+    replica = Replica(model)
+
+    def run(loss: Any) -> float:
+        return stepper.run(
+            replica, [0, 1], 0, 1, 1, lambda part: torch.ones(len(part), 2), loss, False, step=4
+        )
+
+    return stepper, replica, run
+
+
+def test_a_nan_loss_fails_before_the_parameters_change() -> None:
+    stepper, replica, run = _nan_stepper("fail")
+    before = {k: v.clone() for k, v in replica.module.state_dict().items()}
+    with pytest.raises(NonFiniteLoss, match="at step 4 on rank 0"):
+        run(lambda model, batch: model(batch).mean() * float("nan"))
+    assert_same_state(replica.module.state_dict(), before)
+
+
+def test_a_nan_loss_skips_the_step_under_skip_and_training_goes_on() -> None:
+    stepper, replica, run = _nan_stepper("skip")
+    before = {k: v.clone() for k, v in replica.module.state_dict().items()}
+    assert run(lambda model, batch: model(batch).mean() * float("nan")) == 0.0
+    assert_same_state(replica.module.state_dict(), before)
+    assert all(p.grad is None for p in replica.module.parameters())
+    assert run(lambda model, batch: model(batch).mean()) != 0.0
+    assert not torch.equal(replica.module.weight, before["weight"])
