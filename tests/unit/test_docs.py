@@ -52,7 +52,10 @@ PAGES = sorted(
     ]
 )
 SKIP_MARKER = "# not run here:"
+# The marker may also stand in an HTML comment on the line before the block, where the block
+# itself must stay as a reader copies it (README's two set-up commands, which .ci/run reads).
 BLOCK = re.compile(
+    r"(?:^<!-- (?P<note>not run here:[^\n]*?) -->\n)?"
     r"^(?P<indent>[ ]*)```(?P<lang>sh|bash|python)\n(?P<body>.*?)^(?P=indent)```$",
     re.MULTILINE | re.DOTALL,
 )
@@ -84,14 +87,17 @@ MODULE_SUBCOMMANDS = {
 
 
 class Block:
-    def __init__(self, page: Path, lang: str, body: str, indent: str) -> None:
+    def __init__(
+        self, page: Path, lang: str, body: str, indent: str, note: str | None = None
+    ) -> None:
         self.page = page
+        self.note = note
         self.lang = "sh" if lang == "bash" else lang
         self.body = "\n".join(line.removeprefix(indent) for line in body.splitlines()) + "\n"
 
     @property
     def skip_reason(self) -> str | None:
-        first = self.body.split("\n", 1)[0]
+        first = f"# {self.note}" if self.note else self.body.split("\n", 1)[0]
         return first[len(SKIP_MARKER) :].strip() if first.startswith(SKIP_MARKER) else None
 
     def __repr__(self) -> str:
@@ -101,7 +107,7 @@ class Block:
 
 def blocks(page: Path | None = None) -> list[Block]:
     return [
-        Block(p, m["lang"], m["body"], m["indent"])
+        Block(p, m["lang"], m["body"], m["indent"], m["note"])
         for p in ([page] if page else PAGES)
         for m in BLOCK.finditer(p.read_text())
     ]
