@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # kfp-elastic GPU verification (one NVIDIA GPU). Run from the repo root:  OUT=/some/dir bash gpu_check.sh
-# Env knobs: SKIP_INSTALL=1 (use the current python), DEVICE=cpu (dry run, no GPU),
+# Env knobs: SKIP_INSTALL=1 (use the current python), DEVICE=cpu (dry run, no GPU), ONLY=steps,
 #            RUN_1B_MICRO=1 (the project's own 1B benchmark, ~5 min), RUN_E2E_TESTS=1 (pytest e2e on GPU).
 set -u
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"; DEVICE=${DEVICE:-cuda}
 exec > >(tee -a "$OUT/gpu_check.log") 2>&1
 T0=$(date +%s); S=$(mktemp -d)
 step() { echo; echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
-run() { local t=$1 name=$2; shift 2; step "$name"; timeout -k 10 "$t" "$@" > "$OUT/$name.txt" 2>&1; local rc=$?
+# ONLY="name ..." runs just those steps (e.g. ONLY="e2e_multi e2e_single").
+run() { local t=$1 name=$2; shift 2; case " ${ONLY:-$name} " in *" $name "*) ;; *) return 0;; esac; step "$name"; timeout -k 10 "$t" "$@" > "$OUT/$name.txt" 2>&1; local rc=$?
   tail -n 60 "$OUT/$name.txt"; echo "--- $name rc=$rc"; echo "$name rc=$rc" >> "$OUT/rcs.txt"; }
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 PY=python3
