@@ -253,6 +253,21 @@ def _validate(
     return target, ""
 
 
+def nvml_loaded(maps: str | None = None) -> bool:
+    """Whether NVML (``libnvidia-ml``) is loaded in this process (``maps``: its memory map).
+
+    NVML is not fork-safe: a fork inherits its initialised state and its open device files, and
+    a zygote forked from the agent even has those files replaced by /dev/null; NCCL's
+    ``nvmlInit`` then fails in every worker. ``import torch`` does not load it."""
+    if maps is None:
+        try:
+            with open("/proc/self/maps") as file:
+                maps = file.read()
+        except OSError:
+            return False
+    return "libnvidia-ml" in maps
+
+
 def fork_poison(probe: bool = True) -> str | None:
     """Why a process forked from this one could not use CUDA, or ``None`` when it could.
 
@@ -261,7 +276,8 @@ def fork_poison(probe: bool = True) -> str | None:
     covers a process that initialised CUDA, ``torch.cuda._is_in_bad_fork()`` a process that is
     itself such a fork (a zygote forked from a poisoned agent), and with ``probe`` a child is
     forked to ask (the driver was called here, e.g. ``torch.cuda.is_available()``, which leaves
-    both False). A CPU-only torch build is never poisoned; without torch there is nothing to ask.
+    both False). NVML loaded here (``nvml_loaded``) poisons forks as well: CUDA works in them,
+    NCCL does not. A CPU-only torch build is never poisoned; without torch nothing is asked.
     """
     torch = sys.modules.get("torch")
     if torch is None:
@@ -269,6 +285,12 @@ def fork_poison(probe: bool = True) -> str | None:
     cuda = torch.cuda
     if cuda.is_initialized():
         return "CUDA is initialised in this process; its forks cannot use CUDA"
+    if nvml_loaded():
+        return (
+            "NVML is loaded in this process (torch.cuda.is_available with "
+            "PYTORCH_NVML_BASED_CUDA_CHECK=1 initialises it and never shuts it down): in its "
+            "forks NVML, and NCCL with it, fails ('GPU access blocked by the operating system')"
+        )
     if cuda._is_in_bad_fork():
         return (
             "this process is a fork of one that called the CUDA driver (torch.cuda.is_available"

@@ -32,6 +32,7 @@ def clean_cuda(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: False)
+    monkeypatch.setattr(zygote, "nvml_loaded", lambda: False)
     return monkeypatch
 
 
@@ -42,6 +43,19 @@ def test_a_process_whose_forks_can_use_cuda_is_not_poisoned(clean_cuda) -> None:
 def test_initialised_cuda_poisons_forks(clean_cuda) -> None:
     clean_cuda.setattr(torch.cuda, "is_initialized", lambda: True)
     assert "initialised" in zygote.fork_poison(probe=False)
+
+
+def test_nvml_loaded_in_the_agent_poisons_forks(clean_cuda) -> None:
+    """torch's NVML-based is_available() leaves NVML initialised in the agent; a zygote forked
+    from it must restart fresh, or NCCL fails in every worker."""
+    clean_cuda.setattr(zygote, "nvml_loaded", lambda: True)
+    assert "NVML is loaded" in zygote.fork_poison(probe=False)
+
+
+def test_nvml_is_found_in_the_memory_map() -> None:
+    assert zygote.nvml_loaded("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libnvidia-ml.so.580.159.04\n")
+    assert not zygote.nvml_loaded("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libcuda.so.1\n")
+    assert not zygote.nvml_loaded()  # this machine has no NVIDIA driver; import torch loads none
 
 
 def test_a_fork_of_a_poisoned_process_is_poisoned(clean_cuda) -> None:
