@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from kfp_elastic.rendezvous.local_agents import AgentGroup, new_run_id
-from tests.helpers import REPO_ROOT, master_command, wait_for
+from tests.helpers import REPO_ROOT, counting_worker_args, master_command, wait_for
 
 RUNS = int(os.environ.get("KFP_ELASTIC_STRESS_RUNS", "1"))
 PLAIN_DDP = REPO_ROOT / "tests" / "scripts" / "plain_ddp.py"
@@ -32,12 +32,14 @@ def last_epoch_logged(text: str, epochs: int) -> bool:
     return f"Epoch {epochs - 1} |" in text
 
 
-def wait_all_end(group: AgentGroup, agents, epochs: int) -> list[int]:
+def wait_all_end(group: AgentGroup, agents, epochs: int, trained=None) -> list[int]:
+    """Wait for the end of training (every agent logged its last epoch, or ``trained()``), then
+    for every agent to exit."""
     wait_for(
-        lambda: all(last_epoch_logged(a.log_text(), epochs) for a in agents),
+        trained or (lambda: all(last_epoch_logged(a.log_text(), epochs) for a in agents)),
         240,
         0.2,
-        "every survivor's last epoch",
+        "the last epoch",
     )
     last_epoch_seen = time.monotonic()
     try:
@@ -93,6 +95,30 @@ def test_a_two_node_run_ends_after_its_last_epoch(etcd, tmp_path: Path, run: int
             for i in range(2)
         ]
         assert wait_all_end(group, agents, epochs) == [0, 0], group.logs(60)
+
+
+@pytest.mark.parametrize("run", range(RUNS))
+def test_the_built_in_runtime_ends_after_its_last_step(etcd, tmp_path: Path, run: int) -> None:
+    run_id, workdir = new_run_id("end"), tmp_path / "work"
+    with AgentGroup(tmp_path / "logs") as group:
+        agents = [
+            group.start(
+                backend="elastic-etcd",
+                endpoint=etcd.endpoint,
+                run_id=run_id,
+                nnodes="2:2",
+                script="-m",
+                script_args=[
+                    "kfp_elastic.worker",
+                    *counting_worker_args(2, workdir, "0.0", "--etcd", etcd.endpoint),
+                ],
+                env={"COUNTING_SAMPLES": "80"},
+                name=f"node{i}",
+            )
+            for i in range(2)
+        ]
+        model = workdir / "model.pt"
+        assert wait_all_end(group, agents, 2, trained=model.exists) == [0, 0], group.logs(60)
 
 
 def test_the_master_ends_a_worker_that_hangs_after_the_job_completed(
