@@ -6,12 +6,14 @@ use it too); it is re-exported here so tests import everything from one place.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -226,3 +228,26 @@ def counting_worker_args(
         str(workdir / "model.pt"),
         *extra,
     ]
+
+
+@contextlib.contextmanager
+def running_zygote(socket_path: str, preload: Sequence[str]) -> Iterator[subprocess.Popen]:
+    """A real zygote listening on ``socket_path`` (a Python parent stands in for its agent,
+    whose pid the zygote checks); killed with its session at the end."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, os; sys.exit(subprocess.call("
+            f"[sys.executable, '-m', 'kfp_elastic.rendezvous.zygote', '--socket', {socket_path!r},"
+            f" '--parent-pid', str(os.getpid()), '--preload', {':'.join(preload)!r}]))",
+        ],
+        start_new_session=True,
+        cwd=REPO_ROOT,
+    )
+    try:
+        wait_for(lambda: os.path.exists(socket_path), 60, what="the zygote's socket")
+        yield process
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

@@ -51,26 +51,37 @@ def wait_all_end(group: AgentGroup, agents, epochs: int, trained=None) -> list[i
     return codes
 
 
+def start_nodes(group: AgentGroup, etcd, count: int, nnodes: str, **agent) -> list:
+    """``count`` agents of one new run (``elastic-etcd``, warm start on)."""
+    run_id = new_run_id("end")
+    return [
+        group.start(
+            backend="elastic-etcd",
+            endpoint=etcd.endpoint,
+            run_id=run_id,
+            nnodes=nnodes,
+            name=f"node{i}",
+            **agent,
+        )
+        for i in range(count)
+    ]
+
+
 @pytest.mark.parametrize("run", range(RUNS))
 def test_the_tutorial_script_ends_after_a_node_is_lost(etcd, tmp_path: Path, run: int) -> None:
     epochs = 12
-    snapshot_dir, run_id = tmp_path / "snap", new_run_id("end")
     with AgentGroup(tmp_path / "logs") as group:
-        agents = [
-            group.start(
-                backend="elastic-etcd",
-                endpoint=etcd.endpoint,
-                run_id=run_id,
-                nnodes="2:3",
-                script=PLAIN_DDP,
-                script_args=[str(epochs), "1", "--batch_size", "16", "--step_time", "0.02"],
-                rdzv_conf={"last_call_timeout": 5},
-                max_restarts=3,
-                env={"KFP_ELASTIC_SNAPSHOT_DIR": str(snapshot_dir)},
-                name=f"node{i}",
-            )
-            for i in range(3)
-        ]
+        agents = start_nodes(
+            group,
+            etcd,
+            3,
+            "2:3",
+            script=PLAIN_DDP,
+            script_args=[str(epochs), "1", "--batch_size", "16", "--step_time", "0.02"],
+            rdzv_conf={"last_call_timeout": 5},
+            max_restarts=3,
+            env={"KFP_ELASTIC_SNAPSHOT_DIR": str(tmp_path / "snap")},
+        )
         wait_for(lambda: all("Epoch 2 |" in a.log_text() for a in agents), 120, 0.2, "three epochs")
         agents[2].sigkill_tree()
         codes = wait_all_end(group, agents[:2], epochs)
@@ -79,44 +90,36 @@ def test_the_tutorial_script_ends_after_a_node_is_lost(etcd, tmp_path: Path, run
 
 @pytest.mark.parametrize("run", range(RUNS))
 def test_a_two_node_run_ends_after_its_last_epoch(etcd, tmp_path: Path, run: int) -> None:
-    epochs, run_id = 3, new_run_id("end")
+    epochs = 3
     with AgentGroup(tmp_path / "logs") as group:
-        agents = [
-            group.start(
-                backend="elastic-etcd",
-                endpoint=etcd.endpoint,
-                run_id=run_id,
-                nnodes="2:2",
-                script=PLAIN_DDP,
-                script_args=[str(epochs), "1", "--batch_size", "16"],
-                env={"KFP_ELASTIC_SNAPSHOT_DIR": str(tmp_path / "snap")},
-                name=f"node{i}",
-            )
-            for i in range(2)
-        ]
+        agents = start_nodes(
+            group,
+            etcd,
+            2,
+            "2:2",
+            script=PLAIN_DDP,
+            script_args=[str(epochs), "1", "--batch_size", "16"],
+            env={"KFP_ELASTIC_SNAPSHOT_DIR": str(tmp_path / "snap")},
+        )
         assert wait_all_end(group, agents, epochs) == [0, 0], group.logs(60)
 
 
 @pytest.mark.parametrize("run", range(RUNS))
 def test_the_built_in_runtime_ends_after_its_last_step(etcd, tmp_path: Path, run: int) -> None:
-    run_id, workdir = new_run_id("end"), tmp_path / "work"
+    workdir = tmp_path / "work"
     with AgentGroup(tmp_path / "logs") as group:
-        agents = [
-            group.start(
-                backend="elastic-etcd",
-                endpoint=etcd.endpoint,
-                run_id=run_id,
-                nnodes="2:2",
-                script="-m",
-                script_args=[
-                    "kfp_elastic.worker",
-                    *counting_worker_args(2, workdir, "0.0", "--etcd", etcd.endpoint),
-                ],
-                env={"COUNTING_SAMPLES": "80"},
-                name=f"node{i}",
-            )
-            for i in range(2)
-        ]
+        agents = start_nodes(
+            group,
+            etcd,
+            2,
+            "2:2",
+            script="-m",
+            script_args=[
+                "kfp_elastic.worker",
+                *counting_worker_args(2, workdir, "0.0", "--etcd", etcd.endpoint),
+            ],
+            env={"COUNTING_SAMPLES": "80"},
+        )
         model = workdir / "model.pt"
         assert wait_all_end(group, agents, 2, trained=model.exists) == [0, 0], group.logs(60)
 

@@ -20,7 +20,7 @@ import pytest
 from kfp_elastic.rendezvous.warm_start import SHIM_PATH, shim_command
 from kfp_elastic.rendezvous.zygote import PythonTarget, parse_python_command
 from kfp_elastic.rendezvous.zygote_shim import SOCKET_ENV
-from tests.helpers import REPO_ROOT, wait_for
+from tests.helpers import running_zygote, wait_for
 
 PY = sys.executable
 
@@ -84,22 +84,8 @@ def zygote(tmp_path: Path):
     directory = tmp_path / "z"
     directory.mkdir(mode=0o700)
     path = str(directory / "sock")
-    # The zygote checks its parent is the agent; here a shell stands in for the agent.
-    process = subprocess.Popen(
-        [
-            PY,
-            "-c",
-            "import subprocess, sys, os; sys.exit(subprocess.call("
-            f"[sys.executable, '-m', 'kfp_elastic.rendezvous.zygote', '--socket', {path!r},"
-            " '--parent-pid', str(os.getpid()), '--preload', 'json']))",
-        ],
-        start_new_session=True,
-        cwd=REPO_ROOT,
-    )
-    wait_for(lambda: os.path.exists(path), 20, what="the zygote's socket")
-    yield path, process
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    with running_zygote(path, ["json"]) as process:
+        yield path, process
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from kfp_elastic.rendezvous.embedded_etcd import free_port
 from kfp_elastic.rendezvous.warm_start import SHIM_PATH
 from kfp_elastic.rendezvous.zygote import DEFAULT_PRELOAD
 from kfp_elastic.rendezvous.zygote_shim import SOCKET_ENV
-from tests.helpers import REPO_ROOT, wait_for
+from tests.helpers import REPO_ROOT, running_zygote
 
 PY = sys.executable
 SCRIPT = REPO_ROOT / "tests" / "scripts" / "ddp_end_race.py"
@@ -30,24 +30,9 @@ HANG_S = 60  # a run that has not ended by then is hung (a run takes about a sec
 
 @pytest.fixture(scope="module")
 def torch_zygote(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("zygote")
-    path = str(directory / "sock")
-    process = subprocess.Popen(
-        [
-            PY,
-            "-c",
-            "import subprocess, sys, os; sys.exit(subprocess.call("
-            f"[sys.executable, '-m', 'kfp_elastic.rendezvous.zygote', '--socket', {path!r},"
-            " '--parent-pid', str(os.getpid()),"
-            f" '--preload', {':'.join(DEFAULT_PRELOAD)!r}]))",
-        ],
-        start_new_session=True,
-        cwd=REPO_ROOT,
-    )
-    wait_for(lambda: os.path.exists(path), 60, what="the zygote's socket")
-    yield path
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    path = str(tmp_path_factory.mktemp("zygote") / "sock")
+    with running_zygote(path, DEFAULT_PRELOAD):
+        yield path
 
 
 def run_forked(socket_path: str, cwd: Path) -> subprocess.CompletedProcess:
