@@ -33,7 +33,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "kfp_elastic.master.cli", "run one elastic job until it succeeds or fails"
     ),
     "worker": Subcommand(
-        "kfp_elastic.worker.runner", "the built-in training runtime (run under torchrun)"
+        "kfp_elastic.worker.__main__", "the built-in training runtime (run under torchrun)"
     ),
     "agent": Subcommand(
         "kfp_elastic.rendezvous.agent", "torchrun, started faster (what a worker pod runs)"
