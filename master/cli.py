@@ -9,8 +9,9 @@ help). Each
 torchrun agent runs the built-in runtime with ``--model-def M`` (and the training flags), or
 everything after ``--``: a script and its arguments, or ``-m MODULE ...``; arguments that start
 with ``-`` (other than ``-m``) go to the default entry ``-m kfp_elastic.worker``. Exit codes: 0
-succeeded, 1 failed (the message says why), 2 bad arguments, 3 stepped down (SIGTERM or
-leadership lost; the workers keep running for the next master).
+succeeded, 1 failed (the message says why), 2 bad arguments or a job that cannot start (its run
+id is taken, its model definition does not load, ...: ``master/preflight.py``), 3 stepped down
+(SIGTERM or leadership lost; the workers keep running for the next master).
 """
 
 from __future__ import annotations
@@ -185,6 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, lambda *_: job.request_stop(cancel=False))
         result = job.run()
         print(f"result={result.state} run={spec.run_id} message={result.message}", flush=True)
+        if result.state == "refused":
+            sys.stderr.write(f"kfp-elastic master: error: {result.message}\n")
         client.close()
         return result.exit_code
     finally:

@@ -109,6 +109,11 @@ def validate(spec: JobSpec, inject_faults: str = "") -> tuple[Fault, ...]:
     return parse_faults(inject_faults, spec.size.max_workers)
 
 
+def kfp_origin(run_id: str) -> str:
+    """Who starts a job from the component: the KFP run the run id comes from."""
+    return f"kfp-run:{run_id}"
+
+
 class LauncherHolder:
     """The launcher the master created (the factory runs inside ``ElasticJob.run``)."""
 
@@ -194,7 +199,9 @@ def run(spec: JobSpec, inject_faults: str = "", say: Say = print) -> TrainResult
         run_prefix = spec.run_prefix
         client = connect(spec.etcd)
         factory, act = launcher_and_faults(spec, holder)
-        job = ElasticJob(spec, client, factory)
+        # The run id is the KFP run's (the pipeline passes it): a start under it is that
+        # run's task again, a KFP retry, which adopts the job or returns its stored result.
+        job = ElasticJob(spec, client, factory, origin=kfp_origin(spec.run_id))
         injector = FaultInjector(
             faults, lambda: holder.launcher.list_workers() if holder.launcher else [], act
         )
