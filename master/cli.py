@@ -40,7 +40,7 @@ from kfp_elastic.job_spec import (
     Training,
     flag_of,
 )
-from kfp_elastic.master.job import ElasticJob
+from kfp_elastic.master.job import ElasticJob, LauncherFactory
 from kfp_elastic.master.wiring import launcher_factory
 
 log = logging.getLogger("kfp_elastic.master")
@@ -175,13 +175,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             etcd = etcd_settings.from_args(args)
             spec = make_spec(args, entry, etcd)
-            factory = launcher_factory(spec)
+            spec.validate()
             client = connect(etcd)
         except (ConfigError, ValueError) as error:
             parser.exit(2, f"kfp-elastic master: error: {error}\n")
+        factory: list[LauncherFactory] = []  # made after the run id's check: it takes seconds
         job = ElasticJob(
-            spec, client, factory, metrics_port=args.metrics_port, metrics_host=args.metrics_host
+            spec,
+            client,
+            lambda state: factory[0](state),
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
         )
+        refusal = job.refusal()
+        try:
+            if refusal:
+                raise ValueError(refusal)
+            factory.append(launcher_factory(spec))  # the checks before any worker starts
+        except ValueError as error:
+            client.close()
+            print(f"result=refused run={spec.run_id} message={error}", flush=True)
+            parser.exit(2, f"kfp-elastic master: error: {error}\n")
         signal.signal(signal.SIGINT, lambda *_: job.request_stop(cancel=True))
         signal.signal(signal.SIGTERM, lambda *_: job.request_stop(cancel=False))
         result = job.run()

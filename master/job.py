@@ -109,9 +109,14 @@ class ElasticJob:
         self._wake.set()
 
     # -- main ---------------------------------------------------------------------------------
+    def refusal(self) -> str | None:
+        """Why this job may not start under its run id, from what etcd holds now (None: it may):
+        ``run`` asks first; ``kfp-elastic master`` asks before its checks load the model."""
+        return self.state.refusal(self.spec.run_id, self._committed_step())
+
     def run(self) -> JobResult:
         try:
-            refusal = self.state.refusal(self.spec.run_id, self._committed_step())
+            refusal = self.refusal()
             if refusal:
                 log.error("run id in use: %s", refusal)
                 return JobResult("refused", refusal)

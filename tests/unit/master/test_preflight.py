@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -203,14 +204,12 @@ def test_the_launcher_factory_checks_and_a_model_def_file_reaches_workers_absolu
     ids=["worker-flag-typo", "model-def-syntax-error", "unwritable-snapshot-dir"],
 )
 def test_the_master_refuses_a_bad_job_before_any_worker_starts(
-    tmp_path: Path, entry: list[str], flags: dict[str, str], message: str
+    tmp_path: Path, etcd: Any, run_id: str, entry: list[str], flags: dict[str, str], message: str
 ) -> None:
     (tmp_path / "my_model.py").write_text("def model(:\n")
     (tmp_path / "BLOCKED").write_text("a file, not a directory")
     work = tmp_path / "work"
-    command = master_command(
-        entry, run_id="preflight", etcd="127.0.0.1:1", workdir=str(work), **flags
-    )
+    command = master_command(entry, run_id=run_id, etcd=etcd.endpoint, workdir=str(work), **flags)
     result = subprocess.run(
         command,
         capture_output=True,

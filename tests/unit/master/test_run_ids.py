@@ -19,7 +19,7 @@ from kfp_elastic.job_spec import Entry, JobSpec, Policy
 from kfp_elastic.master.job import ElasticJob
 from kfp_elastic.master.state import MasterState, start_refusal
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, master_command
 
 KFP = "kfp-run:r"
 FINISHED = {"state": "failed", "message": "bad model", "t": 1.0e9, "origin": KFP}
@@ -130,3 +130,23 @@ def test_forget_frees_the_run_id(client: MultiEndpointEtcd3Client, etcd: Any, ru
     assert "(succeeded: committed progress is complete)" in done.stdout
     assert not list(client.get_prefix(spec.run_prefix + "/"))
     assert ElasticJob(spec, client, _no_launcher).state.refusal(run_id, None) is None
+
+
+def test_kfp_elastic_master_refuses_a_used_run_id_before_its_checks(
+    client: MultiEndpointEtcd3Client, etcd: Any, run_id: str, tmp_path: Any
+) -> None:
+    spec = _spec(run_id)
+    _finish(client, spec, None)
+    (tmp_path / "broken.py").write_text("def model(:\n")  # never loaded: the run id is refused
+    command = master_command(
+        run_id=run_id, etcd=etcd.endpoint, model_def="broken.py", workdir=str(tmp_path / "w")
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"kfp-elastic master: error: run {run_id} already succeeded at" in result.stderr
+    assert f"kfp-elastic forget {run_id}" in result.stderr
+    assert f"result=refused run={run_id} message=run {run_id} already succeeded" in result.stdout
+    assert "SyntaxError" not in result.stderr
