@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if refusal:
                 raise ValueError(refusal)
             factory.append(launcher_factory(spec))  # the checks before any worker starts
-        except ValueError as error:
+        except (ConfigError, ValueError) as error:
             client.close()
             print(f"result=refused run={spec.run_id} message={error}", flush=True)
             parser.exit(2, f"kfp-elastic master: error: {error}\n")
