@@ -104,10 +104,13 @@ def etcd_from(endpoint: str, env: Mapping[str, str] | None = None) -> EtcdSettin
     return etcd_settings.from_sources({"endpoints": endpoint}, env, {"endpoints": "etcd_endpoint"})
 
 
-def forget_run(run_id: str, env: Mapping[str, str] | None = None) -> int | None:
+def forget_run(
+    run_id: str, env: Mapping[str, str] | None = None, settings: EtcdSettings | None = None
+) -> int | None:
     """Delete every etcd key of run ``run_id`` (``{key_prefix}/{run_id}/``: rendezvous, master
-    state, timeline, progress, shard queues); the number deleted, or None when this process has
-    no etcd settings (``KFP_ELASTIC_ETCD_ENDPOINTS`` unset: an embedded etcd died with its run).
+    state, timeline, progress, shard queues); the number deleted, or None when there are no etcd
+    settings: ``settings`` not given and ``KFP_ELASTIC_ETCD_ENDPOINTS`` unset in ``env`` (an
+    embedded etcd died with its run). The exit handler and ``kfp-elastic forget`` call it.
 
     The keys a run writes without a lease outlive it by design (a KFP retry of the training task
     continues from them); once the pipeline has ended nothing reads them again, and a cluster
@@ -115,7 +118,7 @@ def forget_run(run_id: str, env: Mapping[str, str] | None = None) -> int | None:
     """
     from kfp_elastic.etcd.client import connect
 
-    settings = etcd_from("", env)
+    settings = settings or etcd_from("", env)
     if settings is None:
         return None
     client = connect(settings)

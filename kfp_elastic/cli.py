@@ -6,6 +6,7 @@ kfp-elastic worker ...           the built-in training runtime (what torchrun st
 kfp-elastic agent ...            torchrun with a faster start (what the master runs per worker)
 kfp-elastic evaluate ...         evaluate a trained model on a model definition's test split
 kfp-elastic etcd ...             a throw-away local etcd (TLS on request)
+kfp-elastic forget RUN_ID ...    delete a run's etcd keys (its run id can start a new job)
 kfp-elastic demo                 the rendezvous alone: three torchrun nodes, 3 -> 2 -> 3
 kfp-elastic compile [--check]    compile the KFP components and the pipeline to YAML
 """
@@ -33,7 +34,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "kfp_elastic.master.cli", "run one elastic job until it succeeds or fails"
     ),
     "worker": Subcommand(
-        "kfp_elastic.worker.runner", "the built-in training runtime (run under torchrun)"
+        "kfp_elastic.worker.__main__", "the built-in training runtime (run under torchrun)"
     ),
     "agent": Subcommand(
         "kfp_elastic.rendezvous.agent", "torchrun, started faster (what a worker pod runs)"
@@ -42,6 +43,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "kfp_elastic.worker.evaluate", "evaluate a trained model on its test split"
     ),
     "etcd": Subcommand("kfp_elastic.rendezvous.embedded_etcd", "a throw-away local etcd"),
+    "forget": Subcommand(
+        "kfp_elastic.forget", "delete a run's etcd keys (its run id can start a new job)"
+    ),
     "demo": Subcommand(
         "kfp_elastic.rendezvous.demo", "three torchrun nodes: one killed, one joining"
     ),

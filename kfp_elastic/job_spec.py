@@ -140,6 +140,12 @@ class Entry:
 MODULE_FLAGS = ("-m", "--module")
 
 
+def is_file_reference(model_def: str) -> bool:
+    """Whether a model definition is named as a file (``my_model.py``, ``models/net.py``)
+    rather than as a module (``pkg.module``)."""
+    return model_def.endswith(".py") or "/" in model_def or "\\" in model_def
+
+
 def parse_command(text: str) -> tuple[str, ...]:
     """A command given as one string (the component's ``command`` parameter), split like a
     shell does: ``"-m my_pkg.train --lr 0.1"`` or ``"/app/train.py --lr 0.1"``."""

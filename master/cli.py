@@ -9,8 +9,9 @@ help). Each
 torchrun agent runs the built-in runtime with ``--model-def M`` (and the training flags), or
 everything after ``--``: a script and its arguments, or ``-m MODULE ...``; arguments that start
 with ``-`` (other than ``-m``) go to the default entry ``-m kfp_elastic.worker``. Exit codes: 0
-succeeded, 1 failed (the message says why), 2 bad arguments, 3 stepped down (SIGTERM or
-leadership lost; the workers keep running for the next master).
+succeeded, 1 failed (the message says why), 2 bad arguments or a job that cannot start (its run
+id is taken, its model definition does not load, ...: ``master/preflight.py``), 3 stepped down
+(SIGTERM or leadership lost; the workers keep running for the next master).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from kfp_elastic.job_spec import (
     Training,
     flag_of,
 )
-from kfp_elastic.master.job import ElasticJob
+from kfp_elastic.master.job import ElasticJob, LauncherFactory
 from kfp_elastic.master.wiring import launcher_factory
 
 log = logging.getLogger("kfp_elastic.master")
@@ -174,17 +175,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             etcd = etcd_settings.from_args(args)
             spec = make_spec(args, entry, etcd)
-            factory = launcher_factory(spec)
+            spec.validate()
             client = connect(etcd)
         except (ConfigError, ValueError) as error:
             parser.exit(2, f"kfp-elastic master: error: {error}\n")
+        factory: list[LauncherFactory] = []  # made after the run id's check: it takes seconds
         job = ElasticJob(
-            spec, client, factory, metrics_port=args.metrics_port, metrics_host=args.metrics_host
+            spec,
+            client,
+            lambda state: factory[0](state),
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
         )
+        refusal = job.refusal()
+        try:
+            if refusal:
+                raise ValueError(refusal)
+            factory.append(launcher_factory(spec))  # the checks before any worker starts
+        except (ConfigError, ValueError) as error:
+            client.close()
+            print(f"result=refused run={spec.run_id} message={error}", flush=True)
+            parser.exit(2, f"kfp-elastic master: error: {error}\n")
         signal.signal(signal.SIGINT, lambda *_: job.request_stop(cancel=True))
         signal.signal(signal.SIGTERM, lambda *_: job.request_stop(cancel=False))
         result = job.run()
         print(f"result={result.state} run={spec.run_id} message={result.message}", flush=True)
+        if result.state == "refused":
+            sys.stderr.write(f"kfp-elastic master: error: {result.message}\n")
         client.close()
         return result.exit_code
     finally:

@@ -28,7 +28,12 @@ from kfp_elastic.master.launcher import Launcher, Reason, WorkerPhase, WorkerSta
 from kfp_elastic.master.metrics import Metrics, TimelineStats
 from kfp_elastic.master.observer import Observer
 from kfp_elastic.master.scaling import Decision, decide, is_active
-from kfp_elastic.master.state import MasterState, NotLeaderError
+from kfp_elastic.master.state import (
+    FINISHED_STATES,
+    MasterState,
+    NotLeaderError,
+    start_refusal,
+)
 from kfp_elastic.master.timeline import (
     JobDone,
     JobFailed,
@@ -40,7 +45,7 @@ from kfp_elastic.master.timeline import (
     WorkerLost,
     read_timeline,
 )
-from kfp_elastic.worker.progress import Committed
+from kfp_elastic.worker.progress import Committed, Progress
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +67,12 @@ def non_finite_loss(committed: Committed | None) -> str | None:
 
 @dataclass(frozen=True)
 class JobResult:
-    state: str  # succeeded | failed | stepped_down
+    state: str  # succeeded | failed | refused (the run id is taken) | stepped_down
     message: str
 
     @property
     def exit_code(self) -> int:
-        return {"succeeded": 0, "failed": 1}.get(self.state, 3)
+        return {"succeeded": 0, "failed": 1, "refused": 2}.get(self.state, 3)
 
 
 LauncherFactory = Callable[[MasterState], Launcher]
@@ -84,12 +89,18 @@ class ElasticJob:
         *,
         metrics_port: int | None = None,
         metrics_host: str = "0.0.0.0",
+        origin: str | None = None,
     ) -> None:
+        """``origin``: who starts the job, for telling a retry from a new job under a used run
+        id (``master.state.start_refusal``): the KFP component passes its KFP run; None (the
+        CLI) is never a retry."""
         spec.validate()
         self.spec = spec
         self.client = client
         self.make_launcher = make_launcher
-        self.state = MasterState(client, spec.run_prefix, lease_ttl=spec.policy.leader_ttl_s)
+        self.state = MasterState(
+            client, spec.run_prefix, lease_ttl=spec.policy.leader_ttl_s, origin=origin
+        )
         self.metrics = Metrics()
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
@@ -112,8 +123,17 @@ class ElasticJob:
         self._wake.set()
 
     # -- main ---------------------------------------------------------------------------------
+    def refusal(self) -> str | None:
+        """Why this job may not start under its run id, from what etcd holds now (None: it may):
+        ``run`` asks first; ``kfp-elastic master`` asks before its checks load the model."""
+        return self.state.refusal(self.spec.run_id, self._committed_step())
+
     def run(self) -> JobResult:
         try:
+            refusal = self.refusal()
+            if refusal:
+                log.error("run id in use: %s", refusal)
+                return JobResult("refused", refusal)
             if not self.state.acquire(stop=self._stop, on_lost=self._wake.set):
                 return JobResult("stepped_down", "stopped while waiting for the leadership")
             return self._run_as_leader()
@@ -127,10 +147,19 @@ class ElasticJob:
             self.metrics.close()
             self.state.release()
 
+    def _committed_step(self) -> int | None:
+        committed, _ = Progress(self.client, self.spec.run_prefix).committed_record()
+        return None if committed is None else committed.step
+
     def _run_as_leader(self) -> JobResult:
         spec, state = self.spec, self.state
         status = state.status()
-        if status is not None and status.get("state") in ("succeeded", "failed"):
+        # Again as the leader: the job may have ended while this master waited.
+        refusal = start_refusal(spec.run_id, state.origin, status, None, self._committed_step())
+        if refusal:
+            log.error("run id in use: %s", refusal)
+            return JobResult("refused", refusal)
+        if status is not None and status.get("state") in FINISHED_STATES:  # a retry's
             log.info("run already finished run=%s state=%s", spec.run_id, status["state"])
             return JobResult(status["state"], status.get("message", ""))
         recovered = status is not None

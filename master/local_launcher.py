@@ -99,16 +99,20 @@ class LocalLauncher(Launcher):
         poll_interval_s: float = 0.2,
         gpus: Sequence[str] | None = None,
         device: str | None = None,
+        cwd: str | os.PathLike[str] | None = None,
     ) -> None:
         """``gpus``: the machine's GPUs to share out (``kfp_elastic.gpus``); None: the visible
         ones. ``device``: the workers' ``--device`` (None: a command of the user's); a job that
-        computes on GPUs and has more processes than GPUs is refused here (``GpuShortage``)."""
+        computes on GPUs and has more processes than GPUs is refused here (``GpuShortage``).
+        ``cwd``: the workers' working directory (default: this process's, so a model definition
+        or script next to the caller is found, like under a torchrun started there)."""
         if not entry:
             raise ValueError("the worker entry (script or -m module) is empty")
         self.run_id = run_id
         self.endpoint = endpoint
         self.nnodes = f"{min_workers}:{max_workers}"
-        self.entry = _absolute_script(list(entry))
+        self.cwd = Path(cwd or os.getcwd()).resolve()
+        self.entry = _absolute_script(list(entry), self.cwd)
         self.workdir = Path(workdir).resolve()
         self.nproc_per_worker = nproc_per_worker
         self.gpus = tuple(visible_gpus() if gpus is None else gpus)
@@ -284,6 +288,7 @@ class LocalLauncher(Launcher):
             env=env,
             extra_args=[f"--nproc-per-node={self.nproc_per_worker}"],
             name=name,
+            cwd=self.cwd,
         )
         exit_file = self.workdir / "workers" / f"{name}.exit"
         agent.command = [
@@ -473,10 +478,10 @@ class LocalLauncher(Launcher):
         timer.start()
 
 
-def _absolute_script(entry: list[str]) -> list[str]:
-    """Agents run with the repository as cwd: make a relative script path absolute."""
-    if not entry[0].startswith("-") and Path(entry[0]).exists():
-        entry[0] = str(Path(entry[0]).resolve())
+def _absolute_script(entry: list[str], cwd: Path) -> list[str]:
+    """A relative script path made absolute: a restarted master may run elsewhere."""
+    if not entry[0].startswith("-") and (cwd / entry[0]).exists():
+        entry[0] = str((cwd / entry[0]).resolve())
     return entry
 
 

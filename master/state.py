@@ -37,6 +37,70 @@ log = logging.getLogger(__name__)
 ACQUIRE_RETRY_S = 60.0
 
 JOB_STATES = ("running", "succeeded", "failed")
+FINISHED_STATES = ("succeeded", "failed")
+
+
+def _when(t: object) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if isinstance(t, float) else "?"
+
+
+def _new_id_hint(run_id: str) -> str:
+    return (
+        f"start the new job under another run id (--run-id), or delete run {run_id}'s keys "
+        f"first: kfp-elastic forget {run_id} (with this master's --etcd settings)"
+    )
+
+
+def start_refusal(
+    run_id: str,
+    origin: str | None,
+    status: dict[str, Any] | None,
+    leader: dict[str, Any] | None,
+    committed_step: int | None,
+    holder_dead: bool = False,
+) -> str | None:
+    """Why a master may not start run ``run_id`` (None: it may). The same run id is a *retry*
+    when ``origin`` (who started it: the KFP component passes its KFP run; None for
+    ``kfp-elastic master``) equals the stored one: a retry adopts a running job, waits for a
+    leader that is going away, and returns a finished job's stored result. Anything else under
+    a used run id is a new job that would find the old one's state: refused, except a restart
+    of a running job whose master died (that is how a master recovers). ``status``, ``leader``:
+    the stored ``master/status`` and ``master/leader``; ``committed_step``: the committed
+    training step, if any; ``holder_dead``: the leader's process is known dead (same host)."""
+    retry = origin is not None and (status or leader or {}).get("origin") == origin
+    if status is not None and status.get("state") in FINISHED_STATES and not retry:
+        return (
+            f"run {run_id} already {status['state']} at {_when(status.get('t'))}"
+            f" ({status.get('message') or 'no message'}); its keys stay in etcd so that a retry "
+            f"of that job finds its result. To train again, {_new_id_hint(run_id)}"
+        )
+    if leader is not None and not retry and not holder_dead:
+        return (
+            f"run {run_id} has a live master: {leader.get('id', '?')} on host "
+            f"{leader.get('host', '?')} (pid {leader.get('pid', '?')}, since "
+            f"{_when(leader.get('since'))}). Stop it first (SIGTERM leaves its workers for the "
+            "next master; if it died, its lease ends within --leader-ttl seconds), or "
+            f"{_new_id_hint(run_id)}"
+        )
+    if status is None and committed_step is not None:
+        return (
+            f"run {run_id} already holds training progress (committed step {committed_step}) "
+            "that no master started (a torchrun job used this run id); a new job would "
+            f"continue from it. {_new_id_hint(run_id)[0].upper()}{_new_id_hint(run_id)[1:]}"
+        )
+    return None
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class NotLeaderError(RuntimeError):
@@ -53,7 +117,10 @@ class MasterState:
         *,
         lease_ttl: float = 5.0,
         identity: str | None = None,
+        origin: str | None = None,
     ) -> None:
+        """``origin``: who starts the run (``start_refusal``), kept in the leader key and the
+        status."""
         if lease_ttl < 2:
             raise ValueError(f"leader lease TTL must be >= 2 s (etcd's minimum), got {lease_ttl}")
         self.client = client
@@ -61,12 +128,14 @@ class MasterState:
         self.timeline_keys = TimelineKeys(self.keys.run_prefix)
         self.lease_ttl = lease_ttl
         self.identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.origin = origin
         self._token = json.dumps(
             {
                 "id": self.identity,
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "since": time.time(),
+                "origin": origin,
             }
         )
         self._lease = 0
@@ -84,6 +153,18 @@ class MasterState:
     def leader(self) -> dict[str, Any] | None:
         value, _ = self.client.get(self.keys.leader)
         return json.loads(value) if value is not None else None
+
+    def refusal(self, run_id: str, committed_step: int | None) -> str | None:
+        """``start_refusal`` for this master, from what etcd holds now."""
+        leader = self.leader()
+        holder_dead = (
+            leader is not None
+            and leader.get("host") == socket.gethostname()
+            and not _alive(leader.get("pid"))
+        )
+        return start_refusal(
+            run_id, self.origin, self.status(), leader, committed_step, holder_dead
+        )
 
     def acquire(
         self,
@@ -249,7 +330,8 @@ class MasterState:
     def set_status(self, state: str, message: str = "") -> None:
         if state not in JOB_STATES:
             raise ValueError(f"job state must be one of {JOB_STATES}, got {state!r}")
-        self._put(self.keys.status, {"state": state, "message": message, "t": time.time()})
+        record = {"state": state, "message": message, "t": time.time(), "origin": self.origin}
+        self._put(self.keys.status, record)
 
     # -- workers table (also the LocalLauncher's process registry) ----------------------------
     def workers(self) -> dict[str, dict[str, Any]]:

@@ -8,29 +8,33 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from kfp_elastic.gpus import require_gpus, visible_gpus
 from kfp_elastic.job_env import RUN_ID_ENV, SNAPSHOT_DIR_ENV, JobEnv
-from kfp_elastic.job_spec import MODULE_FLAGS, JobSpec, field_error
+from kfp_elastic.job_spec import MODULE_FLAGS, JobSpec, field_error, is_file_reference
 from kfp_elastic.master.job import LauncherFactory
 from kfp_elastic.master.launcher import Launcher, next_attempts
+from kfp_elastic.master.preflight import WorkerSide, check
 from kfp_elastic.master.state import MasterState
 
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _NO_PYTHON = ("--no-python", "--no_python")
 
 
-def launcher_factory(spec: JobSpec) -> LauncherFactory:
+def launcher_factory(spec: JobSpec, *, files_here: bool = False) -> LauncherFactory:
     """What ``ElasticJob`` calls (with its ``MasterState``) to get the job's launcher; raises
-    ``ValueError`` naming the field when the spec cannot be launched (checked here, before
-    anything starts)."""
+    ``ValueError`` naming the field when the spec cannot be launched: ``validate()`` and the
+    checks of ``master/preflight.py``, here, before any worker starts. ``files_here``: worker
+    pods see this process's files and Python packages (the KFP component, which runs in the
+    worker image with the same volumes); local workers always do."""
     spec.validate()
     if spec.etcd is None:
         raise ValueError("etcd (--etcd / etcd_endpoint) is missing: the workers need it")
     if spec.launch.kind == "kubernetes":
-        return _kubernetes(spec)
+        return _kubernetes(spec, files_here)
     return _local(spec)
 
 
@@ -45,6 +49,10 @@ def _local(spec: JobSpec) -> LauncherFactory:
     from kfp_elastic.master.local_launcher import LocalLauncher
 
     assert spec.etcd is not None
+    cwd = Path.cwd()
+    model_def = spec.entry.model_def
+    if model_def and is_file_reference(model_def):  # a restarted master may run elsewhere
+        spec = replace(spec, entry=replace(spec.entry, model_def=str((cwd / model_def).resolve())))
     workdir = local_workdir(spec)
     snapshot_dir = spec.snapshot_dir or os.environ.get(SNAPSHOT_DIR_ENV) or workdir / "snapshots"
     # Local workers share this machine's files: they get the very same etcd settings.
@@ -53,6 +61,7 @@ def _local(spec: JobSpec) -> LauncherFactory:
     device = spec.training.device if spec.entry.model_def else None
     # Refused now, before the master starts: the launcher checks the same when it is made.
     require_gpus(device, spec.size.max_workers * spec.size.nproc_per_worker, visible_gpus())
+    check(spec, WorkerSide(spec.worker_argv(), {**os.environ, **env}, cwd, workdir=workdir))
 
     def local(state: MasterState) -> Launcher:
         return LocalLauncher(
@@ -69,15 +78,19 @@ def _local(spec: JobSpec) -> LauncherFactory:
             capacity=spec.launch.local.capacity,
             max_restarts=spec.launch.worker_max_restarts,
             device=device,
+            cwd=cwd,
         )
 
     return local
 
 
-def _kubernetes(spec: JobSpec) -> LauncherFactory:
+def _kubernetes(spec: JobSpec, files_here: bool) -> LauncherFactory:
     from kfp_elastic.master.k8s_launcher import KubernetesLauncher
 
     template = worker_pod_template(spec)
+    assert spec.etcd is not None
+    env = {**os.environ, **spec.etcd.to_env(), **job_env(spec)}
+    check(spec, WorkerSide(spec.worker_argv(), env, Path.cwd(), files_here=files_here))
 
     class OwnClientLauncher(KubernetesLauncher):
         """Closes the API client it was made with (one per launcher)."""

@@ -124,6 +124,13 @@ AGENT: tuple[str, ...] = (sys.executable, "-m", "kfp_elastic.rendezvous.agent")
 TORCHRUN: tuple[str, ...] = (sys.executable, "-m", "torch.distributed.run")
 
 
+def with_repo_on_path(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with this checkout (or installation) first on ``PYTHONPATH``: how every local
+    agent, its workers and the master's check of a worker's entry import ``kfp_elastic``."""
+    python_path = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    return {**env, "PYTHONPATH": python_path}
+
+
 class Agent:
     """One torchrun agent (``--nproc-per-node=nproc_per_node``), started in its own session."""
 
@@ -146,7 +153,9 @@ class Agent:
         name: str | None = None,
         nproc_per_node: int = 1,
         launcher: Sequence[str] = AGENT,
+        cwd: str | os.PathLike[str] = REPO_ROOT,
     ) -> None:
+        """``cwd``: the agent's and its workers' working directory."""
         self.name = name or f"agent-{uuid.uuid4().hex[:6]}"
         self.tag = f"{self.name}-{uuid.uuid4().hex}"
         self.log_path = Path(log_path)
@@ -165,17 +174,14 @@ class Agent:
         if rdzv_conf:
             self.command.append(f"--rdzv-conf={rdzv_conf}")
         self.command += [*extra_args, str(script), *map(str, script_args)]
-        self.env = dict(os.environ)
-        self.env.update(env or {})
+        self.env = with_repo_on_path({**os.environ, **(env or {})})
         self.env[TAG_VAR] = self.tag
         self.env.setdefault("OMP_NUM_THREADS", "1")
-        self.env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), self.env.get("PYTHONPATH", "")) if p
-        )
         if disable_shared_store:
             self.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         self.process: subprocess.Popen[bytes] | None = None
         self.started_at: float | None = None  # time.time() of the launch
+        self.cwd = Path(cwd)
 
     def start(self) -> Agent:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -189,7 +195,7 @@ class Agent:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=self.env,
-                cwd=REPO_ROOT,
+                cwd=self.cwd,
                 start_new_session=True,
             )
         return self

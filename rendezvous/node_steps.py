@@ -126,10 +126,15 @@ def next_step(snapshot: NodeSnapshot, progress: WaitProgress, config: Rendezvous
         return Step(
             Action.EXIT_COMPLETED,
             progress,
-            reason=f"run {config.run_id} completed before node {snapshot.node_id} joined a round",
+            reason=f"run {config.run_id} completed before node {snapshot.node_id} joined a "
+            f"round: nothing to do. {closed_run_hint(config)}",
         )
     if snapshot.closed:
-        return Step(Action.FAIL_CLOSED, progress, reason=f"run {config.run_id} is closed")
+        return Step(
+            Action.FAIL_CLOSED,
+            progress,
+            reason=f"run {config.run_id} is closed (an agent ended it). {closed_run_hint(config)}",
+        )
     if not progress.published:
         progress = replace(
             progress,
@@ -187,6 +192,17 @@ def next_step(snapshot: NodeSnapshot, progress: WaitProgress, config: Rendezvous
         Action.WAIT_AS_SPARE if spare else Action.WAIT,
         progress,
         wait_s=_slice(now, progress.deadline, recheck_at),
+    )
+
+
+def closed_run_hint(config: RendezvousConfig) -> str:
+    """What a node that finds its run closed tells a user who started a new job: its run id
+    is a finished run's, whose progress (no lease) would be continued even after the
+    rendezvous keys expired."""
+    return (
+        f"If this is a new job, --rdzv-id {config.run_id} was used by a finished run: choose "
+        f"another --rdzv-id, or delete that run's keys first: kfp-elastic forget "
+        f"{config.run_id} --etcd ENDPOINT"
     )
 
 

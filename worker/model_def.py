@@ -1,4 +1,8 @@
-"""Loading a user's model definition: a module with ``model()``, ``loss()`` and ``dataset()``.
+"""Loading a user's model definition: a module with ``model()``, ``loss()`` and ``dataset()``,
+named as a module (``pkg.module``, importable in the worker) or as a file (``my_model.py``, a
+path ending in ``.py``; the master hands workers an absolute path). A file is loaded like
+``python my_model.py`` would run it: its directory comes first on ``sys.path``, so it can import
+its neighbours.
 
 def model() -> torch.nn.Module
 def loss(model, batch) -> torch.Tensor          # mean over the batch (see LOSS_REDUCTION)
@@ -25,15 +29,20 @@ accumulation count at that size (``fixed-global-batch`` raises it when workers a
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
 from torch.utils.data import default_collate
+
+from kfp_elastic.job_spec import is_file_reference
 
 REQUIRED = ("model", "loss", "dataset")
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -60,16 +69,51 @@ class ModelDef:
 
 
 def load_model_def(name: str) -> ModelDef:
+    """The checked hooks of model definition ``name`` (a module or a ``.py`` file); a
+    ``ModelDefError`` names it and says what is wrong. Any error its code raises while it is
+    imported (a ``SyntaxError``, a failed import of its own) propagates as it is."""
+    if is_file_reference(name):
+        return model_def_from(_import_file(Path(name)), name)
     if not name or not all(part.isidentifier() for part in name.split(".")):
-        raise ModelDefError(f"--model-def {name!r} is not a module path like pkg.module")
+        raise ModelDefError(
+            f"--model-def {name!r} is neither a module path like pkg.module nor a file like "
+            "my_model.py"
+        )
     try:
         module = importlib.import_module(name)
     except ModuleNotFoundError as error:
+        missing = error.name or ""
+        if not (name == missing or name.startswith(missing + ".")):
+            raise  # the model definition itself imports something missing: its own error
         raise ModelDefError(
             f"--model-def {name}: module not found ({error}); is its package installed or on "
-            "PYTHONPATH?"
+            "PYTHONPATH? (a file is given as a path: --model-def my_model.py)"
         ) from error
     return model_def_from(module, name)
+
+
+def _import_file(path: Path) -> ModuleType:
+    if path.suffix != ".py":
+        raise ModelDefError(f"--model-def {path}: a model definition file must end in .py")
+    if not path.is_file():
+        raise ModelDefError(f"--model-def {path}: no such file (from {Path.cwd()})")
+    path = path.resolve()
+    # Under its own name (like a script's neighbours import it) unless that name is taken.
+    name = path.stem if path.stem.isidentifier() and path.stem not in sys.modules else None
+    name = name or f"kfp_elastic_model_def_{abs(hash(str(path))):x}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModelDefError(f"--model-def {path}: cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def model_def_from(module: ModuleType, name: str) -> ModelDef:

@@ -1,9 +1,16 @@
-"""Command-line options of ``python -m kfp_elastic.worker`` (see ``docs/runtime.md``)."""
+"""Command-line options of ``python -m kfp_elastic.worker`` (see ``docs/runtime.md``).
+
+The one parser of the runtime's flags: the worker parses its command line with it, and the
+master runs it over the flags it will hand the workers (``master/preflight.py``) before any
+worker starts, with the environment the workers will get.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
+from typing import NoReturn
 
 from kfp_elastic import job_spec as job  # the job contract: the defaults shared with it
 from kfp_elastic.etcd import settings as etcd_settings
@@ -13,8 +20,30 @@ from .policy import BatchPolicy
 from .schedule import parse_snapshot_every
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+class OptionsError(ValueError):
+    """The runtime's command line is wrong; the message is argparse's (it names the flag)."""
+
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+class _Parser(argparse.ArgumentParser):
+    """Raises ``OptionsError`` instead of printing and exiting: the worker records it for the
+    master (torchrun's error file), the master's check reports it as it is."""
+
+    def error(self, message: str) -> NoReturn:
+        raise OptionsError(message, self.format_usage())
+
+
+def parse_args(
+    argv: list[str] | None = None, env: Mapping[str, str] | None = None
+) -> argparse.Namespace:
+    """The runtime's settings from ``argv`` (this process's arguments by default) and ``env``
+    (this process's environment by default: the snapshot directory and the etcd settings come
+    from it when no flag gives them); ``OptionsError`` says what is wrong."""
+    env = os.environ if env is None else env
+    parser = _Parser(
         prog="kfp-elastic worker",
         description="The elastic training loop behind "
         "torchrun ... -m kfp_elastic.worker --model-def M.",
@@ -62,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--snapshot-dir",
-        default=os.environ.get(SNAPSHOT_DIR_ENV),
+        default=env.get(SNAPSHOT_DIR_ENV),
         help="persisted snapshots (a PVC in a cluster)",
     )
     parser.add_argument("--local-snapshot-dir", default=None, help="fast node-local copy")
@@ -99,7 +128,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     etcd_settings.add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        args.etcd_settings = etcd_settings.from_args(args)
+        args.etcd_settings = etcd_settings.from_args(args, env)
     except etcd_settings.ConfigError as error:
         parser.error(str(error))
     if not args.snapshot_dir:
@@ -114,5 +143,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--collective-timeout and --collective-abort must be > 0")
     if not 0 < args.snapshot_overhead < 1 or args.snapshot_max_interval <= 0:
         parser.error("--snapshot-overhead must be in (0, 1) and --snapshot-max-interval > 0")
-    BatchPolicy.parse(args.policy)
+    try:
+        BatchPolicy.parse(args.policy)
+    except ValueError as error:
+        parser.error(f"--policy: {error}")
     return args

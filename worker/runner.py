@@ -263,6 +263,16 @@ class Trainer:
         """Train to the end (False) or to an agreed stop on SIGTERM (True)."""
         step, epoch, position = self.start
         total = self.manifest.num_samples
+        if self.committed.complete and self.rank == 0:
+            run_id = os.environ.get("TORCHELASTIC_RUN_ID", "?")
+            log.warning(
+                "run %s is complete already (committed step %d): nothing to train. If this is a "
+                "new job, its run id was used by a finished run: choose another --rdzv-id, or "
+                "delete that run's keys first: kfp-elastic forget %s --etcd ENDPOINT",
+                run_id,
+                self.committed.step,
+                run_id,
+            )
         # The world is fixed for this process's life: the step shape and LR scale once.
         shape = step_shape(
             self.policy,

@@ -24,7 +24,6 @@ from typing import Any
 from kfp_elastic.components.common import ENDPOINTS_ENV, etcd_from, in_cluster, reap_local_processes
 from kfp_elastic.components.elastic_train.faults import Fault, FaultInjector, Injected, parse_faults
 from kfp_elastic.components.elastic_train.summary import describe
-from kfp_elastic.components.shard_dataset.shard import read_manifest
 from kfp_elastic.job_spec import (
     DEFAULT_MODEL_DEF,
     FINAL_MODEL_FILE,
@@ -110,27 +109,9 @@ def validate(spec: JobSpec, inject_faults: str = "") -> tuple[Fault, ...]:
     return parse_faults(inject_faults, spec.size.max_workers)
 
 
-def preflight(spec: JobSpec) -> int:
-    """The model definition loads and its train split matches the manifest; returns the
-    number of samples. A command is the user's own: its dataset is checked by the script API
-    against the manifest the master publishes."""
-    from kfp_elastic.worker.model_def import load_model_def
-
-    assert spec.data.shard_manifest is not None
-    shards, document = read_manifest(spec.data.shard_manifest)
-    total = sum(s.size for s in shards)
-    if spec.entry.command:
-        return total
-    model_def = load_model_def(spec.entry.model_def)
-    length = len(model_def.dataset("train"))
-    if length != total:
-        raise ValueError(
-            f"the shard manifest covers {total} samples (source "
-            f"{document.get('source', '?')}) but dataset('train') of "
-            f"{spec.entry.model_def} has {length}: shard the dataset the model "
-            "definition trains on"
-        )
-    return total
+def kfp_origin(run_id: str) -> str:
+    """Who starts a job from the component: the KFP run the run id comes from."""
+    return f"kfp-run:{run_id}"
 
 
 class LauncherHolder:
@@ -142,7 +123,7 @@ class LauncherHolder:
 def launcher_and_faults(spec: JobSpec, holder: LauncherHolder) -> tuple[LauncherFactory, Act]:
     """The job's launcher factory (``master.wiring``, as ``kfp-elastic master`` makes it),
     keeping the launcher in ``holder``, and how a fault acts on one of its workers."""
-    make = launcher_factory(spec)
+    make = launcher_factory(spec, files_here=True)  # the task runs in the worker image
 
     def factory(state: Any) -> Any:
         holder.launcher = make(state)
@@ -198,7 +179,6 @@ def run(spec: JobSpec, inject_faults: str = "", say: Say = print) -> TrainResult
 
     say = _safe(say)
     faults = validate(spec, inject_faults)
-    preflight(spec)
     launcher = spec.launch.kind
     workdir = Path(spec.launch.local.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -219,7 +199,9 @@ def run(spec: JobSpec, inject_faults: str = "", say: Say = print) -> TrainResult
         run_prefix = spec.run_prefix
         client = connect(spec.etcd)
         factory, act = launcher_and_faults(spec, holder)
-        job = ElasticJob(spec, client, factory)
+        # The run id is the KFP run's (the pipeline passes it): a start under it is that
+        # run's task again, a KFP retry, which adopts the job or returns its stored result.
+        job = ElasticJob(spec, client, factory, origin=kfp_origin(spec.run_id))
         injector = FaultInjector(
             faults, lambda: holder.launcher.list_workers() if holder.launcher else [], act
         )

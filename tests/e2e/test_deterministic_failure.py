@@ -21,7 +21,6 @@ from kfp_elastic.components.elastic_train.component import elastic_train
 from kfp_elastic.components.shard_dataset.component import shard_dataset
 from tests.helpers import REPO_ROOT, master_command
 
-IMPORT_ERROR = "RuntimeError: raises_at_import: this model definition is broken on purpose"
 WORKER_ERROR = "RuntimeError: raises_in_workers: this model definition is broken on the workers"
 # The goal is a failure within 30 s: one generation of agents (each gives up after the
 # same failure twice; 2 x 2 counted failures exceed --max-failures=3). On this shared 2-core
@@ -38,11 +37,13 @@ def _kill_run(run_id: str) -> None:
         time.sleep(0.1)
 
 
-def test_a_model_def_raising_at_import_fails_the_master_fast_with_its_error(
+def test_a_model_def_raising_in_workers_fails_the_master_fast_with_its_error(
     tmp_path: Path, etcd: Any, run_id: str
 ) -> None:
+    """It passes the master's check (``master/preflight.py``, which refuses one that raises
+    wherever it is imported: ``raises_at_import``) and fails at every worker start."""
     command = master_command(
-        ["-m", "kfp_elastic.worker", "--model-def", "tests.model_defs.raises_at_import"],
+        ["-m", "kfp_elastic.worker", "--model-def", "tests.model_defs.raises_in_workers"],
         run_id=run_id,
         etcd=etcd.endpoint,
         min_workers="2",
@@ -64,7 +65,7 @@ def test_a_model_def_raising_at_import_fails_the_master_fast_with_its_error(
     (line,) = [x for x in result.stdout.splitlines() if x.startswith("result=")]
     assert line.startswith(f"result=failed run={run_id} message=")
     assert "worker failures exceed --max-failures=3" in line
-    assert IMPORT_ERROR in line and "raises_at_import.py" in line  # the traceback tail
+    assert WORKER_ERROR in line and "raises_in_workers.py" in line  # the traceback tail
     assert took < FAIL_WITHIN_S, f"took {took:.1f}s"
 
 

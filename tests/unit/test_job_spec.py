@@ -275,7 +275,11 @@ def test_the_record_is_json_and_holds_no_password(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ one wiring
 
 
-def test_the_local_launcher_gets_the_whole_spec(tmp_path: Path) -> None:
+def test_the_local_launcher_gets_the_whole_spec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")  # the master's check finds the script
     spec = JobSpec(
         run_id="r",
         entry=Entry(command=("train.py",)),

@@ -30,7 +30,7 @@ from kfp_elastic.components.elastic_train.faults import (
     parse_faults,
     pick_target,
 )
-from kfp_elastic.components.elastic_train.run_job import job_spec, preflight, validate
+from kfp_elastic.components.elastic_train.run_job import job_spec, validate
 from kfp_elastic.components.evaluate.component import evaluate
 from kfp_elastic.components.shard_dataset.component import shard_dataset
 from kfp_elastic.components.shard_dataset.shard import (
@@ -47,6 +47,7 @@ from kfp_elastic.master.timeline import Committed, Event, JobDone, MasterStarted
 from kfp_elastic.worker.data_plan import Shard
 from kfp_elastic.worker.examples import digits
 from kfp_elastic.worker.model_def import ModelDefError
+from tests.helpers import REPO_ROOT
 
 DIGITS = "kfp_elastic.worker.examples.digits"
 DIGITS_TRAIN = 1437
@@ -289,13 +290,21 @@ def test_bad_faults_are_named(manifest: Any) -> None:
         validate(_request(manifest.path), "kill:worker-5@1s")
 
 
-def test_preflight_checks_the_model_def_against_the_manifest(tmp_path: Path, manifest: Any) -> None:
-    assert preflight(_request(manifest.path)) == DIGITS_TRAIN
-    with pytest.raises(ModelDefError, match="module not found"):
+def test_the_masters_check_compares_the_model_def_with_the_manifest(
+    tmp_path: Path, manifest: Any
+) -> None:
+    from kfp_elastic.master.preflight import PreflightError, WorkerSide, check
+
+    def preflight(spec: JobSpec) -> None:
+        env = {"KFP_ELASTIC_ETCD_ENDPOINTS": "127.0.0.1:1", **os.environ}
+        check(spec, WorkerSide(spec.worker_argv(), env, REPO_ROOT, workdir=tmp_path / "work"))
+
+    preflight(_request(manifest.path, snapshot_dir=str(tmp_path / "s")))
+    with pytest.raises(PreflightError, match="no_such.module: module not found"):
         preflight(_request(manifest.path, model_def="no_such.module"))
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"shards": [[0, 0, 100]], "source": "/data/x"}))
-    with pytest.raises(ValueError, match="covers 100 samples .* has 1437"):
+    with pytest.raises(PreflightError, match="covers 100 samples .* has 1437"):
         preflight(_request(str(other)))
 
 
@@ -312,7 +321,7 @@ def _train_artifacts(tmp_path: Path) -> dict[str, Any]:
     ("changes", "error", "message"),
     [
         ({"min_workers": 3, "max_workers": 2}, ValueError, "must be >= min_workers=3"),
-        ({"model_def": "no_such.module"}, ModelDefError, "no_such.module: module not found"),
+        ({"model_def": "no_such.module"}, ValueError, "no_such.module: module not found"),
     ],
 )
 def test_elastic_train_fails_before_starting_anything(
@@ -329,7 +338,7 @@ def test_elastic_train_fails_before_starting_anything(
         )
     assert time.monotonic() - started < 30
     assert not run_pids("bad-input")
-    assert not (tmp_path / "job").exists()
+    assert not (tmp_path / "job" / "workers").exists()
 
 
 # ------------------------------------------------------------------------------ evaluate

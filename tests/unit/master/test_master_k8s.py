@@ -80,12 +80,21 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
             "--",
             "--model-def",
             "m.py",
+            "--snapshot-dir",  # the pods need one (the master's check refuses the job without)
+            "/mnt/snap",
         ]
     )
     args = build_parser().parse_args(own)
     settings = etcd_settings.from_args(args, env={})
     spec = make_spec(args, entry, settings)
-    assert spec.worker_argv() == ("-m", "kfp_elastic.worker", "--model-def", "m.py")
+    assert spec.worker_argv() == (
+        "-m",
+        "kfp_elastic.worker",
+        "--model-def",
+        "m.py",
+        "--snapshot-dir",
+        "/mnt/snap",
+    )
     client = connect(settings)
     job = ElasticJob(spec, client, launcher_factory(spec))
     results: list[JobResult] = []

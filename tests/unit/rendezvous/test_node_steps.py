@@ -110,6 +110,9 @@ def test_left_and_closed_fail_before_anything_else() -> None:
     assert left.action is Action.FAIL_LEFT and "has left" in left.reason
     closed = step(snapshot("a", 1.0, [record("a", 1)], closed=True), progress)
     assert closed.action is Action.FAIL_CLOSED and "job is closed" in closed.reason
+    assert "choose another --rdzv-id, or delete that run's keys first: kfp-elastic forget job" in (
+        closed.reason
+    )
     unpublished = step(snapshot("a", 1.0, [], closed=True), WaitProgress(0))
     assert unpublished.action is Action.FAIL_CLOSED
 
@@ -117,6 +120,8 @@ def test_left_and_closed_fail_before_anything_else() -> None:
 def test_a_run_that_completed_ends_a_late_node_without_failing_it() -> None:
     late = step(snapshot("c", 1.0, [], closed=True, completed=True), WaitProgress(0))
     assert late.action is Action.EXIT_COMPLETED and "completed before node c" in late.reason
+    assert "was used by a finished run: choose another --rdzv-id" in late.reason
+    assert "kfp-elastic forget job --etcd ENDPOINT" in late.reason
     leaving = step(snapshot("c", 1.0, [], left=True, closed=True, completed=True), WaitProgress(0))
     assert leaving.action is Action.FAIL_LEFT
 

@@ -168,3 +168,42 @@ def test_bad_snapshot_schedule_is_named_before_anything_starts(tmp_path: Path) -
             cwd=REPO_ROOT,
         )
         assert result.returncode == 2 and reason in result.stderr, result.stderr
+
+
+def test_a_wrong_command_line_reaches_the_master_through_the_error_file(tmp_path: Path) -> None:
+    """argparse's error is recorded like any other (it used to exit without an error file: the
+    master only learnt "the worker wrote no error file")."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from kfp_elastic.rendezvous.peer_failures import error_text
+
+    error_file = tmp_path / "error.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kfp_elastic.worker",
+            "--model-def",
+            "tests.model_defs.counting",
+            "--snapshot-dir",
+            str(tmp_path),
+            "--etcd",
+            "127.0.0.1:1",
+            "--epochz",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(REPO_ROOT),
+            "TORCHELASTIC_ERROR_FILE": str(error_file),
+        },
+    )
+    assert result.returncode == 2
+    assert "kfp-elastic worker: error: unrecognized arguments: --epochz 2" in result.stderr
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(error_file))
+    text = error_text({0: failure})
+    assert text.startswith("OptionsError: unrecognized arguments: --epochz 2 (rank 0, exit code 2)")

@@ -1,0 +1,230 @@
+"""Everything about a job that can be checked without training, checked once by the master
+before any worker starts (``master/wiring.py``'s ``launcher_factory`` calls :func:`check`),
+so that a mistake ends the master within seconds with a message that names the field or flag,
+instead of after several failed worker starts.
+
+- the runtime's flags (``-- -m kfp_elastic.worker ...``, or the ones the master builds from
+  ``--model-def``) through the runtime's own parser (``worker/options.py``), with the
+  environment the workers get;
+- the snapshot directory, the final model's directory and the local launcher's work
+  directory: writable, or creatable (tried, then removed again);
+- the model definition: loaded in a worker's environment as the runtime loads it (a module or a
+  ``.py`` file, with the hooks it needs; ``worker/check_entry.py``) and its ``dataset("train")``
+  has samples, as many as the shard manifest covers when the master publishes one;
+- a command's script exists, its ``-m MODULE`` can be found.
+
+Files, the model definition and a command's code are checked only where the master sees what
+the workers see (``WorkerSide.files_here``): always for local workers; for worker pods when the
+master runs in the same image with the same volumes (the KFP component), not from a laptop.
+The decisions are pure functions; :func:`check` does the I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kfp_elastic.job_env import SNAPSHOT_DIR_ENV, JobEnv
+from kfp_elastic.job_spec import MODULE_FLAGS, RUNTIME_MODULE, Entry, JobSpec, field_error
+from kfp_elastic.worker.options import OptionsError, parse_args
+
+# How long loading the model definition and its dataset may take in the check: it imports torch
+# and runs the user's code; a slow dataset is not a mistake, only a check that never ends is.
+MODEL_DEF_CHECK_TIMEOUT_S = 300.0
+_NO_PYTHON = ("--no-python", "--no_python")
+
+
+class PreflightError(ValueError):
+    """What is wrong with a job before it starts: one line per problem."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("\n  ".join(["the job cannot start:", *problems]))
+        self.problems = tuple(problems)
+
+
+@dataclass(frozen=True)
+class WorkerSide:
+    """What a worker will see: its command (``JobSpec.worker_argv``), its environment (this
+    process's with the job's variables over it), its working directory, and whether this process
+    sees the same files and Python packages."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: Path
+    files_here: bool = True
+    workdir: Path | None = None  # the local launcher's (worker logs, exit records)
+
+
+def runtime_args(argv: Sequence[str]) -> list[str] | None:
+    """The runtime's own flags when ``argv`` runs the built-in runtime, else None."""
+    if len(argv) >= 2 and argv[0] in MODULE_FLAGS and argv[1] == RUNTIME_MODULE:
+        return list(argv[2:])
+    return None
+
+
+def flag_problems(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """The runtime's flags, parsed by the runtime's parser with the workers' environment."""
+    flags = runtime_args(argv)
+    if flags is None:
+        return []
+    try:
+        parse_args(flags, env)
+    except OptionsError as error:
+        return [f"worker flags ({shlex.join(flags)}): {error}"]
+    return []
+
+
+def locations(side: WorkerSide) -> dict[str, Path]:
+    """The directories the job writes to, each under the name a user knows it by."""
+    found: dict[str, Path] = {}
+    flags = runtime_args(side.argv)
+    if flags is not None:
+        try:
+            args = parse_args(flags, side.env)
+        except OptionsError:
+            args = None  # flag_problems reports it
+        if args is not None:
+            found[str(field_error("snapshot_dir", ""))] = Path(args.snapshot_dir)
+            if args.local_snapshot_dir:
+                found["--local-snapshot-dir"] = Path(args.local_snapshot_dir)
+            if args.output:
+                found[f"--output {args.output}: its directory"] = Path(args.output).parent
+    else:
+        job = JobEnv.from_env(side.env)
+        if job.snapshot_dir:
+            found[f"snapshot_dir (${SNAPSHOT_DIR_ENV})"] = Path(job.snapshot_dir)
+    if side.workdir is not None:
+        found[str(field_error("workdir", ""))] = side.workdir
+    return {name.strip(): path for name, path in found.items()}
+
+
+def writable_problem(path: Path) -> str | None:
+    """None when ``path`` is a directory this process can write to, or could create as one:
+    tried by creating what is missing and a file in it, then removing all of that again."""
+    path = Path(os.path.abspath(path))
+    missing = []
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        missing.append(existing)
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{path}: cannot be created, {existing} is not a directory"
+    created: list[Path] = []
+    try:
+        for directory in reversed(missing):
+            directory.mkdir()
+            created.append(directory)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".kfp-elastic-check-"):
+            pass
+    except OSError as error:
+        verb = "written to" if not missing else "created"
+        return f"{path}: cannot be {verb} ({error.strerror or error})"
+    finally:
+        for directory in reversed(created):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+    return None
+
+
+def samples_problem(spec: JobSpec, samples: int) -> str | None:
+    """The dataset the workers train on against the manifest the master publishes."""
+    manifest = spec.manifest()
+    if manifest is None or manifest.num_samples == samples:
+        return None
+    given = "shard_manifest" if spec.data.shard_manifest else "dataset_length"
+    return str(
+        field_error(
+            given,
+            f"covers {manifest.num_samples} samples but dataset('train') of "
+            f"{spec.entry.model_def or model_def_of(spec.worker_argv())} has {samples}: "
+            "describe the dataset the model definition trains on",
+        )
+    )
+
+
+def model_def_of(argv: Sequence[str]) -> str | None:
+    """The ``--model-def`` the runtime gets, if ``argv`` runs it."""
+    flags = runtime_args(argv)
+    if not flags:
+        return None
+    for i, flag in enumerate(flags):
+        if flag == "--model-def" and i + 1 < len(flags):
+            return flags[i + 1]
+        if flag.startswith("--model-def="):
+            return flag.split("=", 1)[1]
+    return None
+
+
+def run_entry_check(side: WorkerSide, kind: str, name: str) -> dict[str, object]:
+    """``worker/check_entry.py`` in a worker's environment and working directory."""
+    from kfp_elastic.rendezvous.local_agents import with_repo_on_path
+
+    env = with_repo_on_path({**os.environ, **side.env})
+    with tempfile.TemporaryDirectory(prefix="kfp-elastic-check-") as tmp:
+        result = Path(tmp) / "result.json"
+        command = [sys.executable, "-m", "kfp_elastic.worker.check_entry", str(result), kind, name]
+        try:
+            done = subprocess.run(
+                command,
+                cwd=side.cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=MODEL_DEF_CHECK_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return {
+                "error": f"{name}: loading it took over {MODEL_DEF_CHECK_TIMEOUT_S:.0f} s in the "
+                "check before the workers start"
+            }
+        if not result.exists():
+            tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+            return {"error": f"{name}: the check broke (exit code {done.returncode}): {tail}"}
+        return json.loads(result.read_text())
+
+
+def entry_problems(spec: JobSpec, side: WorkerSide) -> list[str]:
+    """The model definition (or the command's script or module) as a worker would load it."""
+    argv = side.argv
+    model_def = model_def_of(argv)
+    if model_def:
+        found = run_entry_check(side, "model-def", model_def)
+        if "error" in found:
+            text = str(found["error"]).removeprefix("--model-def ")
+            return [f"{str(field_error('model_def', '', Entry)).strip()} {text}"]
+        samples = found.get("samples")
+        problem = samples_problem(spec, int(samples)) if isinstance(samples, int) else None
+        return [problem] if problem else []
+    if runtime_args(argv) is not None or not argv or argv[0] in _NO_PYTHON:
+        return []  # the runtime without --model-def: its parser said so
+    if argv[0] in MODULE_FLAGS:
+        found = run_entry_check(side, "module", argv[1])
+        return [f"command (after --): {found['error']}"] if "error" in found else []
+    script = Path(argv[0])
+    if not (script if script.is_absolute() else side.cwd / script).is_file():
+        return [f"command (after --): script {argv[0]} not found (from {side.cwd})"]
+    return []
+
+
+def check(spec: JobSpec, side: WorkerSide) -> None:
+    """Raise ``PreflightError`` listing the problems found; quiet when there is none. The
+    model definition (seconds: it imports torch) is loaded only when the rest is right."""
+    problems = flag_problems(side.argv, side.env)
+    if side.files_here:
+        for name, path in locations(side).items():
+            problem = writable_problem(path)
+            if problem:
+                problems.append(f"{name} {problem}")
+        if not problems:
+            problems = entry_problems(spec, side)
+    if problems:
+        raise PreflightError(problems)
