@@ -58,8 +58,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader as TorchDataLoader
-from torch.utils.hooks import RemovableHandle
 from torch.utils.data import Dataset, default_collate
+from torch.utils.hooks import RemovableHandle
 
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.settings import EtcdSettings
