@@ -255,6 +255,11 @@ class StallAbort:
     def progress(self) -> None:
         self._progress_at = self._clock()
 
+    @property
+    def stop_reason(self) -> str | None:
+        """What told this process to stop (None: nothing yet)."""
+        return self._stop_reason if self._stop_at is not None else None
+
     def round_broken(self, reason: str) -> None:
         """This process's round lost a participant (any thread may call it)."""
         self._stopped(f"round broken ({reason})")
