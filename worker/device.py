@@ -72,6 +72,19 @@ def nccl_error_handling_override(environ: Mapping[str, str]) -> str | None:
     )
 
 
+def nccl_error_handling_not_set(environ: Mapping[str, str]) -> str | None:
+    """For a NCCL group someone else made (a user's script, after reading ``environ``): the
+    warning when it was made without the value the abort needs (None: it was)."""
+    current = environ.get(NCCL_ERROR_HANDLING_ENV)
+    if current is not None and current.strip() == NCCL_ERROR_HANDLING:
+        return None
+    return (
+        f"{NCCL_ERROR_HANDLING_ENV}={current!r} when the process group was made: set it to "
+        f"{NCCL_ERROR_HANDLING} before dist.init_process_group (the elastic-etcd rendezvous "
+        "does for its workers), else a peer's loss may end this process before its rescue"
+    )
+
+
 def set_nccl_error_handling(environ: MutableMapping[str, str] | None = None) -> None:
     """Set ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` for process groups made after this (in this
     process and its children), logging a value it replaces."""

@@ -67,7 +67,7 @@ from kfp_elastic.job_env import SNAPSHOT_DIR_ENV, JobEnv
 
 from .collective import EXIT_PREEMPTED, gathered, shared
 from .data_plan import epoch_order, step_ids, steps_left
-from .device import settle
+from .device import nccl_error_handling_not_set, settle
 from .finite_loss import NonFiniteLoss, skips_step
 from .peer_loss import watch_stalls
 from .progress import INITIAL, Committed, Manifest, Progress, commit_with_retry, ensure_manifest
@@ -140,6 +140,8 @@ class State:
         # ``worker/peer_loss.py``) so that the rescue below gets written; an optimizer step
         # first waits for the gradients' allreduce and refuses partial ones.
         nccl = _nccl()
+        if nccl and (problem := nccl_error_handling_not_set(os.environ)) is not None:
+            log.warning("%s", problem)
         self.stall = watch_stalls(
             dist.get_backend(),
             self.settings.collective_abort,

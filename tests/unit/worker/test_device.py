@@ -25,6 +25,7 @@ from kfp_elastic.worker.device import (
     backend_for,
     choose_device,
     explain_device,
+    nccl_error_handling_not_set,
     nccl_error_handling_override,
     set_nccl_error_handling,
     settle,
@@ -260,3 +261,16 @@ def test_another_nccl_error_handling_is_overridden_and_logged(
         set_nccl_error_handling(environ)
     assert environ == {NCCL_ERROR_HANDLING_ENV: "2"}
     assert f"TORCH_NCCL_ASYNC_ERROR_HANDLING='{value}' overridden with 2" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("value", "warned"), [(None, True), ("3", True), ("0", True), ("2", False)]
+)
+def test_a_script_whose_group_was_made_without_the_setting_is_warned(
+    value: str | None, warned: bool
+) -> None:
+    environ = {} if value is None else {NCCL_ERROR_HANDLING_ENV: value}
+    warning = nccl_error_handling_not_set(environ)
+    assert (warning is not None) is warned
+    if warning:
+        assert "set it to 2 before dist.init_process_group" in warning
