@@ -95,19 +95,19 @@ def test_batches_on_the_cpu_are_left_as_they_are() -> None:
 
 
 @pytest.mark.parametrize(
-    ("now", "sigterm_at", "progress_at", "abort"),
+    ("now", "stop_at", "progress_at", "abort"),
     [
         (100.0, None, 0.0, False),  # no stop signal: a slow collective is the timeout's business
         (104.0, 100.0, 90.0, False),  # within the grace
-        (105.0, 100.0, 90.0, True),  # no step since the SIGTERM for the grace: stuck
+        (105.0, 100.0, 90.0, True),  # no step since the stop signal for the grace: stuck
         (105.0, 100.0, 102.0, False),  # steps still finish: the agreed stop is coming
         (107.0, 100.0, 102.0, True),  # ... until they stop finishing
     ],
 )
-def test_a_stall_after_sigterm_is_aborted_after_the_grace(
-    now: float, sigterm_at: float | None, progress_at: float, abort: bool
+def test_a_stall_after_a_stop_signal_is_aborted_after_the_grace(
+    now: float, stop_at: float | None, progress_at: float, abort: bool
 ) -> None:
-    assert stall_is_abortable(now, sigterm_at, progress_at, grace_s=5.0) is abort
+    assert stall_is_abortable(now, stop_at, progress_at, grace_s=5.0) is abort
 
 
 RANK = textwrap.dedent(
