@@ -12,6 +12,8 @@ The master (local processes and worker pods alike, ``master/wiring.py``) sets::
     KFP_ELASTIC_SEED             shuffle and initialization seed
     KFP_ELASTIC_SHUFFLE          1 / 0
     KFP_ELASTIC_SNAPSHOT_EVERY   steps between snapshots; 0 = auto
+    KFP_ELASTIC_COLLECTIVE_ABORT NCCL: seconds without a finished step after SIGTERM or a broken
+                                 round before the process group is aborted (``worker/device.py``)
     KFP_ELASTIC_ETCD_*           the etcd connection (``kfp_elastic/etcd/settings.py``)
 
 Under a plain ``torchrun --rdzv-backend=elastic-etcd`` the rendezvous plugin hands its etcd
@@ -51,6 +53,7 @@ class JobEnv:
     shuffle: bool = contract.DEFAULT_SHUFFLE
     snapshot_every: int = contract.DEFAULT_SNAPSHOT_EVERY
     nan_policy: str = contract.DEFAULT_NAN_POLICY
+    collective_abort: float = contract.DEFAULT_COLLECTIVE_ABORT_S
 
     @classmethod
     def of(cls, spec: JobSpec, snapshot_dir: str) -> JobEnv:
@@ -67,6 +70,7 @@ class JobEnv:
             shuffle=spec.data.shuffle,
             snapshot_every=spec.training.snapshot_every,
             nan_policy=spec.training.nan_policy,
+            collective_abort=spec.training.collective_abort_s,
         )
 
     def to_env(self) -> dict[str, str]:
@@ -106,4 +110,7 @@ class JobEnv:
 
 
 SNAPSHOT_DIR_ENV = _env_name("snapshot_dir")
+#: The rendezvous round a worker was started in: set by the elastic-etcd handler in its agent
+#: (inherited by the workers torchrun starts), read by ``worker/peer_loss.py``.
+ROUND_ENV = "KFP_ELASTIC_RDZV_ROUND"
 RUN_ID_ENV = _env_name("run_id")

@@ -218,8 +218,8 @@ class Training:
     )
     collective_abort_s: float = _option(
         DEFAULT_COLLECTIVE_ABORT_S,
-        "seconds after SIGTERM without a finished step before a NCCL worker aborts its "
-        "communicator (a peer died) and writes its rescue",
+        "seconds without a finished step after SIGTERM or a broken round before a NCCL worker "
+        "aborts its communicators (a peer died) and writes its rescue",
         flag="--collective-abort",
         param=None,
     )

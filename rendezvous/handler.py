@@ -33,6 +33,8 @@ from torch.distributed.elastic.rendezvous import (
 
 from kfp_elastic.etcd.client import EtcdConnectionError, connect
 from kfp_elastic.etcd.keys import CLOSED_FAILED, CLOSED_SUCCEEDED, CLOSED_UNKNOWN, RunKeys
+from kfp_elastic.job_env import ROUND_ENV
+from kfp_elastic.worker.device import set_nccl_error_handling
 
 from . import leave as leave_hook
 from . import peer_failures, warm_start
@@ -86,6 +88,9 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
     """One torchrun agent's view of the job. See docs/rendezvous.md for the protocol."""
 
     def __init__(self, config: RendezvousConfig) -> None:
+        # The workers torchrun starts inherit this process's environment: a user's own script
+        # creates its NCCL group itself, so the setting its abort needs is made here.
+        set_nccl_error_handling()
         self._config = config
         self._keys = RunKeys(config.run_prefix)
         self.node_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -236,6 +241,8 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             current = self._wait_for_round()
             info = self._enter_round(current)
             if info is not None:
+                # Inherited by the workers started for this round (``worker/peer_loss.py``).
+                os.environ[ROUND_ENV] = str(current.number)
                 log.info(
                     "joined round node=%s round=%d rank=%d world=%d waited_s=%.2f",
                     self.node_id,

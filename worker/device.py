@@ -11,12 +11,16 @@ and the abort that frees a rank stuck in a NCCL collective whose peer is gone.
   ``Placement.device``.
 * **Batches** reach an accelerator from pinned host memory with ``non_blocking`` copies.
 * **Abort**: a rank blocked in a NCCL collective (a peer died) runs no Python, so its SIGTERM
-  handler never does; torchrun SIGKILLs it 30 s later and the rescue is lost.
-  ``StallAbort`` learns of SIGTERM through ``signal.set_wakeup_fd`` (written by CPython's C-level
-  handler, whatever the main thread is doing) and, when no step finished for ``grace_s`` after
-  it, aborts the process group from its own thread. The blocked call then raises and the
-  training thread writes its rescue from device memory. Gloo needs none of this: its
-  collectives fail at once when a peer's connection drops (and its abort does not unblock).
+  handler never does; torchrun SIGKILLs it 30 s later and the rescue is lost, and without a
+  SIGTERM it waits for the collective timeout (10 min by default). ``StallAbort`` is told to stop
+  by either of two signals: SIGTERM, through ``signal.set_wakeup_fd`` (written by CPython's
+  C-level handler, whatever the main thread is doing; the agent sends it when the rendezvous
+  sees a peer gone), or its round breaking (``worker/peer_loss.py``: this process's own etcd
+  watch of the round's participants, which needs no agent). When no step finished for
+  ``grace_s`` after either, it aborts the process group from its own thread. The blocked call
+  then raises and the training thread writes its rescue from device memory. Gloo needs none of
+  this: its collectives fail at once when a peer's connection drops (and its abort does not
+  unblock).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -41,12 +45,54 @@ from kfp_elastic.job_spec import DEVICES  # --device: the job contract's choices
 
 log = logging.getLogger(__name__)
 
-# torch 2.13, ProcessGroupNCCL.hpp: 3 (SkipCleanUp, the default) tears the process down when the
-# watchdog sees a failed or timed-out collective, before any rescue is written; 2 (CleanUpOnly)
-# aborts the communicators and lets the blocked call raise. ``_abort_process_group`` advises 0 so
-# that the watchdog does not handle errors itself; 2 keeps the collective timeout effective for
-# a peer that hangs without anyone being stopped, and its clean-up is the same abort.
-NCCL_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+# torch 2.13, ProcessGroupNCCL.hpp, what its watchdog does when a collective fails or times out:
+# 0 nothing (a collective whose peer hangs alive stays blocked for good), 1 and 3 (3 is the
+# default) tear the process down before any rescue is written, 2 (CleanUpOnly) aborts the
+# communicators and lets the blocked call raise. ``_abort_process_group`` advises 0 so that the
+# watchdog does not abort for us; 2 is chosen because its abort is the same
+# ``ProcessGroupNCCL::abort`` and it keeps the collective timeout effective where neither
+# SIGTERM nor a broken round comes. Read when the process group is created: set by the agent
+# for its workers (a user's script creates its own group) and again by the runtime.
+NCCL_ERROR_HANDLING_ENV = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+NCCL_ERROR_HANDLING = "2"
+
+
+def nccl_error_handling_override(environ: Mapping[str, str]) -> str | None:
+    """The warning to log when ``environ`` holds another value of
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` than the one the abort needs (None: unset or the same).
+    The value is overridden, not refused: a pod template's generic NCCL settings must not stop
+    a job, and no other value gets the rescue written."""
+    current = environ.get(NCCL_ERROR_HANDLING_ENV)
+    if current is None or current.strip() == NCCL_ERROR_HANDLING:
+        return None
+    return (
+        f"{NCCL_ERROR_HANDLING_ENV}={current!r} overridden with {NCCL_ERROR_HANDLING}: a worker "
+        "whose peer died must abort its NCCL communicators and write its rescue "
+        "(0 leaves a hung collective blocked, 1 and 3 end the process first)"
+    )
+
+
+def nccl_error_handling_not_set(environ: Mapping[str, str]) -> str | None:
+    """For a NCCL group someone else made (a user's script, after reading ``environ``): the
+    warning when it was made without the value the abort needs (None: it was)."""
+    current = environ.get(NCCL_ERROR_HANDLING_ENV)
+    if current is not None and current.strip() == NCCL_ERROR_HANDLING:
+        return None
+    return (
+        f"{NCCL_ERROR_HANDLING_ENV}={current!r} when the process group was made: set it to "
+        f"{NCCL_ERROR_HANDLING} before dist.init_process_group (the elastic-etcd rendezvous "
+        "does for its workers), else a peer's loss may end this process before its rescue"
+    )
+
+
+def set_nccl_error_handling(environ: MutableMapping[str, str] | None = None) -> None:
+    """Set ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` for process groups made after this (in this
+    process and its children), logging a value it replaces."""
+    environ = os.environ if environ is None else environ
+    warning = nccl_error_handling_override(environ)
+    if warning is not None:
+        log.warning("%s", warning)
+    environ[NCCL_ERROR_HANDLING_ENV] = NCCL_ERROR_HANDLING
 
 
 class CollectiveAborted(RuntimeError):
@@ -148,7 +194,7 @@ def init_process_group(placement: Placement, timeout_s: float) -> None:
     """The default process group for ``placement``, bound to its device, with ``timeout_s``
     for every collective (torch's defaults: 10 min NCCL, 30 min Gloo)."""
     if placement.backend == "nccl":
-        os.environ.setdefault(*NCCL_ERROR_HANDLING)
+        set_nccl_error_handling()
     dist.init_process_group(
         placement.backend,
         timeout=timedelta(seconds=timeout_s),
@@ -178,25 +224,38 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 
 def stall_is_abortable(
-    now: float, sigterm_at: float | None, progress_at: float, grace_s: float
+    now: float, stop_at: float | None, progress_at: float, grace_s: float
 ) -> bool:
-    """Abort when a SIGTERM came and no step finished for ``grace_s`` since it (or since the
-    last one after it): a healthy world reaches its agreed stop within a sync interval."""
-    if sigterm_at is None:
+    """Abort when this process was told to stop (SIGTERM, or its round broke: ``stop_at``, the
+    first of them) and no step finished for ``grace_s`` since then (or since the last one after
+    it): a healthy world reaches its agreed stop within a sync interval."""
+    if stop_at is None:
         return False
-    return now - max(sigterm_at, progress_at) >= grace_s
+    return now - max(stop_at, progress_at) >= grace_s
 
 
 class StallAbort:
-    """Aborts ``abort()`` (the process group) when this process was asked to stop (SIGTERM) and
-    its training thread then makes no progress for ``grace_s``. ``progress()`` after each
-    finished step; ``close()`` at the end. One per process (it owns the signal wakeup fd)."""
+    """Aborts ``abort()`` (the process group) when this process was told to stop (SIGTERM, or
+    ``round_broken()``) and its training thread then makes no progress for ``grace_s``.
+    ``progress()`` after each finished step; ``close()`` at the end. One per process (it owns
+    the signal wakeup fd). ``clock``: seconds, monotonic (tests pass their own)."""
 
-    def __init__(self, grace_s: float, abort: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        grace_s: float,
+        abort: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+        poll_s: float = 0.05,
+    ) -> None:
         self.grace_s = grace_s
         self._abort = abort
-        self._progress_at = time.monotonic()
-        self._sigterm_at: float | None = None
+        self._clock = clock
+        self._poll_s = poll_s
+        self._progress_at = clock()
+        self._stop_at: float | None = None
+        self._stop_reason = ""
+        self._stop_lock = threading.Lock()
+        self._on_close: list[Callable[[], None]] = []
         self.aborted = False  # set before the abort: whoever sees False saw a whole collective
         self._closed = threading.Event()
         self._reader, self._writer = socket.socketpair()
@@ -207,36 +266,60 @@ class StallAbort:
         self._thread.start()
 
     def progress(self) -> None:
-        self._progress_at = time.monotonic()
+        self._progress_at = self._clock()
+
+    @property
+    def stop_reason(self) -> str | None:
+        """What told this process to stop (None: nothing yet)."""
+        return self._stop_reason if self._stop_at is not None else None
+
+    def round_broken(self, reason: str) -> None:
+        """This process's round lost a participant (any thread may call it)."""
+        self._stopped(f"round broken ({reason})")
 
     def check(self) -> None:
         """Raise ``CollectiveAborted`` when the group was aborted: a collective cut short
         returns (partial data) instead of raising."""
         if self.aborted:
-            raise CollectiveAborted("process group aborted after SIGTERM; a peer is gone")
+            raise CollectiveAborted(
+                f"process group aborted after {self._stop_reason}; a peer is gone"
+            )
+
+    def on_close(self, release: Callable[[], None]) -> None:
+        """Run ``release`` (what feeds ``round_broken``) when this closes."""
+        self._on_close.append(release)
 
     def close(self) -> None:
         if self._closed.is_set():
             return
         self._closed.set()
+        for release in reversed(self._on_close):
+            try:
+                release()
+            except Exception as error:  # noqa: BLE001 - closing must not fail training's end
+                log.warning("stall abort clean-up failed error=%r", error)
         with contextlib.suppress(ValueError):  # not the main thread: nothing to restore
             signal.set_wakeup_fd(self._previous_fd)
         self._thread.join(timeout=1)
         self._reader.close()
         self._writer.close()
 
+    def _stopped(self, reason: str) -> None:
+        with self._stop_lock:
+            if self._stop_at is None:
+                self._stop_at, self._stop_reason = self._clock(), reason
+
     def _watch(self) -> None:
-        while not self._closed.wait(0.1 if self._sigterm_at is None else 0.05):
+        while not self._closed.wait(self._poll_s):
             with contextlib.suppress(BlockingIOError, OSError):
-                if signal.SIGTERM in self._reader.recv(64) and self._sigterm_at is None:
-                    self._sigterm_at = time.monotonic()
-            if stall_is_abortable(
-                time.monotonic(), self._sigterm_at, self._progress_at, self.grace_s
-            ):
+                if signal.SIGTERM in self._reader.recv(64):
+                    self._stopped("SIGTERM")
+            if stall_is_abortable(self._clock(), self._stop_at, self._progress_at, self.grace_s):
                 log.warning(
-                    "aborting process group pid=%d reason=no step finished %.1fs after SIGTERM",
+                    "aborting process group pid=%d reason=no step finished %.1fs after %s",
                     os.getpid(),
                     self.grace_s,
+                    self._stop_reason,
                 )
                 self.aborted = True
                 try:

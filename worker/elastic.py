@@ -30,7 +30,11 @@ Five added lines make a DDP script (e.g. pytorch/examples' DDP tutorial) elastic
   position) and, when any rank got SIGTERM, makes every rank stop at the same step after a
   committed snapshot: nothing trained is lost. An uncaught exception (a peer died) first
   writes this rank's rescue: the state after its last counted step, which the next world
-  restores when it is the newest.
+  restores when it is the newest. Under NCCL a rank blocked in a collective whose peer died is
+  freed first: the same stall abort as the runtime's (``worker/device.py``,
+  ``worker/peer_loss.py``), started by SIGTERM or the round breaking; each
+  ``optimizer.step()`` then waits for the gradients' allreduce and raises
+  ``CollectiveAborted`` instead of applying partial gradients.
 
 Settings come from the environment the master sets (``kfp_elastic/job_env.py``); under a plain
 ``torchrun --rdzv-backend=elastic-etcd`` the rendezvous plugin gives the etcd connection and
@@ -55,6 +59,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset, default_collate
+from torch.utils.hooks import RemovableHandle
 
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.settings import EtcdSettings
@@ -62,7 +67,9 @@ from kfp_elastic.job_env import SNAPSHOT_DIR_ENV, JobEnv
 
 from .collective import EXIT_PREEMPTED, gathered, shared
 from .data_plan import epoch_order, step_ids, steps_left
+from .device import nccl_error_handling_not_set, settle
 from .finite_loss import NonFiniteLoss, skips_step
+from .peer_loss import watch_stalls
 from .progress import INITIAL, Committed, Manifest, Progress, commit_with_retry, ensure_manifest
 from .rescue import Rescues
 from .restore import newest_state
@@ -129,6 +136,24 @@ class State:
         self._snapshot_step = 0
         self._step_times: collections.deque[float] = collections.deque(maxlen=8)
         signal.signal(signal.SIGTERM, self._on_sigterm)
+        # NCCL: a collective whose peer died is aborted (after SIGTERM or when the round breaks,
+        # ``worker/peer_loss.py``) so that the rescue below gets written; an optimizer step
+        # first waits for the gradients' allreduce and refuses partial ones.
+        nccl = _nccl()
+        if nccl and (problem := nccl_error_handling_not_set(os.environ)) is not None:
+            log.warning("%s", problem)
+        self.stall = watch_stalls(
+            dist.get_backend(),
+            self.settings.collective_abort,
+            EtcdSettings.from_env() if nccl else None,
+            self.settings.run_id,
+        )
+        self._settle_hook: RemovableHandle | None = None
+        if self.stall is not None:
+            stall = self.stall
+            self._settle_hook = optimizer.register_step_pre_hook(
+                lambda *_: settle(_collective_device(), stall)
+            )
         previous_hook = sys.excepthook
 
         def rescue_then_report(kind: type, error: BaseException, trace: Any) -> None:
@@ -169,10 +194,14 @@ class State:
         if epoch_end:
             self.epoch, self.position = self.epoch + 1, 0
         self._rng = rng_state()
+        if self.stall is not None:
+            self.stall.progress()
         done = self.epoch >= self.manifest.epochs
         if not (done or epoch_end or self.step >= self._sync_at):
             return
         stop, snapshot = self._sync(epoch_end)
+        if stop:
+            self._close_stall()  # the stop is agreed: no collective can hang now
         if snapshot or stop or done:
             self._snapshot(complete=done, wait=stop or done, stopping=stop)
         if stop:
@@ -187,6 +216,7 @@ class State:
     def finish(self) -> None:
         """The end of training: rank 0 waits for the last snapshot and writes the final model
         to ``$KFP_ELASTIC_OUTPUT`` (``torch.save`` of the model's ``state_dict``)."""
+        self._close_stall()  # saving and the final barrier may take longer than a step
         if self.rank == 0:
             self.snapshots.wait()
             if self.settings.output:
@@ -199,11 +229,19 @@ class State:
     def close(self) -> None:
         """Release rank 0's etcd connection once no snapshot is in flight (``finish`` and the
         SIGTERM exit call it; safe to call again)."""
+        self._close_stall()
         if self.progress is not None:
             self.snapshots.wait()
             with contextlib.suppress(Exception):
                 self.progress.close()
             self.progress = None
+
+    def _close_stall(self) -> None:
+        if self.stall is not None:
+            self.stall.close()
+        if self._settle_hook is not None:
+            self._settle_hook.remove()
+            self._settle_hook = None
 
     # -- the data plan ------------------------------------------------------------------------
     def _attach_dataset(self, length: int) -> None:
@@ -312,12 +350,13 @@ class State:
                 self.step, epoch_end, trained_s, self.snapshots.last_cost_s
             )
             decisions = (int(due), next_sync_step(self.step, step_time, self.snapshot_policy.every))
-        device = torch.device("cuda", torch.cuda.current_device()) if _nccl() else "cpu"
         flags = torch.tensor(
             [float(self._stop_requested), *map(float, decisions)], dtype=torch.float64
-        ).to(device)
+        ).to(_collective_device())
         dist.all_reduce(flags)
         stop, snapshot, sync_at = (float(x) for x in flags.cpu().tolist())
+        if self.stall is not None:
+            self.stall.check()  # an aborted allreduce returns whatever was there
         self._sync_at = int(sync_at)
         self._synced = (time.monotonic(), self.step)
         return stop > 0, snapshot > 0
@@ -397,6 +436,13 @@ def _show_logs() -> None:
 
 def _nccl() -> bool:
     return dist.get_backend() == "nccl"
+
+
+def _collective_device() -> torch.device:
+    """Where this process's collective tensors live: NCCL reduces device tensors only."""
+    if _nccl():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 class ElasticSampler:

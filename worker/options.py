@@ -121,8 +121,8 @@ def parse_args(
         "--collective-abort",
         type=float,
         default=job.DEFAULT_COLLECTIVE_ABORT_S,
-        help="NCCL: seconds after SIGTERM without a finished step before the communicator is "
-        "aborted (a peer died) and the rescue written",
+        help="NCCL: seconds without a finished step after SIGTERM or a broken rendezvous round "
+        "before the communicators are aborted (a peer died) and the rescue written",
     )
     # The master hands its etcd settings to every worker as KFP_ELASTIC_ETCD_* variables.
     etcd_settings.add_arguments(parser)

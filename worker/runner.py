@@ -32,8 +32,6 @@ from .collective import EXIT_PREEMPTED, gathered, shared
 from .data_plan import epoch_order
 from .device import (
     Placement,
-    StallAbort,
-    abort_process_group,
     init_process_group,
     place_this_process,
     settle,
@@ -41,6 +39,7 @@ from .device import (
 )
 from .model_def import ModelDef, checked_scheduler, load_model_def
 from .options import parse_args
+from .peer_loss import watch_stalls
 from .policy import BatchPolicy, step_shape
 from .progress import Committed, Manifest, Progress, commit_with_retry, ensure_manifest
 from .rescue import Rescues
@@ -74,10 +73,8 @@ class Trainer:
         self.train_set = model_def.dataset("train")
         self.stop_requested = False
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        self.stall = (
-            StallAbort(args.collective_abort, abort_process_group)
-            if placement.backend == "nccl"
-            else None
+        self.stall = watch_stalls(
+            placement.backend, args.collective_abort, args.etcd_settings, run_id
         )
         self.manifest: Manifest = shared(self._manifest() if self.rank == 0 else None)
         base = args.base_world_size or self.world

@@ -18,12 +18,16 @@ import torch
 
 from kfp_elastic.rendezvous.embedded_etcd import free_port
 from kfp_elastic.worker.device import (
+    NCCL_ERROR_HANDLING_ENV,
     CollectiveAborted,
     DeviceError,
     StallAbort,
     backend_for,
     choose_device,
     explain_device,
+    nccl_error_handling_not_set,
+    nccl_error_handling_override,
+    set_nccl_error_handling,
     settle,
     stall_is_abortable,
     to_device,
@@ -91,19 +95,19 @@ def test_batches_on_the_cpu_are_left_as_they_are() -> None:
 
 
 @pytest.mark.parametrize(
-    ("now", "sigterm_at", "progress_at", "abort"),
+    ("now", "stop_at", "progress_at", "abort"),
     [
-        (100.0, None, 0.0, False),  # no SIGTERM: a slow collective is the timeout's business
+        (100.0, None, 0.0, False),  # no stop signal: a slow collective is the timeout's business
         (104.0, 100.0, 90.0, False),  # within the grace
-        (105.0, 100.0, 90.0, True),  # no step since the SIGTERM for the grace: stuck
+        (105.0, 100.0, 90.0, True),  # no step since the stop signal for the grace: stuck
         (105.0, 100.0, 102.0, False),  # steps still finish: the agreed stop is coming
         (107.0, 100.0, 102.0, True),  # ... until they stop finishing
     ],
 )
-def test_a_stall_after_sigterm_is_aborted_after_the_grace(
-    now: float, sigterm_at: float | None, progress_at: float, abort: bool
+def test_a_stall_after_a_stop_signal_is_aborted_after_the_grace(
+    now: float, stop_at: float | None, progress_at: float, abort: bool
 ) -> None:
-    assert stall_is_abortable(now, sigterm_at, progress_at, grace_s=5.0) is abort
+    assert stall_is_abortable(now, stop_at, progress_at, grace_s=5.0) is abort
 
 
 RANK = textwrap.dedent(
@@ -171,3 +175,102 @@ def test_an_abort_is_visible_to_the_training_thread_before_the_optimizer_step() 
     finally:
         stall.close()
         signal.signal(signal.SIGTERM, previous)
+
+
+class FakeClock:
+    """Monotonic seconds the test sets; ``wait_reads(n)`` returns once the watcher has read
+    the clock ``n`` more times, i.e. has decided again on the time the test set."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self._reads = 0
+        self._changed = threading.Condition()
+
+    def __call__(self) -> float:
+        with self._changed:
+            self._reads += 1
+            self._changed.notify_all()
+            return self.now
+
+    def wait_reads(self, count: int = 3) -> None:
+        with self._changed:
+            target = self._reads + count
+            assert self._changed.wait_for(lambda: self._reads >= target, timeout=30)
+
+
+def test_a_broken_round_aborts_a_stalled_collective_without_any_sigterm() -> None:
+    clock, aborted = FakeClock(), threading.Event()
+    stall = StallAbort(5.0, aborted.set, clock=clock, poll_s=0.001)
+    try:
+        clock.now += 600  # no stop signal: however long it takes, nothing is aborted
+        clock.wait_reads()
+        assert not aborted.is_set()
+        stall.round_broken("participant(s) lost: node-b")
+        clock.now += 4.9  # within the grace
+        clock.wait_reads()
+        assert not aborted.is_set()
+        clock.now += 0.1
+        assert aborted.wait(30)
+        assert stall.aborted
+        with pytest.raises(CollectiveAborted, match="round broken .participant.s. lost: node-b"):
+            settle(torch.device("cpu"), stall)
+    finally:
+        stall.close()
+
+
+def test_steps_that_still_finish_after_a_round_broke_are_not_aborted() -> None:
+    clock, aborted = FakeClock(), threading.Event()
+    stall = StallAbort(5.0, aborted.set, clock=clock, poll_s=0.001)
+    try:
+        stall.round_broken("participant(s) restarted: node-b")
+        for _ in range(3):  # a world that keeps stepping reaches its agreed stop
+            clock.now += 4.0
+            stall.progress()
+            clock.wait_reads()
+            assert not aborted.is_set()
+        clock.now += 5.0
+        assert aborted.wait(30)
+    finally:
+        stall.close()
+
+
+def test_closing_the_stall_abort_releases_what_feeds_it() -> None:
+    released: list[str] = []
+    stall = StallAbort(5.0, lambda: None)
+    stall.on_close(lambda: released.append("watch"))
+    stall.on_close(lambda: released.append("client"))
+    stall.close()
+    stall.close()  # safe to call again
+    assert released == ["client", "watch"]
+
+
+@pytest.mark.parametrize("value", [None, "2", " 2 "])
+def test_the_nccl_error_handling_the_abort_needs_is_set_quietly(value: str | None) -> None:
+    environ = {} if value is None else {NCCL_ERROR_HANDLING_ENV: value}
+    assert nccl_error_handling_override(environ) is None
+    set_nccl_error_handling(environ)
+    assert environ == {NCCL_ERROR_HANDLING_ENV: "2"}
+
+
+@pytest.mark.parametrize("value", ["0", "1", "3"])
+def test_another_nccl_error_handling_is_overridden_and_logged(
+    value: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    environ = {NCCL_ERROR_HANDLING_ENV: value}
+    with caplog.at_level(logging.WARNING, logger="kfp_elastic.worker.device"):
+        set_nccl_error_handling(environ)
+    assert environ == {NCCL_ERROR_HANDLING_ENV: "2"}
+    assert f"TORCH_NCCL_ASYNC_ERROR_HANDLING='{value}' overridden with 2" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("value", "warned"), [(None, True), ("3", True), ("0", True), ("2", False)]
+)
+def test_a_script_whose_group_was_made_without_the_setting_is_warned(
+    value: str | None, warned: bool
+) -> None:
+    environ = {} if value is None else {NCCL_ERROR_HANDLING_ENV: value}
+    warning = nccl_error_handling_not_set(environ)
+    assert (warning is not None) is warned
+    if warning:
+        assert "set it to 2 before dist.init_process_group" in warning

@@ -1,0 +1,86 @@
+"""The script API's stall abort (worker/elastic.py): a world of one on Gloo, whose State is
+given the NCCL stall abort with a stand-in for the communicator abort. After the round breaks,
+the next ``optimizer.step()`` refuses the (partial) gradients and the uncaught error writes the
+rescue of the last counted step."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from kfp_elastic.job_env import JobEnv
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, free_port
+from kfp_elastic.worker import elastic, peer_loss
+from kfp_elastic.worker.device import CollectiveAborted, StallAbort
+from kfp_elastic.worker.rescue import Rescues
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[None]:
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_a_script_stalled_after_its_round_broke_is_aborted_and_rescued(
+    world_of_one: None,
+    etcd: EmbeddedEtcd,
+    run_id: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in etcd.client_settings().to_env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "excepthook", lambda *_: None)  # State chains to it; restored
+    aborted = threading.Event()
+    made: list[StallAbort | None] = []
+
+    def nccl_stall(backend: str, grace_s: float, etcd: object, run: str) -> StallAbort | None:
+        assert backend == "gloo" and grace_s == 7.0 and run == run_id
+        stall = peer_loss.watch_stalls("nccl", 0.0, None, run, {}, abort=aborted.set)
+        made.append(stall)
+        return stall
+
+    monkeypatch.setattr(elastic, "watch_stalls", nccl_stall)
+    model = torch.nn.Linear(1, 1, bias=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    settings = JobEnv(
+        run_id=run_id, snapshot_dir=str(tmp_path), epochs=1, batch_size=1, collective_abort=7.0
+    )
+    state = elastic.State(model, optimizer, settings=settings)
+    loader = elastic.DataLoader(torch.utils.data.TensorDataset(torch.ones(8, 1)), state)
+    stall = made[0]
+    assert stall is not None and state.stall is stall
+    batches = iter(loader)
+    for _ in range(2):
+        (inputs,) = next(batches)
+        model(inputs).sum().backward()
+        optimizer.step()
+        state.commit()
+    trained = model.weight.detach().clone()
+    stall.round_broken("participant(s) lost: node-b")
+    assert aborted.wait(30)
+    (inputs,) = next(batches)
+    model(inputs).sum().backward()
+    with pytest.raises(CollectiveAborted) as raised:
+        optimizer.step()  # the aborted allreduce's gradients never reach the parameters
+    assert torch.equal(model.weight, trained)
+    sys.excepthook(CollectiveAborted, raised.value, raised.value.__traceback__)
+    found = Rescues(tmp_path, run_id).newest_after(0)
+    assert found is not None and found[0] == 2
+    assert torch.equal(found[1]["model"]["weight"], trained)
+    state.close()

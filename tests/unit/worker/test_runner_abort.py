@@ -1,0 +1,87 @@
+"""The runtime's stall abort (worker/runner.py): a world of one on Gloo whose Trainer is given
+the NCCL stall abort with a stand-in for the communicator abort. When its round breaks after a
+step, the next step refuses its (partial) gradients and the rescue of the finished step is
+written before the error leaves ``run()``."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, free_port
+from kfp_elastic.worker import runner
+from kfp_elastic.worker.device import CollectiveAborted, Placement, StallAbort
+from kfp_elastic.worker.model_def import load_model_def
+from kfp_elastic.worker.options import parse_args
+from kfp_elastic.worker.rescue import Rescues
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[None]:
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class BreaksAfterFirstStep(StallAbort):
+    """The round breaks right after the first finished step, and the abort is done before the
+    training thread goes on (a real one comes from the watch thread, ``grace_s`` later)."""
+
+    def __init__(self, aborted: threading.Event) -> None:
+        super().__init__(0.0, aborted.set)
+        self._aborted_event = aborted
+        self._steps = 0
+
+    def progress(self) -> None:
+        super().progress()
+        self._steps += 1
+        if self._steps == 1:
+            self.round_broken("participant(s) lost: node-b")
+            assert self._aborted_event.wait(30)
+
+
+def test_the_runtime_stalled_after_its_round_broke_is_aborted_and_rescued(
+    world_of_one: None,
+    etcd: EmbeddedEtcd,
+    run_id: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in etcd.client_settings().to_env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", run_id)
+    aborted = threading.Event()
+    made: list[StallAbort] = []
+
+    def nccl_stall(backend: str, grace_s: float, etcd: object, run: str) -> StallAbort:
+        assert backend == "gloo" and grace_s == 7.0 and run == run_id
+        made.append(BreaksAfterFirstStep(aborted))
+        return made[0]
+
+    monkeypatch.setattr(runner, "watch_stalls", nccl_stall)
+    args = parse_args(
+        ["--model-def", "tests.model_defs.counting", "--snapshot-dir", str(tmp_path)]
+        + ["--collective-abort", "7", "--batch-size", "4", "--snapshot-every", "100"]
+    )
+    trainer = runner.Trainer(
+        args, load_model_def(args.model_def), Placement(torch.device("cpu"), "gloo")
+    )
+    with pytest.raises(CollectiveAborted, match="round broken"):
+        trainer.run()
+    found = Rescues(tmp_path, run_id).newest_after(0)
+    assert found is not None and found[0] == 1  # the finished step, not the refused one
+    counts = found[1]["model"]["counts"]
+    assert counts.sum() == 4  # one step of a global batch of 4: each sample counted once
