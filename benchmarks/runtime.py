@@ -988,6 +988,9 @@ def summarize(report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
         stall = micro["ten_steps_after_save_noop_commit_ms"] - micro["ten_steps_ms"]
         stall_etcd = micro.get("ten_steps_after_save_etcd_commit_ms")
         summary["background_stall_ms"] = round(stall, 3)
+        summary["sync_snapshot_ms"] = micro["sync_save_call_ms"]
+        summary["snapshot_write_ms"] = micro["packed_write_ms"]
+        summary["torch_save_ms"] = micro["torch_save_ms"]
         print(
             f"(c) micro, in-process, medians of {args.micro_n}:\n"
             f"    synchronous part of a snapshot (Trainer._commit state + Snapshotter.save): "
