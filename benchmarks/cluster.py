@@ -62,6 +62,7 @@ from benchmarks.harness import (
     add_common_options,
     check_common_options,
     export_checkout_to_children,
+    first_after,
     run_in_work_dir,
     start_etcd,
     write_result,
@@ -96,12 +97,6 @@ class Measured:
     victim: str = ""  # shrink: the worker taken away
     victim_rank: int | None = None  # its rank in the world before
     error: str | None = None
-
-
-def first_after(times: Iterable[float], after: float) -> float | None:
-    """Seconds from ``after`` to the earliest of ``times`` later than it (None: none later)."""
-    later = [t for t in times if t > after]
-    return round(min(later) - after, 3) if later else None
 
 
 def step_times(steps: Iterable[Mapping[str, Any]], world: int) -> list[float]:

@@ -1,6 +1,7 @@
 """What every benchmark suite shares: its work directory and embedded etcd (stopped on exit, error,
-Ctrl-C or SIGTERM), the options every suite takes (``--quick``, ``--out``), and its result: one
-JSON file with the environment, date and commit, and a summary table printed at the end.
+Ctrl-C or SIGTERM), helpers for its local agents, the options every suite takes (``--quick``,
+``--out``), and its result: one JSON file with the environment, date and commit, and a summary
+table printed at the end.
 
 Results go to ``benchmarks/results/<suite>/<suite>-<YYYY-MM-DD>-<shortcommit>.json``; a
 ``--quick`` run (a smoke run, its numbers mean little) writes under a new temporary directory
@@ -14,16 +15,17 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
-from kfp_elastic.rendezvous.local_agents import run_with_cleanup
+from kfp_elastic.rendezvous.local_agents import AgentGroup, run_with_cleanup
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS = REPO_ROOT / "benchmarks" / "results"
@@ -164,6 +166,19 @@ def summary_table(suite: str, summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- numbers
+
+
+def median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def first_after(times: Iterable[float], after: float) -> float | None:
+    """Seconds from ``after`` to the earliest of ``times`` later than it (None: none later)."""
+    later = [t for t in times if t > after]
+    return round(min(later) - after, 3) if later else None
+
+
 # --------------------------------------------------------------------------- processes
 
 
@@ -187,6 +202,23 @@ def start_etcd(
     stack.callback(etcd.stop)
     etcd.start()
     return etcd
+
+
+def worker_pids(group: AgentGroup) -> set[int]:
+    """The processes below the group's agents (the workers), not the agents themselves."""
+    pids: set[int] = set()
+    for agent in group.agents:
+        pids |= agent.tree_pids() - ({agent.pid} if agent.process else set())
+    return pids
+
+
+def agents_done(group: AgentGroup) -> bool:
+    return all(not agent.alive() for agent in group.agents)
+
+
+def group_log(group: AgentGroup) -> str:
+    """Every agent's log (its workers' output included), one after the other."""
+    return "\n".join(agent.log_text() for agent in group.agents)
 
 
 def export_checkout_to_children() -> None:

@@ -42,6 +42,8 @@ from benchmarks.form_processes import form_round_processes
 from benchmarks.harness import (
     add_common_options,
     check_common_options,
+    first_after,
+    median,
     run_in_work_dir,
     start_etcd,
     write_result,
@@ -137,15 +139,6 @@ def plugin_log_times(text: str, needle: str) -> list[float]:
             stamp = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
             found.append(stamp.timestamp())
     return found
-
-
-def first_after(times: list[float], after: float) -> float | None:
-    later = [t - after for t in times if t > after]
-    return round(min(later), 3) if later else None
-
-
-def median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
 
 
 def summarize(runs: list[Run], cap: float) -> dict[str, Any]:

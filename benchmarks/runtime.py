@@ -75,9 +75,13 @@ from typing import Any
 
 from benchmarks.harness import (
     add_common_options,
+    agents_done,
     check_common_options,
+    group_log,
+    median,
     run_in_work_dir,
     start_etcd,
+    worker_pids,
     write_result,
 )
 from kfp_elastic.job_spec import DEVICES
@@ -103,22 +107,6 @@ def steps_per_epoch(world: int) -> int:
     return -(-TRAIN_SAMPLES // (world * BATCH))
 
 
-def median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def worker_pids(group: AgentGroup) -> set[int]:
-    """The processes below the group's agents (the workers), not the agents themselves."""
-    pids: set[int] = set()
-    for agent in group.agents:
-        pids |= agent.tree_pids() - ({agent.pid} if agent.process else set())
-    return pids
-
-
-def agents_done(group: AgentGroup) -> bool:
-    return all(not agent.alive() for agent in group.agents)
-
-
 _WORKER_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] worker (\w+) (.*)$")
 
 
@@ -131,10 +119,6 @@ def worker_lines(text: str, needle: str) -> list[tuple[float, str]]:
             stamp = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
             found.append((stamp, match.group(3)))
     return found
-
-
-def group_log(group: AgentGroup) -> str:
-    return "\n".join(agent.log_text() for agent in group.agents)
 
 
 # --------------------------------------------------------------------------- throughput
