@@ -2,7 +2,7 @@
 snapshot next to ``torch.save`` of the same state; DLRover's Flash Checkpoint, the field's
 anchor, blocks ≈ 0.2 s per checkpoint: docs/benchmarks.md):
 
-    python benchmarks/elastic_runtime.py --parts micro --model 1b --device cuda --micro-n 10
+    python -m benchmarks runtime --parts micro --model 1b --device cuda --micro-n 10
 
 The digits data through a deep MLP (64 → 8192, 16 × 8192², 8192 → 10: 1.07 B parameters,
 4.3 GB in fp32, 8.6 GB with SGD momentum). Far too big for the CI machines (it is never

@@ -1,7 +1,7 @@
 """Round formation with the N handlers spread over several processes (as agents on N hosts
-would be, as far as 2 cores allow): used by ``rendezvous_recovery.py --form-processes P``.
+would be, as far as 2 cores allow): used by ``python -m benchmarks rendezvous --form-processes P``.
 
-The parent starts P children (``python benchmarks/form_processes.py SPEC.json INDEX``); each
+The parent starts P children (``python -m benchmarks.form_processes SPEC.json INDEX``); each
 creates its share of handlers, prints ``ready``, waits for ``go`` on stdin, calls
 ``next_rendezvous()`` in one thread per handler, prints one JSON line of results (wall-clock
 finish times and ranks) and shuts its handlers down when the parent sends ``exit``. Seconds =
@@ -22,7 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.harness import REPO_ROOT
+
 # After all returned: time for work a handler does in the background (members' full view).
 SETTLE_S = 1.0
 
@@ -113,7 +114,7 @@ def form_round_processes(
     }
     children = [
         subprocess.Popen(
-            [sys.executable, __file__, spec_file.name, str(i)],
+            [sys.executable, "-m", "benchmarks.form_processes", spec_file.name, str(i)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

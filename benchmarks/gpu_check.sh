@@ -366,12 +366,12 @@ run 150 e2e_single $PY "$S/gpu_e2e.py" single "$DEVICE"
 run 180 e2e_multi $PY "$S/gpu_e2e.py" multi "$DEVICE"
 # 5. benchmarks/billion_params on the GPU: blocking time of Snapshotter.save, pinned buffer, RSS
 # 6. the project's snapshot micro-benchmark on the GPU (small model: pinned D2H path, timings)
-run 90 micro_wide $PY benchmarks/elastic_runtime.py --parts micro --model wide --device "$DEVICE" \
+run 90 micro_wide $PY -m benchmarks runtime --parts micro --model wide --device "$DEVICE" \
   --micro-n 20 --out "$OUT/micro_wide_$DEVICE.json"
 # 7. the project's device/snapshot unit tests, now on a CUDA build of torch
 run 90 unit_tests $PY -m pytest -q -p no:cacheprovider --noconftest tests/unit/worker/test_device.py \
   tests/unit/worker/test_snapshot_format.py tests/unit/worker/test_train_step.py
-[ -n "${RUN_1B_MICRO:-}" ] && run 420 micro_1b $PY benchmarks/elastic_runtime.py --parts micro --model 1b \
+[ -n "${RUN_1B_MICRO:-}" ] && run 420 micro_1b $PY -m benchmarks runtime --parts micro --model 1b \
   --device cuda --micro-n 10 --out "$OUT/micro_1b.json"
 [ -n "${RUN_E2E_TESTS:-}" ] && run 300 e2e_tests $PY -m pytest -x -q -p no:cacheprovider tests/e2e/test_rescue.py
 step "summary"

@@ -1,7 +1,8 @@
-"""A plain, static torchrun DDP job: the baseline for ``benchmarks/elastic_runtime.py``.
+"""A plain, static torchrun DDP job: the baseline of ``python -m benchmarks runtime``.
 
-    torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT \\
-        benchmarks/static_ddp_baseline.py --epochs 20 --batch-size 32 --steps-file steps.jsonl
+    PYTHONPATH=. torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d \\
+        --rdzv-endpoint=HOST:PORT -m benchmarks.static_ddp_baseline \\
+        --epochs 20 --batch-size 32 --steps-file steps.jsonl
 
 The same model, data, optimizer and global batch as ``python -m kfp_elastic.worker --model-def
 kfp_elastic.worker.examples.digits --batch-size 32`` at the same world size
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -28,12 +28,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script by torchrun
-
-from benchmarks.timed_model_def import StepLog  # noqa: E402
-from kfp_elastic.job_spec import DEVICES  # noqa: E402
-from kfp_elastic.worker.device import place_this_process, to_device  # noqa: E402
-from kfp_elastic.worker.model_def import load_model_def  # noqa: E402
+from benchmarks.timed_model_def import StepLog
+from kfp_elastic.job_spec import DEVICES
+from kfp_elastic.worker.device import place_this_process, to_device
+from kfp_elastic.worker.model_def import load_model_def
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -20,7 +20,7 @@ static_ddp_baseline.py`` writes the same lines, so both sides pay the same few Â
 Without ``$TIMED_STEPS_FILE`` the lines go to ``timed_steps.jsonl`` in the run's snapshot
 directory (``$KFP_ELASTIC_SNAPSHOT_DIR``, which every launcher sets): worker pods get no
 environment of the benchmark's, only what the master gives them
-(``benchmarks/cluster_recovery.py``). The runtime finds its own files there by name
+(``python -m benchmarks cluster``). The runtime finds its own files there by name
 (``snapshot-*.pt``, ``rescue-*.pt``), so the extra file disturbs nothing.
 
 ``TIMED_ETCD_REQUEST_TIMEOUT=S`` (benchmark only): the runtime's etcd client gets an S-second

@@ -2,7 +2,7 @@
 step does real work (≈ 20 ms for 2 gloo workers on 2 cores, vs ≈ 4 ms for the digits MLP), so
 fixed per-step and per-snapshot costs weigh about as much as on a small real model.
 
-    python benchmarks/elastic_runtime.py --model wide
+    python -m benchmarks runtime --model wide
 """
 
 from __future__ import annotations

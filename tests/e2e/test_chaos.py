@@ -6,7 +6,7 @@ The compiled ``elastic-train`` task runs as the master pod with the production s
 the task again as a KFP retry, restart etcd, remove a node, add one), each event once the job
 committed progress since the previous one. The job must complete with every sample of every
 epoch counted exactly once, nothing left behind, and the final accuracy within 1 point of an
-undisturbed run. ``benchmarks/cluster_chaos.py`` runs the same with 20+ events.
+undisturbed run. ``python -m benchmarks chaos`` runs the same with 20+ events.
 
 The undisturbed reference is the same model definition trained by a static local torchrun job
 (one process, no disruption) on the job's own shard manifest, seed and global batch

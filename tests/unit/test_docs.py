@@ -7,9 +7,9 @@ nothing is left out silently. Every block, run or not, is also checked without r
 
 - Python blocks compile, and every ``kfp_elastic`` name they import exists (with the keyword
   arguments they pass to it).
-- Every ``kfp-elastic``, ``python -m kfp_elastic...``, ``torchrun`` and ``python benchmarks/...``
-  command line is parsed by the real argument parser of that command (nothing is started), so a
-  renamed subcommand or flag fails here.
+- Every ``kfp-elastic``, ``python -m kfp_elastic...``, ``torchrun`` and ``python -m benchmarks
+  <suite> ...`` command line is parsed by the real argument parser of that command or suite
+  (nothing is started), so a renamed subcommand, suite or flag fails here.
 - No page names a module that only imports from a checkout (``from rendezvous...``,
   ``python -m master...``): the installed names are ``kfp_elastic.*``.
 
@@ -373,19 +373,20 @@ def check_module(module: str, args: list[str]) -> None:
         check_subcommand(args if subcommand is None else [subcommand, *args])
 
 
-def check_benchmark(script: str, args: list[str]) -> None:
-    path = REPO_ROOT / script
-    assert path.is_file(), f"no {script}"
-    main = importlib.import_module(".".join(Path(script).with_suffix("").parts)).main
+def check_benchmark(args: list[str]) -> None:
+    """``python -m benchmarks ARGS``: the suite exists and its own parser accepts the options
+    (``parse_args`` only parses and checks: nothing runs)."""
+    from benchmarks import SUITES, suite_module
+    from benchmarks.__main__ import build_parser
+
     try:
-        with parse_only():
-            main(args)
-    except _Parsed:
-        return
+        if not args or args[0].startswith("-"):
+            build_parser().parse_args(args)
+            pytest.fail(f"python -m benchmarks {shlex.join(args)}: names no suite")
+        assert args[0] in SUITES, f"no suite {args[0]!r} (python -m benchmarks --help)"
+        suite_module(args[0]).parse_args(args[1:])
     except SystemExit as exit:
-        assert exit.code in (0, None), f"{script} {shlex.join(args)}: exit {exit.code}"
-        return
-    pytest.fail(f"{script} {shlex.join(args)} ran without parsing its arguments")
+        assert exit.code in (0, None), f"python -m benchmarks {shlex.join(args)}: exit {exit.code}"
 
 
 @pytest.mark.parametrize(
@@ -403,7 +404,9 @@ def test_command_names_an_existing_subcommand_and_flags(
         script = next((i for i, a in enumerate(args) if a == "-m"), None)
         if script is not None and script + 1 < len(args):
             check_module(args[script + 1], args[script + 2 :])
+    elif args[:2] == ["-m", "benchmarks"]:
+        check_benchmark(args[2:])
     elif args[:1] == ["-m"] and len(args) > 1:
         check_module(args[1], args[2:])
-    elif args and args[0].startswith("benchmarks/") and args[0].endswith(".py"):
-        check_benchmark(args[0], args[1:])
+    elif args and args[0].startswith("benchmarks/"):
+        pytest.fail(f"{shlex.join(argv)}: the benchmarks run as python -m benchmarks <suite>")

@@ -3,7 +3,7 @@
 :func:`plan_chaos` is the pure decision (a seed gives the same plan on every machine, so a failing
 seed can be replayed); :class:`ChaosExecutor` applies it to a running job
 (``training_run.TrainingRun``), one event after the job made progress since the previous one,
-for the chaos test (``tests/e2e/test_chaos.py``) and ``benchmarks/cluster_chaos.py``.
+for the chaos test (``tests/e2e/test_chaos.py``) and ``python -m benchmarks chaos``.
 
 The plan keeps the job able to finish: the cluster never has fewer nodes than the job's minimum
 (so it always ends with enough for the minimum world), and a node is never the last event's

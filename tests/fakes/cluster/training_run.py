@@ -1,7 +1,7 @@
 """One training job on the test cluster, run as a KFP run with the production settings runs.
 
 :class:`TrainingRun` sets up what ``tests/e2e/test_cluster_job.py``, the chaos test and
-``benchmarks/cluster_chaos.py`` share: etcd with mutual TLS (the embedded etcd stands in for the
+``python -m benchmarks chaos`` share: etcd with mutual TLS (the embedded etcd stands in for the
 StatefulSet), the production overlay's ConfigMap and the client Secret it names, the shard
 manifest (written by the shard task's own code), and the compiled ``elastic-train`` task as the
 master pod (``kfp_task.py``). It then exposes what a test or a disruption needs: the committed

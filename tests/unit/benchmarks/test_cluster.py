@@ -1,4 +1,4 @@
-"""``benchmarks/cluster_recovery.py`` without running it: the command line, ``--dry-run``, and the
+"""``python -m benchmarks cluster`` without running it: the command line, ``--dry-run``, and the
 pure parts that turn step lines and timeline times into the durations and ratios it reports."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cluster_recovery import (
+from benchmarks.cluster import (
     Measured,
     first_after,
     job_params,

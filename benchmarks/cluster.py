@@ -1,5 +1,6 @@
-"""The cluster path's overhead: a preemption and freed capacity on the test cluster, next to the
-same two events with local processes, in one run.
+"""The cluster path's overhead: a preemption and freed capacity, test cluster against local.
+
+The same two events on the test cluster and with local processes, in one run.
 
 Both paths run the same job (``benchmarks.timed_model_def`` over the digits model-def, 1..3
 workers, the same batch, step time and snapshot interval) against the same embedded etcd with
@@ -35,9 +36,9 @@ and kubelet, or the launcher's tick); what follows is the same on both paths (to
 
 Every process (pods, local workers, etcd) is killed on exit, error, Ctrl-C or SIGTERM.
 
-    python benchmarks/cluster_recovery.py                 # 3 repeats, ~5 min
-    python benchmarks/cluster_recovery.py --quick         # 1 repeat
-    python benchmarks/cluster_recovery.py --dry-run       # the plan, nothing started
+    python -m benchmarks cluster                 # 3 repeats, ~5 min
+    python -m benchmarks cluster --quick         # 1 repeat
+    python -m benchmarks cluster --dry-run       # the plan, nothing started
 """
 
 from __future__ import annotations
@@ -49,8 +50,6 @@ import logging
 import os
 import signal
 import statistics
-import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -59,9 +58,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from benchmarks.harness import (
+    add_common_options,
+    check_common_options,
+    export_checkout_to_children,
+    first_after,
+    run_in_work_dir,
+    start_etcd,
+    write_result,
+)
 
 TIMED = "benchmarks.timed_model_def"  # wraps the digits model-def (its default)
 STEPS_FILE = "timed_steps.jsonl"  # benchmarks/timed_model_def.py: STEPS_FILE_NAME
@@ -70,8 +75,7 @@ WORKER_CPU = 1  # a node of 3 CPUs holds 3 workers; the serving pod takes one wo
 EVENTS = ("shrink", "grow")
 PATHS = ("cluster", "local")
 TARGET_WORLD = {"shrink": 2, "grow": 3}
-DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "cluster_recovery.json"
-log = logging.getLogger("cluster_recovery")
+log = logging.getLogger("benchmarks.cluster")
 
 
 # -- pure parts ---------------------------------------------------------------------------------
@@ -93,12 +97,6 @@ class Measured:
     victim: str = ""  # shrink: the worker taken away
     victim_rank: int | None = None  # its rank in the world before
     error: str | None = None
-
-
-def first_after(times: Iterable[float], after: float) -> float | None:
-    """Seconds from ``after`` to the earliest of ``times`` later than it (None: none later)."""
-    later = [t for t in times if t > after]
-    return round(min(later) - after, 3) if later else None
 
 
 def step_times(steps: Iterable[Mapping[str, Any]], world: int) -> list[float]:
@@ -174,10 +172,16 @@ def table(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """``python -m benchmarks cluster``'s options."""
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks cluster",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     p.add_argument("--repeats", type=int, default=3, help="shrink + grow cycles per path")
-    p.add_argument("--quick", action="store_true", help="one repeat (a smoke run)")
+    add_common_options(p, "one repeat")
     p.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
     p.add_argument("--paths", default=",".join(PATHS), help="cluster,local or one of them")
     p.add_argument("--step-time", type=float, default=0.1, help="minimum seconds per step")
@@ -189,8 +193,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="extra --rdzv-conf of the local path's workers, e.g. warm_start_preload= (empty: "
         "no preload of the runtime and model definition, to measure what it saves)",
     )
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The options, checked, with ``--quick`` applied."""
+    p = build_parser()
     args = p.parse_args(argv)
+    check_common_options(p, args)
     if args.quick:
         args.repeats = 1
     args.paths = tuple(x for x in args.paths.split(",") if x)
@@ -589,19 +599,11 @@ class LocalPath:
 # -- main ---------------------------------------------------------------------------------------
 
 
-def _sigterm_as_exit(*_: object) -> None:
-    raise SystemExit(143)  # unwinds the ExitStack: every process and pod is cleaned up
-
-
 def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     from kfp_elastic.components.shard_dataset.shard import build_manifest
-    from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
     from kfp_elastic.rendezvous.testing_pki import generate_test_pki
 
-    # Pods and local workers import benchmarks.timed_model_def from this checkout.
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    )
+    export_checkout_to_children()  # pods and local workers import benchmarks.timed_model_def
     params = job_params(args)
     manifest = work_dir / "manifest.json"
     manifest.write_text(json.dumps(build_manifest("", TIMED, "train", SHARDS, 0)))
@@ -609,7 +611,7 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     runs: list[Measured] = []
     leftovers: dict[str, list[int]] = {}
     with contextlib.ExitStack() as stack:
-        etcd = stack.enter_context(EmbeddedEtcd(data_dir=work_dir / "etcd", tls=pki.server))
+        etcd = start_etcd(stack, work_dir, tls=pki.server)
         settings = etcd.client_settings(cert=str(pki.client_cert), key=str(pki.client_key))
         for name in args.paths:  # one job per path: alternating would double the start-ups
             job: TrainingPath
@@ -623,17 +625,22 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
                 runs += measure(job, args)
                 print(f"[{name}] done in {time.monotonic() - started:.0f} s", flush=True)
             leftovers[name] = sorted(job.leftovers())  # after the path's own clean-up
-    summary = summarize(runs)
     return {
-        "benchmark": "cluster_recovery",
-        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "cpus": os.cpu_count(),
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "job": params,
-        "summary": summary,
         "leftover_pids": leftovers,
         "runs": [asdict(r) for r in runs],
     }
+
+
+def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """Per event each path's median seconds and cluster / local (the table's numbers)."""
+    out: dict[str, Any] = {}
+    for event, row in summary.items():
+        for path in PATHS:
+            out[f"{event}.{path}.median_s"] = row[path]["median_s"]
+            out[f"{event}.{path}.measured"] = f"{row[path]['measured']}/{row[path]['runs']}"
+        out[f"{event}.cluster_over_local"] = row["ratio_cluster_local"]
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -641,23 +648,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     params = job_params(args)
     print(
         f"plan: paths={','.join(args.paths)} repeats={args.repeats} (shrink + grow each) "
-        f"settle_steps={args.settle_steps} cap={args.cap:.0f}s out={args.out}\n"
+        f"settle_steps={args.settle_steps} cap={args.cap:.0f}s\n"
         f"job: {json.dumps(params)}",
         flush=True,
     )
     if args.dry_run:
         return 0
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    signal.signal(signal.SIGTERM, _sigterm_as_exit)
-    with tempfile.TemporaryDirectory(prefix="cluster-recovery-") as tmp:
-        report = run(args, Path(tmp))
-    print(table(report["summary"]), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}", flush=True)
+    began = time.time()
+    report: dict[str, Any] = {"job": params, "leftover_pids": {}, "runs": []}
+    code, _ = run_in_work_dir(
+        "cluster-recovery-", False, lambda work_dir, _stack: report.update(run(args, work_dir))
+    )
+    summary = summarize([Measured(**r) for r in report["runs"]])
+    print(table(summary), flush=True)
+    report["events"] = summary
+    write_result("cluster", args, began, code == 0, headline(summary), report)
     failed = [r for r in report["runs"] if r["error"]]
-    return 1 if failed or any(report["leftover_pids"].values()) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return 1 if code or failed or any(report["leftover_pids"].values()) else 0

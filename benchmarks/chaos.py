@@ -1,6 +1,7 @@
 """Seeded chaos at one longer training job on the test cluster; what each event costs.
 
-    python benchmarks/cluster_chaos.py --seed 1 --events 20
+    python -m benchmarks chaos --seed 1 --events 20
+    python -m benchmarks chaos --quick        # 3 events
 
 The chaos test (``tests/e2e/test_chaos.py``) at length: the compiled ``elastic-train`` task as
 the master pod with the production settings on three one-worker nodes, and a ``plan_chaos`` plan
@@ -11,35 +12,43 @@ node removed: the first commit after a new rendezvous round), and event -> the n
 others (etcd restarted, master deleted, capacity added, a node without a worker removed). At the
 end: exactly-once (the model's per-sample counts and etcd's shard queues), leftovers, and the
 final accuracy next to an undisturbed run of the same model definition, global batch, shard
-manifest and seed (a static local torchrun job, measured in the same run). Writes
-``benchmarks/results/cluster_chaos[_<tag>].json``.
+manifest and seed (a static local torchrun job, measured in the same run). Writes the JSON
+report described in ``benchmarks/harness.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import statistics
-import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/ and benchmarks/
+from benchmarks.harness import (
+    add_common_options,
+    check_common_options,
+    export_checkout_to_children,
+    write_result,
+)
+from tests.fakes.cluster.chaos import ChaosExecutor, plan_chaos
+from tests.fakes.cluster.training_run import TrainingRun, undisturbed_accuracy
 
-from tests.fakes.cluster.chaos import ChaosExecutor, plan_chaos  # noqa: E402
-from tests.fakes.cluster.training_run import TrainingRun, undisturbed_accuracy  # noqa: E402
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RESULTS = REPO_ROOT / "benchmarks" / "results"
+QUICK_EVENTS = 3
 NODE = {"cpu": "1", "memory": "8Gi"}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """``python -m benchmarks chaos``'s options."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks chaos",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    add_common_options(parser, f"--events {QUICK_EVENTS}")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--events", type=int, default=20)
     parser.add_argument("--nodes", type=int, default=3, help="one-worker nodes at the start")
@@ -47,17 +56,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--epochs", type=int, default=0, help="default: 2 per event (10 steps each at world 3)"
     )
     parser.add_argument("--step-time", type=float, default=0.2)
-    parser.add_argument("--tag", default="", help="results/cluster_chaos_<tag>.json")
-    return parser.parse_args(argv)
+    return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The options, checked, with ``--quick`` applied."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_common_options(parser, args)
+    if args.quick:
+        args.events = QUICK_EVENTS
+    if args.events < 1:
+        parser.error("--events must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    began = time.time()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for noisy in ("tests.fakes", "kfp_elastic", "kubernetes", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.getLogger("tests.fakes.cluster.chaos").setLevel(logging.INFO)
-    os.environ["PYTHONPATH"] = str(REPO_ROOT)  # pods import tests.model_defs
+    export_checkout_to_children()  # pods import tests.model_defs
     params = {
         "model_def": "tests.model_defs.counted_blobs",
         "num_shards": 12,
@@ -72,14 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         "max_failures": 10 * args.events,  # SIGKILLed workers count as failures
     }
     plan = plan_chaos(args.seed, args.events, nodes=args.nodes, min_nodes=params["min_workers"])
-    began = time.monotonic()
+    job_began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="cluster-chaos-") as tmp:
         nodes = {f"node-{i}": NODE for i in range(1, args.nodes + 1)}
         with TrainingRun(Path(tmp) / "job", params, nodes=nodes) as run:
             run.start()
             outcomes = ChaosExecutor(run, NODE, timeout_s=180).apply(plan)
             phase = run.wait_done(600)
-            job_s = time.monotonic() - began
+            job_s = time.monotonic() - job_began
             run.check_exactly_once()
             disturbed = run.accuracy()
             metrics = run.metrics()
@@ -108,28 +129,25 @@ def main(argv: list[str] | None = None) -> int:
         f"accuracy {disturbed:.4f} vs undisturbed {calm:.4f} (diff {disturbed - calm:+.4f}); "
         f"master retries {retries}; leftover processes {leftovers}"
     )
-    report = {
-        "seed": args.seed,
-        "events": args.events,
-        "params": params,
-        "base_world_size": base_world,
-        "outcomes": [{**asdict(o), "kind": o.kind.value} for o in outcomes],
-        "median_recovery_s_by_kind": medians,
-        "job_phase": phase,
+    ok = len(outcomes) == args.events and abs(disturbed - calm) <= 0.01
+    summary = {
+        "events": len(outcomes),
+        "median_recovery_s": medians,
         "job_s": round(job_s, 1),
         "exactly_once": True,
         "accuracy": disturbed,
         "undisturbed_accuracy": calm,
+        "leftover_processes": len(leftovers),
+    }
+    report = {
+        "seed": args.seed,
+        "params": params,
+        "base_world_size": base_world,
+        "outcomes": [{**asdict(o), "kind": o.kind.value} for o in outcomes],
+        "job_phase": phase,
         "master_retries": retries,
         "metrics": metrics,
         "leftover_processes": leftovers,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"cluster_chaos{'_' + args.tag if args.tag else ''}.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out.relative_to(REPO_ROOT)}")
-    return 0 if len(outcomes) == args.events and abs(disturbed - calm) <= 0.01 else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    write_result("chaos", args, began, ok, summary, report)
+    return 0 if ok else 1

@@ -1,0 +1,67 @@
+"""``benchmarks/harness.py``'s pure parts: where a result goes, the summary table, and that a
+``--quick`` run cannot be pointed at the committed results."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from benchmarks.harness import (
+    RESULTS,
+    add_common_options,
+    check_common_options,
+    git_commit,
+    result_path,
+    summary_rows,
+    summary_table,
+)
+
+
+def test_result_path_is_per_suite_with_date_and_commit() -> None:
+    assert result_path(Path("/r"), "runtime", "2026-11-26", "abc1234") == Path(
+        "/r/runtime/runtime-2026-11-26-abc1234.json"
+    )
+
+
+def test_commit_is_short_and_outside_a_checkout_unknown(tmp_path: Path) -> None:
+    commit, _ = git_commit()
+    assert 4 <= len(commit) <= 12 and commit != "unknown"
+    assert git_commit(tmp_path) == ("unknown", False)
+
+
+def test_summary_table_flattens_nested_names_and_shows_missing_values() -> None:
+    summary = {"a": 1.5, "b": None, "c": {"d": 2, "e": {"f": "3/3"}}, "ok": True}
+    assert summary_rows(summary) == [
+        ("a", "1.5"),
+        ("b", "-"),
+        ("c.d", "2"),
+        ("c.e.f", "3/3"),
+        ("ok", "True"),
+    ]
+    lines = summary_table("suite", summary).splitlines()
+    assert lines[0] == "summary: suite"
+    assert lines[3].split() == ["c.d", "2"]
+    assert "nothing measured" in summary_table("suite", {})
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    add_common_options(p, "shorter")
+    return p
+
+
+@pytest.mark.parametrize("out", [RESULTS / "x.json", RESULTS / "runtime" / "x.json"])
+def test_quick_refuses_an_out_among_the_committed_results(out: Path) -> None:
+    p = parser()
+    with pytest.raises(SystemExit):
+        check_common_options(p, p.parse_args(["--quick", "--out", str(out)]))
+
+
+def test_quick_elsewhere_and_full_runs_anywhere_are_fine(tmp_path: Path) -> None:
+    p = parser()
+    check_common_options(p, p.parse_args(["--quick", "--out", str(tmp_path / "x.json")]))
+    check_common_options(p, p.parse_args(["--out", str(RESULTS / "x.json")]))
+    args = p.parse_args([])
+    assert (args.quick, args.out) == (False, None)
