@@ -57,7 +57,12 @@ def test_a_bad_variable_is_named(variable: str, value: str) -> None:
         JobEnv.from_env({variable: value})
 
 
-def test_local_workers_get_the_job_settings(tmp_path: Path) -> None:
+def test_local_workers_get_the_job_settings(tmp_path: Path, monkeypatch) -> None:
+    # The user's module, in the directory the master starts in (checked before any worker).
+    (tmp_path / "my_pkg").mkdir()
+    (tmp_path / "my_pkg" / "__init__.py").write_text("")
+    (tmp_path / "my_pkg" / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)
     spec = command_job(
         data=Data(epochs=2),
         launch=Launch(local=LocalSettings(workdir=str(tmp_path))),

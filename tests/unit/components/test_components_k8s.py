@@ -29,6 +29,9 @@ MOUNT = {"name": "snapshots", "mountPath": "/mnt/kfp-elastic"}
 VOLUME = {"name": "snapshots", "persistentVolumeClaim": {"claimName": "kfp-elastic-snapshots"}}
 TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
+# The default model definition (digits) trains on this many samples: the master checks it.
+DIGITS_TRAIN = 1437
+
 
 @pytest.fixture
 def k8s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKubernetes]:
@@ -51,7 +54,7 @@ def k8s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKuberne
 
 def manifest_file(tmp_path: Path) -> str:
     path = tmp_path / "manifest.json"
-    path.write_text(json.dumps({"shards": [[0, 0, 100]]}))
+    path.write_text(json.dumps({"shards": [[0, 0, DIGITS_TRAIN]]}))
     return str(path)
 
 
@@ -86,7 +89,7 @@ def request(env: dict[str, str] | None = None, **changes: Any) -> JobSpec:
 
 def test_worker_pods_carry_the_forwarded_task_settings(k8s: FakeKubernetes, tmp_path: Path) -> None:
     manifest = tmp_path / "manifest.json"
-    manifest.write_text(json.dumps({"shards": [[0, 0, 100]]}))
+    manifest.write_text(json.dumps({"shards": [[0, 0, DIGITS_TRAIN]]}))
     req = request(shard_manifest=str(manifest))
     assert validate(req, "kill:worker-1@step3")[0].action == "kill"
     factory, act = launcher_and_faults(req, LauncherHolder())

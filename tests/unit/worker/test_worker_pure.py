@@ -92,7 +92,7 @@ def test_empty_dataset_is_rejected() -> None:
     ("name", "message"),
     [
         ("no.such.module", "module not found"),
-        ("not a module", "not a module path"),
+        ("not a module", "is neither a module path like pkg.module nor a file"),
         ("json", "lacks model(), loss(), dataset()"),
     ],
 )
