@@ -5,6 +5,7 @@ and the test cluster (API server + scheduler + kubelets running pods as local pr
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +22,18 @@ from kfp_elastic.rendezvous.testing_pki import generate_test_pki
 from tests.fakes.cluster import TestCluster
 
 logging.getLogger("kfp_elastic.rendezvous").setLevel(logging.INFO)
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """Code that runs in the test process may set variables for the processes it starts (the
+    rendezvous handler sets the round and NCCL's error handling for its workers): undo them, so
+    that no later test's subprocess inherits them."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture(scope="session")
