@@ -29,8 +29,8 @@ from pathlib import Path
 
 from benchmarks.harness import (
     add_common_options,
-    check_common_options,
     export_checkout_to_children,
+    parse_options,
     write_result,
 )
 from tests.fakes.cluster.chaos import ChaosExecutor, plan_chaos
@@ -62,8 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The options, checked, with ``--quick`` applied."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    check_common_options(parser, args)
+    args = parse_options(parser, argv)
     if args.quick:
         args.events = QUICK_EVENTS
     if args.events < 1:

@@ -60,9 +60,10 @@ from typing import Any, Protocol
 
 from benchmarks.harness import (
     add_common_options,
-    check_common_options,
+    comma_list,
     export_checkout_to_children,
     first_after,
+    parse_options,
     run_in_work_dir,
     start_etcd,
     write_result,
@@ -199,11 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The options, checked, with ``--quick`` applied."""
     p = build_parser()
-    args = p.parse_args(argv)
-    check_common_options(p, args)
+    args = parse_options(p, argv)
     if args.quick:
         args.repeats = 1
-    args.paths = tuple(x for x in args.paths.split(",") if x)
+    args.paths = tuple(comma_list(args.paths))
     unknown = set(args.paths) - set(PATHS)
     if unknown or not args.paths:
         p.error(f"--paths: {','.join(sorted(unknown)) or 'empty'}; choose from {PATHS}")

@@ -49,10 +49,20 @@ def add_common_options(parser: argparse.ArgumentParser, quick_help: str) -> None
     )
 
 
-def check_common_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """A smoke run's numbers must not land among the committed results."""
+def parse_options(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> argparse.Namespace:
+    """A suite's options with the common ones checked: a smoke run's numbers must not land
+    among the committed results."""
+    args = parser.parse_args(argv)
     if args.quick and args.out is not None and is_under(args.out, RESULTS):
         parser.error(f"--quick writes no result under {RESULTS}: drop --out or point it elsewhere")
+    return args
+
+
+def comma_list(text: str) -> list[str]:
+    """``"a, b,,c"`` → ``["a", "b", "c"]`` (the suites' comma-separated options)."""
+    return [item.strip() for item in str(text).split(",") if item.strip()]
 
 
 def is_under(path: Path, folder: Path) -> bool:

@@ -41,9 +41,10 @@ from typing import Any
 from benchmarks.form_processes import form_round_processes
 from benchmarks.harness import (
     add_common_options,
-    check_common_options,
+    comma_list,
     first_after,
     median,
+    parse_options,
     run_in_work_dir,
     start_etcd,
     write_result,
@@ -668,19 +669,18 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The options, checked, with ``--quick`` applied."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    check_common_options(parser, args)
+    args = parse_options(parser, argv)
     if args.quick:
         args.repeats, args.sizes = 1, "8"
-    args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    args.backends = comma_list(args.backends)
     unknown = [b for b in args.backends if b not in BACKENDS]
     if unknown:
         parser.error(f"unknown backends {unknown}; known: {list(BACKENDS)}")
     args.elastic_conf = dict(
-        item.split("=", 1) for item in args.elastic_conf.split(",") if "=" in item
+        item.split("=", 1) for item in comma_list(args.elastic_conf) if "=" in item
     )
-    args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
-    args.sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
+    args.scenarios = comma_list(args.scenarios)
+    args.sizes = [int(s) for s in comma_list(args.sizes)]
     return args
 
 

@@ -76,9 +76,10 @@ from typing import Any
 from benchmarks.harness import (
     add_common_options,
     agents_done,
-    check_common_options,
+    comma_list,
     group_log,
     median,
+    parse_options,
     run_in_work_dir,
     start_etcd,
     worker_pids,
@@ -1091,12 +1092,11 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The options, checked, with ``--quick`` and the derived defaults applied."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    check_common_options(parser, args)
+    args = parse_options(parser, argv)
     if args.quick:
         args.epochs, args.cap = 20, 40.0
         args.repeats, args.disrupt_epochs, args.micro_n = 1, 20, 50
-    args.jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
+    args.jobs = comma_list(args.jobs)
     for job in args.jobs:
         try:
             job_snapshot_every(job)
@@ -1106,7 +1106,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.window = min(1.0, round(3.0 / max(1, len(args.jobs) - 1), 2))
     if args.warm is None:
         args.warm = min(0.15, args.window / 5)
-    args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    args.parts = comma_list(args.parts)
     unknown = set(args.parts) - {"throughput", "disrupt", "micro"}
     if unknown:
         parser.error(f"unknown parts {sorted(unknown)}")

@@ -11,8 +11,9 @@ import pytest
 from benchmarks.harness import (
     RESULTS,
     add_common_options,
-    check_common_options,
+    comma_list,
     git_commit,
+    parse_options,
     result_path,
     summary_rows,
     summary_table,
@@ -56,12 +57,16 @@ def parser() -> argparse.ArgumentParser:
 def test_quick_refuses_an_out_among_the_committed_results(out: Path) -> None:
     p = parser()
     with pytest.raises(SystemExit):
-        check_common_options(p, p.parse_args(["--quick", "--out", str(out)]))
+        parse_options(p, ["--quick", "--out", str(out)])
 
 
 def test_quick_elsewhere_and_full_runs_anywhere_are_fine(tmp_path: Path) -> None:
     p = parser()
-    check_common_options(p, p.parse_args(["--quick", "--out", str(tmp_path / "x.json")]))
-    check_common_options(p, p.parse_args(["--out", str(RESULTS / "x.json")]))
+    parse_options(p, ["--quick", "--out", str(tmp_path / "x.json")])
+    parse_options(p, ["--out", str(RESULTS / "x.json")])
     args = p.parse_args([])
     assert (args.quick, args.out) == (False, None)
+
+
+def test_comma_lists_drop_blanks_and_spaces() -> None:
+    assert comma_list(" a, b,,c ") == ["a", "b", "c"] and comma_list("") == []

@@ -5,35 +5,18 @@ rescue of the last counted step."""
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from kfp_elastic.job_env import JobEnv
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, free_port
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.worker import elastic, peer_loss
 from kfp_elastic.worker.device import CollectiveAborted, StallAbort
 from kfp_elastic.worker.rescue import Rescues
-
-
-@pytest.fixture
-def world_of_one() -> Iterator[None]:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def test_a_script_stalled_after_its_round_broke_is_aborted_and_rescued(

@@ -5,35 +5,18 @@ written before the error leaves ``run()``."""
 
 from __future__ import annotations
 
-import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, free_port
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.worker import runner
 from kfp_elastic.worker.device import CollectiveAborted, Placement, StallAbort
 from kfp_elastic.worker.model_def import load_model_def
 from kfp_elastic.worker.options import parse_args
 from kfp_elastic.worker.rescue import Rescues
-
-
-@pytest.fixture
-def world_of_one() -> Iterator[None]:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 class BreaksAfterFirstStep(StallAbort):

@@ -1,0 +1,26 @@
+"""Fixtures of the worker tests."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+
+import pytest
+import torch.distributed as dist
+
+from kfp_elastic.rendezvous.embedded_etcd import free_port
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[None]:
+    """A Gloo process group of one in the test process; the SIGTERM handler restored after."""
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if dist.is_initialized():
+            dist.destroy_process_group()
