@@ -29,8 +29,9 @@ from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.keys import RunKeys
 from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.job_env import ROUND_ENV
-from kfp_elastic.rendezvous.cache import CachedKey, WatchedPrefix
-from kfp_elastic.rendezvous.round_formation import NodeRecord, RoundRecord, is_waiting
+from kfp_elastic.rendezvous.cache import WatchedPrefix
+from kfp_elastic.rendezvous.membership_view import MembershipView
+from kfp_elastic.rendezvous.round_formation import NO_ROUND, NodeRecord, RoundRecord, is_waiting
 
 from .device import StallAbort, abort_process_group
 
@@ -58,20 +59,6 @@ def broken_reason(
     if restarted:
         return f"participant(s) restarted: {', '.join(restarted)}"
     return None
-
-
-def read_round(
-    keys: RunKeys, entries: Mapping[str, CachedKey]
-) -> tuple[RoundRecord | None, dict[str, NodeRecord]]:
-    """The round record and the live nodes' records among ``entries`` (a copy of ``rdzv/``)."""
-    entry = entries.get(keys.round)
-    latest = RoundRecord.from_json(entry.value) if entry is not None else None
-    live = {}
-    for key, node in entries.items():
-        if key.startswith(keys.nodes):
-            node_id = key[len(keys.nodes) :]
-            live[node_id] = NodeRecord.from_json(node_id, node.create_revision, node.value)
-    return latest, live
 
 
 class RoundWatch:
@@ -108,12 +95,11 @@ class RoundWatch:
         with self._lock:
             if self._reported:
                 return
-            _, entries = self._cache.snapshot()
-            try:
-                reason = broken_reason(self._own_round, *read_round(self._keys, entries))
-            except (ValueError, KeyError) as error:  # a record we cannot read decides nothing
-                log.warning("unreadable rendezvous record error=%r", error)
-                return
+            revision, entries = self._cache.snapshot()
+            view = MembershipView(self._keys)  # the handler's parser of the same keys
+            view.reset(revision, entries)
+            latest = None if view.round == NO_ROUND else view.round
+            reason = broken_reason(self._own_round, latest, view.records)
             if reason is None:
                 return
             self._reported = True
