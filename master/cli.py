@@ -191,7 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             if refusal:
                 raise ValueError(refusal)
-            factory.append(launcher_factory(spec))  # the checks before any worker starts
+            # The checks before any worker starts (a restarted master's job passed them).
+            factory.append(launcher_factory(spec, adopting=bool(job.state.workers())))
         except (ConfigError, ValueError) as error:
             client.close()
             print(f"result=refused run={spec.run_id} message={error}", flush=True)

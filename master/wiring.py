@@ -24,18 +24,22 @@ SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _NO_PYTHON = ("--no-python", "--no_python")
 
 
-def launcher_factory(spec: JobSpec, *, files_here: bool = False) -> LauncherFactory:
+def launcher_factory(
+    spec: JobSpec, *, files_here: bool = False, adopting: bool = False
+) -> LauncherFactory:
     """What ``ElasticJob`` calls (with its ``MasterState``) to get the job's launcher; raises
     ``ValueError`` naming the field when the spec cannot be launched: ``validate()`` and the
     checks of ``master/preflight.py``, here, before any worker starts. ``files_here``: worker
     pods see this process's files and Python packages (the KFP component, which runs in the
-    worker image with the same volumes); local workers always do."""
+    worker image with the same volumes); local workers always do. ``adopting``: the run has
+    workers already (a restarted or retried master): only the cheap checks run again, not the
+    model definition's and the dataset's load, which the running job has passed."""
     spec.validate()
     if spec.etcd is None:
         raise ValueError("etcd (--etcd / etcd_endpoint) is missing: the workers need it")
     if spec.launch.kind == "kubernetes":
-        return _kubernetes(spec, files_here)
-    return _local(spec)
+        return _kubernetes(spec, files_here, adopting)
+    return _local(spec, adopting)
 
 
 def local_workdir(spec: JobSpec) -> Path:
@@ -45,7 +49,7 @@ def local_workdir(spec: JobSpec) -> Path:
     return Path(given or tempfile.mkdtemp(prefix=f"kfp-elastic-{spec.run_id}-")).resolve()
 
 
-def _local(spec: JobSpec) -> LauncherFactory:
+def _local(spec: JobSpec, adopting: bool) -> LauncherFactory:
     from kfp_elastic.master.local_launcher import LocalLauncher
 
     assert spec.etcd is not None
@@ -61,7 +65,16 @@ def _local(spec: JobSpec) -> LauncherFactory:
     device = spec.training.device if spec.entry.model_def else None
     # Refused now, before the master starts: the launcher checks the same when it is made.
     require_gpus(device, spec.size.max_workers * spec.size.nproc_per_worker, visible_gpus())
-    check(spec, WorkerSide(spec.worker_argv(), {**os.environ, **env}, cwd, workdir=workdir))
+    check(
+        spec,
+        WorkerSide(
+            spec.worker_argv(),
+            {**os.environ, **env},
+            cwd,
+            files_here=not adopting,
+            workdir=workdir,
+        ),
+    )
 
     def local(state: MasterState) -> Launcher:
         return LocalLauncher(
@@ -84,13 +97,14 @@ def _local(spec: JobSpec) -> LauncherFactory:
     return local
 
 
-def _kubernetes(spec: JobSpec, files_here: bool) -> LauncherFactory:
+def _kubernetes(spec: JobSpec, files_here: bool, adopting: bool) -> LauncherFactory:
     from kfp_elastic.master.k8s_launcher import KubernetesLauncher
 
     template = worker_pod_template(spec)
     assert spec.etcd is not None
     env = {**os.environ, **spec.etcd.to_env(), **job_env(spec)}
-    check(spec, WorkerSide(spec.worker_argv(), env, Path.cwd(), files_here=files_here))
+    worker = WorkerSide(spec.worker_argv(), env, Path.cwd(), files_here=files_here and not adopting)
+    check(spec, worker)
 
     class OwnClientLauncher(KubernetesLauncher):
         """Closes the API client it was made with (one per launcher)."""

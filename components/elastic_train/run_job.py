@@ -32,6 +32,7 @@ from kfp_elastic.job_spec import (
     spec_from_params,
 )
 from kfp_elastic.master.job import LauncherFactory
+from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import Event, TimelineTail, read_timeline
 from kfp_elastic.master.wiring import launcher_factory
 
@@ -120,10 +121,13 @@ class LauncherHolder:
     launcher: Any = None
 
 
-def launcher_and_faults(spec: JobSpec, holder: LauncherHolder) -> tuple[LauncherFactory, Act]:
+def launcher_and_faults(
+    spec: JobSpec, holder: LauncherHolder, adopting: bool = False
+) -> tuple[LauncherFactory, Act]:
     """The job's launcher factory (``master.wiring``, as ``kfp-elastic master`` makes it),
     keeping the launcher in ``holder``, and how a fault acts on one of its workers."""
-    make = launcher_factory(spec, files_here=True)  # the task runs in the worker image
+    # The task runs in the worker image; a retry adopting the job skips the costly checks.
+    make = launcher_factory(spec, files_here=True, adopting=adopting)
 
     def factory(state: Any) -> Any:
         holder.launcher = make(state)
@@ -198,7 +202,8 @@ def run(spec: JobSpec, inject_faults: str = "", say: Say = print) -> TrainResult
         assert spec.etcd is not None
         run_prefix = spec.run_prefix
         client = connect(spec.etcd)
-        factory, act = launcher_and_faults(spec, holder)
+        adopting = bool(MasterState(client, run_prefix).workers())  # a KFP retry
+        factory, act = launcher_and_faults(spec, holder, adopting)
         # The run id is the KFP run's (the pipeline passes it): a start under it is that
         # run's task again, a KFP retry, which adopts the job or returns its stored result.
         job = ElasticJob(spec, client, factory, origin=kfp_origin(spec.run_id))

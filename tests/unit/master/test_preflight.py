@@ -179,6 +179,24 @@ def test_the_launcher_factory_checks_and_a_model_def_file_reaches_workers_absolu
         launcher_factory(bad)
 
 
+def test_a_master_adopting_a_running_job_does_not_load_the_model_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restarted or retried master (the run has workers) skips the model definition's and
+    the dataset's load, which take seconds or more at every start; flags are still checked."""
+    monkeypatch.chdir(tmp_path)
+    spec = JobSpec(
+        run_id="r",
+        entry=Entry(model_def="my_modle.py"),  # would be refused on a first start
+        training=Training(snapshot_dir=str(tmp_path / "snap")),
+        etcd=EtcdSettings(endpoints=parse_endpoints("127.0.0.1:1")),
+        launch=Launch(local=LocalSettings(workdir=str(tmp_path / "work"))),
+    )
+    launcher_factory(spec, adopting=True)
+    with pytest.raises(PreflightError, match="my_modle.py: no such file"):
+        launcher_factory(spec)
+
+
 # -- the master: refused before any worker starts -------------------------------------------------
 
 
