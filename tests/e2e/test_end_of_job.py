@@ -5,7 +5,8 @@ nothing of kfp_elastic imported) under three ``torchrun --nnodes=2:3`` agents, t
 process tree SIGKILLed after a few epochs; the survivors resume from the script's own snapshot
 and must end as soon as their last epoch is done. Also a plain two-node run, the built-in
 runtime, and the master with a script that hangs after its last step.
-``KFP_ELASTIC_STRESS_RUNS=20`` repeats each run (CI runs each once).
+``KFP_ELASTIC_STRESS_RUNS=20`` repeats each run (CI runs each once; the plain two-node run only
+in stress runs).
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def test_the_tutorial_script_ends_after_a_node_is_lost(etcd, tmp_path: Path, run
         assert codes == [0, 0], group.logs(60)
 
 
+@pytest.mark.skipif(RUNS == 1, reason="stress runs only: the node-loss run ends the same way")
 @pytest.mark.parametrize("run", range(RUNS))
 def test_a_two_node_run_ends_after_its_last_epoch(etcd, tmp_path: Path, run: int) -> None:
     epochs = 3

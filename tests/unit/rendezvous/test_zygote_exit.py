@@ -24,7 +24,7 @@ from tests.helpers import REPO_ROOT, running_zygote
 
 PY = sys.executable
 SCRIPT = REPO_ROOT / "tests" / "scripts" / "ddp_end_race.py"
-RUNS = int(os.environ.get("KFP_ELASTIC_STRESS_RUNS", "6"))
+RUNS = int(os.environ.get("KFP_ELASTIC_STRESS_RUNS", "4"))
 HANG_S = 60  # a run that has not ended by then is hung (a run takes about a second)
 
 
