@@ -33,8 +33,8 @@ from benchmarks.harness import (
     parse_options,
     write_result,
 )
-from tests.fakes.cluster.chaos import ChaosExecutor, plan_chaos
-from tests.fakes.cluster.training_run import TrainingRun, undisturbed_accuracy
+from kfp_elastic.testing.cluster.chaos import ChaosExecutor, plan_chaos
+from kfp_elastic.testing.cluster.training_run import TrainingRun, undisturbed_accuracy
 
 QUICK_EVENTS = 3
 NODE = {"cpu": "1", "memory": "8Gi"}
@@ -74,12 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     began = time.time()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for noisy in ("tests.fakes", "kfp_elastic", "kubernetes", "urllib3"):
+    for noisy in ("kfp_elastic", "kubernetes", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    logging.getLogger("tests.fakes.cluster.chaos").setLevel(logging.INFO)
-    export_checkout_to_children()  # pods import tests.model_defs
+    logging.getLogger("kfp_elastic.testing.cluster.chaos").setLevel(logging.INFO)
+    export_checkout_to_children()  # pods import kfp_elastic from this checkout
     params = {
-        "model_def": "tests.model_defs.counted_blobs",
+        "model_def": "kfp_elastic.testing.model_defs.counted_blobs",
         "num_shards": 12,
         "min_workers": 1,
         "max_workers": 3,

@@ -21,7 +21,7 @@ Each repeat does shrink then grow on the same running job (a job per repeat woul
 the time starting masters), after the world has made ``--settle-steps`` steps.
 
 The cluster master is the compiled pipeline's ``elastic-train`` task as a pod
-(``tests/fakes/cluster/kfp_task.py``: command and args as compiled, the production overlay's
+(``testing/cluster/kfp_task.py``: command and args as compiled, the production overlay's
 ConfigMap, the etcd client certificate from a mounted Secret), exactly what
 ``tests/e2e/test_cluster_job.py`` runs: the production path, and no harder to set up here than a
 local master with the Kubernetes launcher. The local master is ``ElasticJob`` with the local
@@ -352,8 +352,8 @@ class ClusterPath:
         from kfp_elastic.etcd.client import connect
         from kfp_elastic.etcd.keys import run_prefix_of
         from kfp_elastic.master.pod_spec import run_selector
-        from tests.fakes.cluster import TestCluster
-        from tests.fakes.cluster.kfp_task import (
+        from kfp_elastic.testing.cluster import TestCluster
+        from kfp_elastic.testing.cluster.kfp_task import (
             CompiledPipeline,
             production_config,
             task_pod,
@@ -401,7 +401,7 @@ class ClusterPath:
         self._steps_file: Path | None = None
 
     def steps(self) -> list[dict[str, Any]]:
-        from kfp_elastic.rendezvous.local_agents import read_events
+        from kfp_elastic.testing.nodes import read_events
 
         if self._steps_file is None:  # in the run's snapshot directory on the claim
             found = sorted(self.claim_dir.rglob(STEPS_FILE)) if self.claim_dir.exists() else []
@@ -420,7 +420,7 @@ class ClusterPath:
 
     def worker_pids(self) -> dict[str, set[int]]:
         from kfp_elastic.components.common import run_pids
-        from tests.fakes.cluster.kubelet import POD_UID_ENV
+        from kfp_elastic.testing.cluster.kubelet import POD_UID_ENV
 
         return {p.metadata.name: run_pids(p.metadata.uid, POD_UID_ENV) for p in self._workers()}
 
@@ -551,7 +551,7 @@ class LocalPath:
         return self._left
 
     def steps(self) -> list[dict[str, Any]]:
-        from kfp_elastic.rendezvous.local_agents import read_events
+        from kfp_elastic.testing.nodes import read_events
 
         return read_events(self.steps_file)
 

@@ -202,7 +202,7 @@ cat > "$S/gpu_e2e.py" <<'PYEOF'
                                     rank 0's node mid-epoch: survivors must leave the NCCL
                                     collective (StallAbort / watchdog), write rescues, re-form
                                     world 2 and finish.
-Both check exactly-once (tests/model_defs/counting: every count == EPOCHS) and print PASS/FAIL.
+Both check exactly-once (testing/model_defs/counting: every count == EPOCHS) and print PASS/FAIL.
 DEVICE: cuda (GPU machine) or cpu (to dry-run this script without a GPU).
 """
 
@@ -219,7 +219,7 @@ from pathlib import Path
 import torch
 
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
-from kfp_elastic.rendezvous.local_agents import AgentGroup, new_run_id
+from kfp_elastic.testing.nodes import AgentGroup, new_run_id
 
 MODE, DEVICE = sys.argv[1], sys.argv[2]
 OUT = Path(os.environ.get("OUT", "/tmp/gpu-out")) / f"e2e-{MODE}"
@@ -258,7 +258,7 @@ def main() -> int:
     ]
     base_env = {
         "COUNTING_SAMPLES": str(SAMPLES),
-        "TIMED_MODEL_DEF": "tests.model_defs.counting",
+        "TIMED_MODEL_DEF": "kfp_elastic.testing.model_defs.counting",
         "TIMED_STEPS_FILE": str(steps),
         "NCCL_DEBUG": "WARN",
     }

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
-from kfp_elastic.rendezvous.local_agents import AgentGroup, run_with_cleanup
+from kfp_elastic.testing.nodes import AgentGroup, run_with_cleanup
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS = REPO_ROOT / "benchmarks" / "results"

@@ -50,7 +50,7 @@ from benchmarks.harness import (
     write_result,
 )
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, free_port
-from kfp_elastic.rendezvous.local_agents import (
+from kfp_elastic.testing.nodes import (
     AGENT,
     TORCHRUN,
     AgentGroup,

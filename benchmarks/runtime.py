@@ -87,7 +87,7 @@ from benchmarks.harness import (
 )
 from kfp_elastic.job_spec import DEVICES
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, free_port
-from kfp_elastic.rendezvous.local_agents import AgentGroup, new_run_id, read_events
+from kfp_elastic.testing.nodes import AgentGroup, new_run_id, read_events
 
 # --------------------------------------------------------------------------- workload
 

@@ -4,7 +4,7 @@ Every installed import name lives under this package. The repository's top-level
 their meaning and are installed as sub-packages (``pyproject.toml``'s ``package-dir``):
 ``rendezvous/`` → ``kfp_elastic.rendezvous``, ``master/`` → ``kfp_elastic.master``,
 ``worker/`` → ``kfp_elastic.worker``, ``components/`` → ``kfp_elastic.components``,
-``pipelines/`` → ``kfp_elastic.pipelines``.
+``pipelines/`` → ``kfp_elastic.pipelines``, ``testing/`` → ``kfp_elastic.testing``.
 """
 
 __version__ = "0.1.0"

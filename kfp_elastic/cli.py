@@ -46,9 +46,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "forget": Subcommand(
         "kfp_elastic.forget", "delete a run's etcd keys (its run id can start a new job)"
     ),
-    "demo": Subcommand(
-        "kfp_elastic.rendezvous.demo", "three torchrun nodes: one killed, one joining"
-    ),
+    "demo": Subcommand("kfp_elastic.testing.demo", "three torchrun nodes: one killed, one joining"),
     "compile": Subcommand(
         "kfp_elastic.pipelines.compile", "compile the components and the pipeline to YAML"
     ),

@@ -1,5 +1,5 @@
 """Which GPUs a local process gets: one rule for the master's local launcher, the local test
-harness (``rendezvous/local_agents.py``) and the benchmarks.
+harness (``testing/nodes.py``) and the benchmarks.
 
 Local node ``i`` with ``nproc`` processes gets GPUs ``i*nproc .. i*nproc+nproc-1`` of the
 machine's visible ones as its ``CUDA_VISIBLE_DEVICES``, as a pod gets GPUs of its own from the

@@ -19,7 +19,7 @@ from kfp_elastic.pipelines.run_local import SESSION_ENV
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.rendezvous.handler import ElasticEtcdRendezvousHandler, create_handler
 from kfp_elastic.rendezvous.testing_pki import generate_test_pki
-from tests.fakes.cluster import TestCluster
+from kfp_elastic.testing.cluster import TestCluster
 
 logging.getLogger("kfp_elastic.rendezvous").setLevel(logging.INFO)
 

@@ -1,6 +1,6 @@
 """The tests' one helpers module: paths, polling, and the local torchrun agents harness.
 
-The harness itself lives in :mod:`kfp_elastic.rendezvous.local_agents` (benchmarks and the demo
+The harness itself lives in :mod:`kfp_elastic.testing.nodes` (benchmarks and the demo
 use it too); it is re-exported here so tests import everything from one place.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from kfp_elastic.rendezvous.local_agents import (
+from kfp_elastic.testing.nodes import (
     TINY_DDP,
     Agent,
     AgentGroup,
@@ -208,12 +208,12 @@ def run_pipeline_locally(root: Path, **params: Any) -> tuple[str | None, Path]:
 def counting_worker_args(
     epochs: int, workdir: Path, step_time: str = "0.05", *extra: str
 ) -> list[str]:
-    """The built-in worker's arguments for ``tests.model_defs.counting`` (the exactly-once
-    workload): batch 4, a snapshot every 3 steps under ``workdir/snap``, the model to
+    """The built-in worker's arguments for ``kfp_elastic.testing.model_defs.counting`` (the
+    exactly-once workload): batch 4, a snapshot every 3 steps under ``workdir/snap``, the model to
     ``workdir/model.pt``; ``extra`` arguments follow."""
     return [
         "--model-def",
-        "tests.model_defs.counting",
+        "kfp_elastic.testing.model_defs.counting",
         "--epochs",
         str(epochs),
         "--batch-size",

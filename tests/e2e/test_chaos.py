@@ -25,14 +25,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.cluster.chaos import ChaosExecutor, plan_chaos
-from tests.fakes.cluster.training_run import TrainingRun, undisturbed_accuracy
+from kfp_elastic.testing.cluster.chaos import ChaosExecutor, plan_chaos
+from kfp_elastic.testing.cluster.training_run import TrainingRun, undisturbed_accuracy
 from tests.helpers import REPO_ROOT
 
 SEED, EVENTS = 0, 5  # seed 0: remove a node, delete the master, kill, preempt, add a node
 NODE = {"cpu": "1", "memory": "8Gi"}  # one worker per node: a node's loss is one worker's
 PARAMS = {
-    "model_def": "tests.model_defs.counted_blobs",  # 240 samples, a 4-class classifier
+    # 240 samples, a 4-class classifier
+    "model_def": "kfp_elastic.testing.model_defs.counted_blobs",
     "num_shards": 12,
     "min_workers": 1,
     "max_workers": 3,
@@ -51,7 +52,7 @@ PARAMS = {
 def test_a_job_survives_seeded_chaos_exactly_once_and_as_accurate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="tests.fakes.cluster.chaos")
+    caplog.set_level(logging.INFO, logger="kfp_elastic.testing.cluster.chaos")
     monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))  # pods import tests.model_defs
     began = time.monotonic()
     nodes = {f"node-{i}": NODE for i in range(1, 4)}

@@ -1,7 +1,7 @@
 """One training job on the test cluster, as a KFP run with the production settings would go.
 
 The compiled pipeline's ``elastic-train`` task and its exit handler run as pods (command and
-args as compiled, executor input as the KFP launcher builds it; ``tests/fakes/cluster/kfp_task.py``)
+args as compiled, executor input as the KFP launcher builds it; ``testing/cluster/kfp_task.py``)
 with the production overlay's ConfigMap and etcd with mutual TLS through a mounted Secret. The
 master (the ``elastic-train`` pod) creates worker pods that run ``torchrun
 --rdzv-backend=elastic-etcd``. Then: capacity for 2 of 3 workers → it trains with 2, the third
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from kfp_elastic.master.timeline import EventKind, MasterRecovered, WorkerLost
-from tests.fakes.cluster.training_run import TrainingRun
+from kfp_elastic.testing.cluster.training_run import TrainingRun
 from tests.helpers import REPO_ROOT, wait_for
 
 # Long enough (8 epochs of 15 steps of >= 0.4 s) that the retried master, which takes 10-15 s
@@ -28,7 +28,7 @@ from tests.helpers import REPO_ROOT, wait_for
 # on at the first commit of the new world so that training time is not spent waiting.
 EPOCHS, SHARDS = 8, 12
 PARAMS = {
-    "model_def": "tests.model_defs.counting",  # 240 samples
+    "model_def": "kfp_elastic.testing.model_defs.counting",  # 240 samples
     "num_shards": SHARDS,
     "min_workers": 1,
     "max_workers": 3,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kfp_elastic.rendezvous.local_agents import AgentGroup, new_run_id
+from kfp_elastic.testing.nodes import AgentGroup, new_run_id
 from tests.helpers import REPO_ROOT, counting_worker_args, master_command, wait_for
 
 RUNS = int(os.environ.get("KFP_ELASTIC_STRESS_RUNS", "1"))

@@ -21,8 +21,8 @@ from kfp_elastic.etcd.client import connect
 from kfp_elastic.master.pod_spec_checks import MASTER_POD_LABELS, RUN_ID_LABEL
 from kfp_elastic.master.timeline import WorkerLaunched, WorkerLost, of_type, read_timeline
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.testing.cluster import TestCluster
 from kfp_elastic.worker.progress import Progress
-from tests.fakes.cluster import TestCluster
 from tests.helpers import (
     REPO_ROOT,
     committed_step,
@@ -71,7 +71,8 @@ def python_pod(name: str, command: list[str], **labels: str) -> dict[str, Any]:
 
 @pytest.fixture
 def cluster(test_cluster: TestCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestCluster]:
-    # Pod processes inherit this PYTHONPATH: the worker pods import tests.model_defs.counting.
+    # Pod processes inherit this PYTHONPATH: the worker pods import
+    # kfp_elastic.testing.model_defs.counting.
     monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
     yield test_cluster
 
@@ -83,7 +84,7 @@ def test_master_role_allows_every_call_and_grants_nothing_unused(
     master = master_command(
         run_id=run_id,
         etcd=etcd.endpoint,
-        model_def="tests.model_defs.counting",
+        model_def="kfp_elastic.testing.model_defs.counting",
         min_workers="1",
         max_workers="2",
         dataset_length="240",

@@ -113,7 +113,7 @@ def test_sigkill_of_rank0_node_resumes_from_survivors_last_step(tmp_path: Path, 
                     name=f"node{i}",
                     env={
                         "COUNTING_SAMPLES": str(SAMPLES),
-                        "TIMED_MODEL_DEF": "tests.model_defs.counting",
+                        "TIMED_MODEL_DEF": "kfp_elastic.testing.model_defs.counting",
                         "TIMED_STEPS_FILE": str(steps_file),
                     },
                 )

@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.fakes.cluster import TestCluster
+from kfp_elastic.testing.cluster import TestCluster
 from tests.helpers import eventually
 
 NS = "default"

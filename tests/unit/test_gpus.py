@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kfp_elastic.gpus import GpuShortage, gpus_for_worker, require_gpus, visible_gpus
-from kfp_elastic.rendezvous import local_agents
+from kfp_elastic.testing import nodes as local_agents
 
 
 def test_each_local_worker_gets_gpus_of_its_own(tmp_path: Path) -> None:

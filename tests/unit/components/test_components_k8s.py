@@ -1,4 +1,4 @@
-"""elastic_train's and stop_workers' Kubernetes side against tests/fakes/fake_k8s.py (real client,
+"""elastic_train's and stop_workers' Kubernetes side against testing/api_server.py (real client,
 real HTTP): the worker pods carry what the task forwarded, faults delete pods, the exit
 handler deletes a run's pods. No pod runs here: training in pods needs a cluster.
 """
@@ -21,7 +21,7 @@ from kfp_elastic.components.elastic_train.run_job import (
     validate,
 )
 from kfp_elastic.job_spec import JobSpec
-from tests.fakes.fake_k8s import FakeKubernetes
+from kfp_elastic.testing.api_server import FakeKubernetes
 
 NS = "ml"
 RUN = "kfp-1234abcd"

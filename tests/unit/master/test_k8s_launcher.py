@@ -1,4 +1,4 @@
-"""KubernetesLauncher through the real ``kubernetes`` client against tests/fakes/fake_k8s.py
+"""KubernetesLauncher through the real ``kubernetes`` client against testing/api_server.py
 (HTTP on
 127.0.0.1): launch, classify preemption vs failure, resume watches after stream end and 410."""
 
@@ -26,7 +26,7 @@ from kfp_elastic.master.launcher import (
 )
 from kfp_elastic.master.pod_spec import JOB_LABEL, WorkerPodSpec, build_pod
 from kfp_elastic.master.pod_status import classify
-from tests.fakes.fake_k8s import FakeKubernetes
+from kfp_elastic.testing.api_server import FakeKubernetes
 
 NS = "kfp-elastic"
 TEMPLATE = WorkerPodSpec(

@@ -1,5 +1,5 @@
 """ElasticJob with the Kubernetes launcher built by the CLI, against
-tests/fakes/fake_k8s.py: Pending
+testing/api_server.py: Pending
 pods keep their slot, a preempted pod is replaced, succeeded pods end the job."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import JobDone, WorkerLaunched, WorkerLost, of_type, read_timeline
 from kfp_elastic.master.wiring import launcher_factory
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
-from tests.fakes.fake_k8s import FakeKubernetes
+from kfp_elastic.testing.api_server import FakeKubernetes
 from tests.helpers import wait_for
 
 NS = "kfp-elastic"

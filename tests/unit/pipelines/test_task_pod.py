@@ -1,4 +1,4 @@
-"""The test cluster's KFP task pods (tests/fakes/cluster/kfp_task.py) are the compiled task: the
+"""The test cluster's KFP task pods (testing/cluster/kfp_task.py) are the compiled task: the
 container command and args as compiled, the executor input as the KFP launcher builds it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from kfp_elastic.master.pod_spec_checks import MASTER_POD_LABELS
-from tests.fakes.cluster.kfp_task import CompiledPipeline, task_pod
+from kfp_elastic.testing.cluster.kfp_task import CompiledPipeline, task_pod
 
 RUN_UUID = "3c639d2a-d58d-4561-b6e6-0919a33ee348"
 

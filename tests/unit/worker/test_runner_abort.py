@@ -56,7 +56,7 @@ def test_the_runtime_stalled_after_its_round_broke_is_aborted_and_rescued(
 
     monkeypatch.setattr(runner, "watch_stalls", nccl_stall)
     args = parse_args(
-        ["--model-def", "tests.model_defs.counting", "--snapshot-dir", str(tmp_path)]
+        ["--model-def", "kfp_elastic.testing.model_defs.counting", "--snapshot-dir", str(tmp_path)]
         + ["--collective-abort", "7", "--batch-size", "4", "--snapshot-every", "100"]
     )
     trainer = runner.Trainer(

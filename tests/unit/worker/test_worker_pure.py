@@ -103,7 +103,7 @@ def test_bad_model_def_says_what_is_wrong(name: str, message: str) -> None:
 
 def test_example_model_defs_load() -> None:
     assert load_model_def("kfp_elastic.worker.examples.digits").evaluate is not None
-    assert load_model_def("tests.model_defs.counting").loss_reduction == "sum"
+    assert load_model_def("kfp_elastic.testing.model_defs.counting").loss_reduction == "sum"
 
 
 def test_the_digits_example_holds_exactly_scikit_learns_digits() -> None:

@@ -19,11 +19,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kfp_elastic.rendezvous.local_agents import wait_for
+from kfp_elastic.testing.nodes import wait_for
 
 if TYPE_CHECKING:
+    from kfp_elastic.testing.cluster.training_run import TrainingRun
     from kfp_elastic.worker.progress import Committed
-    from tests.fakes.cluster.training_run import TrainingRun
 
 log = logging.getLogger(__name__)
 

@@ -38,19 +38,19 @@ from kfp_elastic.etcd.keys import RunKeys, run_prefix_of
 from kfp_elastic.master.pod_spec import run_selector
 from kfp_elastic.master.timeline import Event, read_timeline
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
-from kfp_elastic.rendezvous.local_agents import Agent, free_port, new_run_id, wait_for
 from kfp_elastic.rendezvous.testing_pki import generate_test_pki
-from kfp_elastic.worker.evaluate import evaluate
-from kfp_elastic.worker.progress import Committed, Progress
-from tests.fakes.cluster import TestCluster
-from tests.fakes.cluster.kfp_task import (
+from kfp_elastic.testing.cluster import TestCluster
+from kfp_elastic.testing.cluster.kfp_task import (
     CompiledPipeline,
     TaskPod,
     production_config,
     task_pod,
     tls_secret,
 )
-from tests.fakes.cluster.kubelet import POD_UID_ENV
+from kfp_elastic.testing.cluster.kubelet import POD_UID_ENV
+from kfp_elastic.testing.nodes import Agent, free_port, new_run_id, wait_for
+from kfp_elastic.worker.evaluate import evaluate
+from kfp_elastic.worker.progress import Committed, Progress
 
 log = logging.getLogger(__name__)
 

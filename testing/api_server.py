@@ -13,7 +13,7 @@ Besides pods it stores PriorityClasses (``spec.priority`` and ``preemptionPolicy
 create), ConfigMaps, Secrets and Nodes (create/get/list/delete, no watch), and garbage-collects:
 removing any object deletes the pods and objects whose ownerReferences name its uid. With
 ``tls`` it serves HTTPS (what ``load_incluster_config()`` demands). Test hooks play scheduler,
-kubelet and node lifecycle by hand; ``tests/fakes/cluster/`` plays them for real.
+kubelet and node lifecycle by hand; ``testing/cluster/`` plays them for real.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import uuid
 from collections import deque
 from typing import Any
 
-from tests.fakes.fake_k8s_wire import (
+from kfp_elastic.testing.api_wire import (
     ApiCall,
     ApiError,
     Handler,
@@ -64,8 +64,8 @@ class FakeKubernetes:
         tls: tuple[str, str] | None = None,
     ) -> None:
         """``kubelet=False``: deleted scheduled pods stay Terminating until a kubelet (a test
-        hook or :mod:`tests.fakes.cluster.kubelet`) finishes them. ``tls``: (certificate, key)
-        PEM files to serve HTTPS with."""
+        hook or :mod:`kfp_elastic.testing.cluster.kubelet`) finishes them. ``tls``: (certificate,
+        key) PEM files to serve HTTPS with."""
         self._cond = threading.Condition()
         self._rv = 100
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fakes.cluster.chaos import ChaosEvent, ChaosKind, choose_target, plan_chaos
+from kfp_elastic.testing.cluster.chaos import ChaosEvent, ChaosKind, choose_target, plan_chaos
 
 
 def test_a_seed_gives_the_same_plan() -> None:

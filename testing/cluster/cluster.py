@@ -9,10 +9,10 @@ from typing import Any
 
 from kfp_elastic.components.common import run_pids
 from kfp_elastic.rendezvous.testing_pki import generate_test_pki
-from tests.fakes.cluster.kubelet import CLUSTER_ENV, ClusterAccess, Kubelet
-from tests.fakes.cluster.scheduler import Scheduler
-from tests.fakes.fake_k8s import FakeKubernetes
-from tests.fakes.fake_k8s_wire import ApiError
+from kfp_elastic.testing.api_server import FakeKubernetes
+from kfp_elastic.testing.api_wire import ApiError
+from kfp_elastic.testing.cluster.kubelet import CLUSTER_ENV, ClusterAccess, Kubelet
+from kfp_elastic.testing.cluster.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.cluster.kubelet import (
+from kfp_elastic.testing.api_wire import api_call
+from kfp_elastic.testing.cluster.kubelet import (
     PodConfigError,
     container_env,
     exit_code,
@@ -17,8 +18,7 @@ from tests.fakes.cluster.kubelet import (
     prepare_volumes,
     rewrite_mount_paths,
 )
-from tests.fakes.cluster.scheduler import parse_quantity, plan, pod_requests
-from tests.fakes.fake_k8s_wire import api_call
+from kfp_elastic.testing.cluster.scheduler import parse_quantity, plan, pod_requests
 
 
 def pod(

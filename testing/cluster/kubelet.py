@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kfp_elastic.components.common import run_pids
-from tests.fakes.fake_k8s import FakeKubernetes
-from tests.fakes.fake_k8s_wire import ApiError, now_timestamp
+from kfp_elastic.testing.api_server import FakeKubernetes
+from kfp_elastic.testing.api_wire import ApiError, now_timestamp
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.fakes.fake_k8s import FakeKubernetes
-from tests.fakes.fake_k8s_wire import ApiError
+from kfp_elastic.testing.api_server import FakeKubernetes
+from kfp_elastic.testing.api_wire import ApiError
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ a local process cannot (no mount namespace, no root), and the kubernetes client'
 ``load_incluster_config()`` reads that fixed path and hands the CA path to ssl directly, so a
 path rewrite at ``open`` would not reach it. Instead, when one of the modules below is imported,
 its path constants are replaced by the mapped ones. Everything else learns its paths from the
-env and args, which the kubelet rewrites (see ``tests/fakes/cluster/kubelet.py``).
+env and args, which the kubelet rewrites (see ``testing/cluster/kubelet.py``).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .embedded_etcd import EmbeddedEtcd
-from .local_agents import (
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.testing.nodes import (
     AgentGroup,
     first_step_with_world,
     new_run_id,

@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PIPELINE_YAML = REPO_ROOT / "pipelines" / "elastic_training.yaml"
 PRODUCTION_OVERLAY = REPO_ROOT / "manifests" / "overlays" / "production"
 CONFIG_MAP = "kfp-elastic-config"

@@ -1,4 +1,4 @@
-"""The API machinery of the fake Kubernetes API server (``tests/fakes/fake_k8s.py``) that is not pod
+"""The API machinery of the fake Kubernetes API server (``testing/api_server.py``) that is not pod
 storage: Status errors, label selectors, merge patches, and the HTTP transport (routing, JSON
 replies, chunked watch streams, connections closed on stop).
 """
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 if TYPE_CHECKING:
-    from tests.fakes.fake_k8s import FakeKubernetes
+    from kfp_elastic.testing.api_server import FakeKubernetes
 
 _PATH = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+)(?P<sub>/status)?)?")
-# every other kind the fake stores (see fake_k8s.OBJECT_KINDS): namespaced or cluster-scoped
+# every other kind the fake stores (see api_server.OBJECT_KINDS): namespaced or cluster-scoped
 _OBJECT_PATH = re.compile(
     r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<resource>configmaps|secrets)(?:/(?P<name>[^/]+))?"
     r"|/api/v1/(?P<cluster_resource>nodes)(?:/(?P<node>[^/]+))?"
