@@ -260,7 +260,7 @@ class KubernetesSettings:
     )
     opportunistic_priority_class: str = _option(
         "",
-        "PriorityClass of the workers above min_workers, which never preempt (empty: "
+        "PriorityClass of workers min_workers..max_workers-1, which never preempt (empty: "
         f"${OPPORTUNISTIC_PRIORITY_CLASS_ENV}, else ${PRIORITY_CLASS_ENV}, else "
         f"{DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS})",
     )
@@ -318,8 +318,8 @@ class KubernetesSettings:
         if self.priority_class and tiers:
             raise field_error(
                 "priority_class",
-                f"puts every worker in one class ({self.priority_class!r}) but "
-                f"{' and '.join(f'{n}={getattr(self, n)!r}' for n in tiers)} is also given: "
+                f"puts every worker in one class ({self.priority_class!r}) and cannot be "
+                f"combined with {' and '.join(f'{n}={getattr(self, n)!r}' for n in tiers)}: "
                 "give priority_class alone, or the tier classes alone",
                 KubernetesSettings,
             )

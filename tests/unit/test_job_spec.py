@@ -240,7 +240,7 @@ def test_one_class_for_all_and_a_tier_class_together_are_refused(tier: str) -> N
     k8s = KubernetesSettings(priority_class="low", **{tier: "x"})
     message = (
         "priority_class (--priority-class / priority_class) puts every worker in one class "
-        f"('low') but {tier}='x'"
+        f"('low') and cannot be combined with {tier}='x': give priority_class alone"
     )
     for refuse in (job(launch=Launch(kubernetes=k8s)).validate, lambda: k8s.resolved({})):
         with pytest.raises(ValueError, match=re.escape(message)):
