@@ -71,9 +71,18 @@ DEFAULT_WORKER_MAX_RESTARTS = 100
 # What images/worker/Dockerfile builds (images/README.md), the ConfigMap's
 # KFP_ELASTIC_WORKER_IMAGE, and the components' base image: one name (a test checks it).
 DEFAULT_WORKER_IMAGE = "kfp-elastic-worker:0.1.0"
-DEFAULT_PRIORITY_CLASS = "kfp-elastic-worker-low"
+# Worker pods come in two tiers (manifests/base/priorityclasses.yaml): a job's first
+# min_workers indexes are guaranteed (a class that may preempt opportunistic workers of any job),
+# the others opportunistic (a lower class that never preempts). docs/master.md, "Sharing a
+# cluster".
+DEFAULT_GUARANTEED_PRIORITY_CLASS = "kfp-elastic-worker-guaranteed"
+DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS = "kfp-elastic-worker-opportunistic"
 DEFAULT_SERVICE_ACCOUNT = "kfp-elastic-worker"
 WORKER_IMAGE_ENV = "KFP_ELASTIC_WORKER_IMAGE"
+GUARANTEED_PRIORITY_CLASS_ENV = "KFP_ELASTIC_WORKER_GUARANTEED_PRIORITY_CLASS"
+OPPORTUNISTIC_PRIORITY_CLASS_ENV = "KFP_ELASTIC_WORKER_OPPORTUNISTIC_PRIORITY_CLASS"
+# Before the tiers: one class for every worker. Still read, as the fallback of both tiers, so
+# that a ConfigMap that only has this key keeps working.
 PRIORITY_CLASS_ENV = "KFP_ELASTIC_WORKER_PRIORITY_CLASS"
 SERVICE_ACCOUNT_ENV = "KFP_ELASTIC_WORKER_SERVICE_ACCOUNT"
 TLS_SECRET_ENV = "KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET"
@@ -84,6 +93,8 @@ KUBERNETES_ENV_VARS = (
     TLS_SECRET_ENV,
     PASSWORD_SECRET_ENV,
     WORKER_IMAGE_ENV,
+    GUARANTEED_PRIORITY_CLASS_ENV,
+    OPPORTUNISTIC_PRIORITY_CLASS_ENV,
     PRIORITY_CLASS_ENV,
     SERVICE_ACCOUNT_ENV,
 )
@@ -241,9 +252,22 @@ class KubernetesSettings:
         "", f"worker image (empty: ${WORKER_IMAGE_ENV}, else {DEFAULT_WORKER_IMAGE})"
     )
     namespace: str = _option("", "empty: the master pod's own namespace, else default")
+    guaranteed_priority_class: str = _option(
+        "",
+        "PriorityClass of workers 0..min_workers-1, which may preempt other jobs' opportunistic "
+        f"workers (empty: ${GUARANTEED_PRIORITY_CLASS_ENV}, else ${PRIORITY_CLASS_ENV}, else "
+        f"{DEFAULT_GUARANTEED_PRIORITY_CLASS})",
+    )
+    opportunistic_priority_class: str = _option(
+        "",
+        "PriorityClass of workers min_workers..max_workers-1, which never preempt (empty: "
+        f"${OPPORTUNISTIC_PRIORITY_CLASS_ENV}, else ${PRIORITY_CLASS_ENV}, else "
+        f"{DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS})",
+    )
     priority_class: str = _option(
         "",
-        f"worker pods' PriorityClass (empty: ${PRIORITY_CLASS_ENV}, else {DEFAULT_PRIORITY_CLASS})",
+        "one PriorityClass for every worker pod, no tiers (empty: the two classes above; not "
+        "together with them)",
     )
     service_account: str = _option(
         "",
@@ -283,14 +307,42 @@ class KubernetesSettings:
     # tolerations, node_selector, affinity, volumes, volume_mounts (the KFP task's settings)
     pod_overrides: Mapping[str, Any] = _option(factory=dict, flag=None, param=None)
 
+    def check_priority_classes(self) -> None:
+        """``priority_class`` (one class for all) and the tier classes exclude each other:
+        which class would worker 0 get? Raises ``ValueError`` naming both."""
+        tiers = [
+            name
+            for name in ("guaranteed_priority_class", "opportunistic_priority_class")
+            if getattr(self, name)
+        ]
+        if self.priority_class and tiers:
+            raise field_error(
+                "priority_class",
+                f"puts every worker in one class ({self.priority_class!r}) and cannot be "
+                f"combined with {' and '.join(f'{n}={getattr(self, n)!r}' for n in tiers)}: "
+                "give priority_class alone, or the tier classes alone",
+                KubernetesSettings,
+            )
+
     def resolved(self, env: Mapping[str, str]) -> KubernetesSettings:
-        """Empty settings filled from ``env`` (the ConfigMap's variables), else the defaults."""
+        """Empty settings filled from ``env`` (the ConfigMap's variables), else the defaults.
+        The tier classes: the job's ``priority_class`` for both, else each one's own setting,
+        its variable, the single-class variable, its default."""
+        self.check_priority_classes()
+        one_class = self.priority_class
         return replace(
             self,
             image=self.image or env.get(WORKER_IMAGE_ENV) or DEFAULT_WORKER_IMAGE,
-            priority_class=self.priority_class
+            guaranteed_priority_class=one_class
+            or self.guaranteed_priority_class
+            or env.get(GUARANTEED_PRIORITY_CLASS_ENV)
             or env.get(PRIORITY_CLASS_ENV)
-            or DEFAULT_PRIORITY_CLASS,
+            or DEFAULT_GUARANTEED_PRIORITY_CLASS,
+            opportunistic_priority_class=one_class
+            or self.opportunistic_priority_class
+            or env.get(OPPORTUNISTIC_PRIORITY_CLASS_ENV)
+            or env.get(PRIORITY_CLASS_ENV)
+            or DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS,
             service_account=self.service_account
             or env.get(SERVICE_ACCOUNT_ENV)
             or DEFAULT_SERVICE_ACCOUNT,
@@ -508,6 +560,7 @@ class JobSpec:
             )
         except ConfigError as error:
             raise field_error("rdzv_conf", str(error)) from None
+        self.launch.kubernetes.check_priority_classes()
         if self.launch.kind == "kubernetes":
             self.worker_pod_gpus()  # a GPU count that does not fit the processes fails here
         capacity = self.launch.local.capacity

@@ -18,7 +18,8 @@ from kfp_elastic.master.pod_spec_checks import (  # noqa: F401 - names callers i
     ATTEMPT_LABEL,
     COMPONENT_LABEL,
     CONTAINER_NAME,
-    DEFAULT_PRIORITY_CLASS,
+    DEFAULT_GUARANTEED_PRIORITY_CLASS,
+    DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS,
     DEFAULT_SERVICE_ACCOUNT,
     ETCD_AUTH_MOUNT,
     ETCD_PASSWORD_KEY,
@@ -71,7 +72,10 @@ class WorkerPodSpec:
     # noisy neighbour
     gpu: int = 0
     gpu_resource: str = "nvidia.com/gpu"
-    priority_class: str | None = DEFAULT_PRIORITY_CLASS
+    # Worker indexes below min_nodes get the guaranteed class, the others the opportunistic one
+    # (``priority_class_of``); None: no class (priority 0, or the cluster's globalDefault).
+    guaranteed_priority_class: str | None = DEFAULT_GUARANTEED_PRIORITY_CLASS
+    opportunistic_priority_class: str | None = DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS
     service_account: str | None = DEFAULT_SERVICE_ACCOUNT
     tolerations: tuple[Mapping[str, Any], ...] = ()
     node_selector: Mapping[str, str] = field(default_factory=dict)
@@ -122,6 +126,22 @@ def etcd_pod_fields(
         "etcd_tls_secret": tls_secret if etcd.uses_tls else None,
         "etcd_password_secret": password_secret if etcd.user else None,
     }
+
+
+def is_guaranteed(worker_index: int, min_workers: int) -> bool:
+    """Whether slot ``worker_index`` is one of the job's guaranteed ones: the first MIN slots.
+    Slots are stable (master/scaling.py launches a lost worker's replacement in its slot), so
+    the job always has exactly MIN guaranteed slots, whichever workers are running."""
+    return worker_index < min_workers
+
+
+def priority_class_of(spec: WorkerPodSpec) -> str | None:
+    """The PriorityClass of the pod for ``spec.worker_index``: guaranteed for the first
+    ``min_nodes`` slots (may preempt opportunistic workers of any job), else opportunistic
+    (never preempts)."""
+    if is_guaranteed(spec.worker_index, spec.min_nodes):
+        return spec.guaranteed_priority_class
+    return spec.opportunistic_priority_class
 
 
 def pod_name(job_name: str, worker_index: int, attempt: int) -> str:
@@ -226,8 +246,9 @@ def build_pod(spec: WorkerPodSpec) -> dict[str, Any]:
         "securityContext": pod_security,
         "containers": [container],
     }
-    if spec.priority_class:
-        pod_spec["priorityClassName"] = spec.priority_class
+    priority_class = priority_class_of(spec)
+    if priority_class:
+        pod_spec["priorityClassName"] = priority_class
     if spec.service_account:
         pod_spec["serviceAccountName"] = spec.service_account
     if spec.node_selector:

@@ -40,7 +40,10 @@ from kfp_elastic.testing.api_wire import (
     parse_label_selector,
 )
 
+# manifests/base/priorityclasses.yaml's (tests/unit/deploy/test_manifests.py compares them).
 PRIORITY_CLASSES = {
+    "kfp-elastic-worker-guaranteed": (-3, "PreemptLowerPriority"),
+    "kfp-elastic-worker-opportunistic": (-5, "Never"),
     "kfp-elastic-worker-low": (-5, "Never"),
     "kfp-elastic-control": (100000, "PreemptLowerPriority"),
     "system-cluster-critical": (2000000000, "PreemptLowerPriority"),

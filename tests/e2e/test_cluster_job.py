@@ -53,7 +53,9 @@ def test_training_task_as_master_pod_through_preemption_growth_and_a_retry(
         run.wait_committed(3, world=2, what="training with 2 workers")
         assert sorted(run.workers().values()) == ["Pending", "Running", "Running"], run.log_tail()
 
-        # 2. a serving pod (priority 0 > the workers' -5) preempts one worker gracefully
+        # 2. a serving pod (priority 0 > the workers' -3 and -5) preempts one worker gracefully:
+        # the opportunistic one (-5, the lowest priority on the node); its replacement is
+        # opportunistic too and waits Pending without preempting anyone
         serving = run.preempt_worker(sorted(run.running_workers())[0])
         run.wait_committed(run.step() + 1, world=1, timeout=60, what="training with 1 worker")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kfp_elastic.master.pod_spec import WorkerPodSpec, build_pod
 from kfp_elastic.testing.cluster import TestCluster
 from tests.helpers import eventually
 
@@ -309,6 +311,62 @@ def test_priority_class_with_preemption_policy_never_does_not_preempt(
     assert eventually(lambda: phase(core, "polite") == "Running")
     core.delete_namespaced_pod("polite", NS, grace_period_seconds=0)
     assert eventually(lambda: gone(core, "polite"))
+
+
+def elastic_worker_pods(job: str, min_workers: int, max_workers: int) -> list[dict[str, Any]]:
+    """Job ``job``'s worker pods as the master builds them (``master/pod_spec.py``, so with the
+    class each index gets), running ``sleep`` instead of an agent; half a CPU each."""
+    template = WorkerPodSpec(
+        job_name=job,
+        image="kfp-elastic-worker:0.1.0",
+        entrypoint="train.py",
+        rdzv_endpoint="etcd:2379",
+        min_nodes=min_workers,
+        max_nodes=max_workers,
+        command=("/bin/sh", "-c", "exec sleep 600"),  # the torchrun args land in $0, $1, ...
+        cpu="500m",
+        namespace=NS,
+    )
+    return [build_pod(replace(template, worker_index=i)) for i in range(max_workers)]
+
+
+def test_a_new_jobs_guaranteed_workers_preempt_only_opportunistic_ones(
+    test_cluster: TestCluster, core: client.CoreV1Api
+) -> None:
+    """Job A fills the node (2 guaranteed + 2 opportunistic workers); job B (MIN=2, MAX=4)
+    arrives: its 2 guaranteed workers take A's opportunistic places, its opportunistic ones wait
+    Pending, A's guaranteed ones stay. Job C's guaranteed worker then finds nothing below it
+    to preempt and waits: equal priority never preempts."""
+    a, b, c = (elastic_worker_pods(*job) for job in (("a", 2, 4), ("b", 2, 4), ("c", 1, 1)))
+    for pod in a:
+        core.create_namespaced_pod(NS, pod)
+    a_names = [p["metadata"]["name"] for p in a]
+    assert eventually(lambda: all(phase(core, n) == "Running" for n in a_names))
+    a_kept, a_lost = a_names[:2], a_names[2:]
+    b_names = [p["metadata"]["name"] for p in b]
+    b_run, b_wait = b_names[:2], b_names[2:]
+    for pod in b:
+        core.create_namespaced_pod(NS, pod)
+    assert core.read_namespaced_pod(b_run[0], NS).spec.priority == -3  # resolved from its class
+
+    assert eventually(lambda: all(phase(core, n) == "Running" for n in b_run), timeout=20)
+    assert eventually(lambda: all(gone(core, n) for n in a_lost))  # preempted, then deleted
+    assert all(phase(core, n) == "Running" for n in a_kept)
+    for name in b_wait:
+        scheduled = condition(core, name, "PodScheduled")
+        assert phase(core, name) == "Pending" and scheduled.reason == "Unschedulable"
+
+    (c_pod,) = c
+    core.create_namespaced_pod(NS, c_pod)
+    c_name = c_pod["metadata"]["name"]
+    assert eventually(lambda: condition(core, c_name, "PodScheduled") is not None)
+    assert condition(core, c_name, "PodScheduled").reason == "Unschedulable"
+    for name in (*a_kept, *b_run):
+        assert condition(core, name, "DisruptionTarget") is None, name
+        assert phase(core, name) == "Running", name
+    for name in (*a_kept, *b_names, c_name):
+        core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+    assert eventually(lambda: not core.list_namespaced_pod(NS).items)
 
 
 def test_deleting_an_owner_deletes_its_dependents(

@@ -67,7 +67,7 @@ def request(env: dict[str, str] | None = None, **changes: Any) -> JobSpec:
         "namespace": NS,
         "worker_cpu": "1",
         "worker_memory": "2Gi",
-        "priority_class": "kfp-elastic-worker-low",
+        "opportunistic_priority_class": "kfp-elastic-worker-low",  # not the default
         "service_account": "kfp-elastic-worker",
         "image": "registry.example/worker:1",
     }
@@ -101,7 +101,7 @@ def test_worker_pods_carry_the_forwarded_task_settings(k8s: FakeKubernetes, tmp_
     assert "ownerReferences" not in pod["metadata"]  # a retried master must find them alive
     assert spec["tolerations"] == [TOLERATION] and spec["nodeSelector"] == {"pool": "gpu"}
     assert spec["volumes"] == [VOLUME] and container["volumeMounts"] == [MOUNT]
-    assert spec["priorityClassName"] == "kfp-elastic-worker-low"
+    assert spec["priorityClassName"] == "kfp-elastic-worker-low"  # worker 1 of min_workers=1
     assert container["image"] == "registry.example/worker:1"
     assert container["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}
     args = container["args"]
