@@ -42,10 +42,15 @@ import time
 
 MODULE = "kfp_elastic.testing.cluster.kfp_launcher"
 ARGO_WAIT_POLL_S = 1.0  # the emissary's Wait4 loop sleeps a second between reaps
-FORWARDED = tuple(
-    s
-    for s in signal.Signals
-    if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGURG)
+# The emissary forwards every signal it gets but SIGCHLD and SIGURG; these are the ones sent to
+# a container from outside (the runtime's SIGTERM, kubectl exec kill, ...).
+FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
 )
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -69,27 +74,28 @@ def emissary(command: list[str], poll_s: float) -> int:
     # PID 1 of a container reaps every orphan of the container; a subreaper does here.
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    child = subprocess.Popen(command, process_group=0)
+    started: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
+        if not started:
+            return  # nothing to forward to yet
         try:
-            os.killpg(os.getpgid(child.pid), signum)
+            os.killpg(os.getpgid(started[0]), signum)
         except ProcessLookupError:  # the group is gone: Kill falls back to the pid
             with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signum)
+                os.kill(started[0], signum)
 
-    for sig in FORWARDED:
-        with contextlib.suppress(OSError, ValueError):
-            signal.signal(sig, forward)
+    for sig in FORWARDED:  # before the child starts, as signal.Notify is
+        signal.signal(sig, forward)
+    started.append(subprocess.Popen(command, process_group=0).pid)
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return 1
-        if pid == child.pid:
+        if pid == started[0]:
             return exit_status(status)
-        if pid == 0:
-            time.sleep(poll_s)
+        time.sleep(poll_s)
 
 
 def launch(command: list[str]) -> int:
