@@ -130,6 +130,11 @@ def watch_own_pod(
         return None
     from kubernetes import client
 
-    load_kubernetes_config()
-    log.info("watching own pod for its deletion pod=%s", name)
-    return OwnPodWatch(name, pod_namespace(), on_deleting, client.ApiClient).start()
+    try:
+        load_kubernetes_config()
+        namespace = pod_namespace()
+    except Exception as error:  # noqa: BLE001 - SIGTERM still steps down; never fail the job
+        log.warning("own pod not watched pod=%s error=%r", name, error)
+        return None
+    log.info("watching own pod for its deletion pod=%s/%s", namespace, name)
+    return OwnPodWatch(name, namespace, on_deleting, client.ApiClient).start()

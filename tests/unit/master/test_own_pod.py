@@ -114,3 +114,18 @@ def test_a_watch_started_on_a_pod_already_terminating_fires_at_once(
         assert called.wait(20)
     finally:
         watch.stop()
+
+
+def test_the_fake_serves_the_name_field_selector_and_refuses_others(
+    k8s: tuple[FakeKubernetes, client.Configuration],
+) -> None:
+    fake, configuration = k8s
+    for name in ("master", "worker-0"):
+        fake.create(NS, pod(name))
+    with client.ApiClient(configuration) as api:
+        core = client.CoreV1Api(api)
+        listed = core.list_namespaced_pod(NS, field_selector="metadata.name=master").items
+        assert [p.metadata.name for p in listed] == ["master"]
+        with pytest.raises(client.ApiException) as refused:
+            core.list_namespaced_pod(NS, field_selector="status.phase=Running")
+        assert refused.value.status == 400 and "metadata.name=NAME" in str(refused.value.body)
