@@ -4,10 +4,11 @@ The real ``kubernetes`` client runs against it unchanged. It keeps what a contro
 on: a monotonic resourceVersion on every object, list and event; create/get/list/delete/patch
 with the real Status errors (404 NotFound, 409 AlreadyExists/Conflict, 422 Invalid, 403 from
 the Priority and ServiceAccount admission plugins); pod specs checked with
-``kubernetes-validate --strict`` (422 with the validator's message); label selectors; graceful
-deletion of scheduled pods (deletionTimestamp, then the kubelet's terminal status, then DELETED);
-and watches that stream JSON lines from any retained resourceVersion, or one ERROR event with a
-410 Status when asked for compacted history.
+``kubernetes-validate --strict`` (422 with the validator's message); label selectors and the
+field selector ``metadata.name=NAME`` (no other field selector); graceful deletion of scheduled
+pods (deletionTimestamp, then the kubelet's terminal status, then DELETED); and watches that
+stream JSON lines from any retained resourceVersion, or one ERROR event with a 410 Status when
+asked for compacted history.
 
 Besides pods it stores PriorityClasses (``spec.priority`` and ``preemptionPolicy`` resolved on pod
 create), ConfigMaps, Secrets and Nodes (create/get/list/delete, no watch), and garbage-collects:
@@ -37,6 +38,7 @@ from kfp_elastic.testing.api_wire import (
     labels_match,
     merge_patch,
     now_timestamp,
+    parse_field_selector,
     parse_label_selector,
 )
 
@@ -411,13 +413,16 @@ class FakeKubernetes:
                 new["metadata"][key] = old["metadata"][key]
             return self._record(ns, "MODIFIED", old, new)
 
-    def list(self, ns: str, labels: str = "") -> dict[str, Any]:
+    def list(self, ns: str, labels: str = "", name: str | None = None) -> dict[str, Any]:
+        """Pods of ``ns`` matching the label selector ``labels`` (and called ``name``)."""
         selector = parse_label_selector(labels)
         with self._cond:
             items = [
                 copy.deepcopy(p)
-                for (n, _), p in sorted(self._pods.items())
-                if n == ns and labels_match(selector, p["metadata"].get("labels") or {})
+                for (n, pod_name), p in sorted(self._pods.items())
+                if n == ns
+                and name in (None, pod_name)
+                and labels_match(selector, p["metadata"].get("labels") or {})
             ]
             rv = str(self._rv)
         for item in items:  # items of a typed list carry no kind/apiVersion
@@ -650,6 +655,7 @@ class FakeKubernetes:
 
     def watch(self, handler: Handler, ns: str, query: dict[str, str]) -> None:
         selector = parse_label_selector(query.get("labelSelector", ""))
+        by_name = parse_field_selector(query.get("fieldSelector", ""))
         rv = query.get("resourceVersion", "")
         end = time.monotonic() + float(query.get("timeoutSeconds") or 1800)
         stream = _Stream()
@@ -658,6 +664,7 @@ class FakeKubernetes:
             return (
                 pod is not None
                 and pod["metadata"]["namespace"] == ns
+                and by_name in (None, pod["metadata"]["name"])
                 and labels_match(selector, pod["metadata"].get("labels") or {})
             )
 

@@ -29,6 +29,7 @@ from kfp_elastic.master.timeline import (
     LaunchFailed,
     MasterRecovered,
     MasterStarted,
+    MasterSteppedDown,
     RoundFormed,
     WorkerCompleted,
     WorkerLaunched,
@@ -189,6 +190,8 @@ def _line(event: Event) -> str | None:  # noqa: PLR0911 - one return per event t
         )
     if isinstance(event, MasterRecovered):
         return f"master recovered, adopted {list(event.workers)}"
+    if isinstance(event, MasterSteppedDown):
+        return f"master stepped down ({event.reason}), workers left running"
     if isinstance(event, WorkerLaunched):
         return f"{event.name} launched"
     if isinstance(event, WorkerLost):

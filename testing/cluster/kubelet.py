@@ -6,9 +6,11 @@ host directories (emptyDir: one per pod, persistentVolumeClaim: one per claim, s
 ConfigMap: files written from the objects, honoring ``items``); the service-account volume (token,
 ca.crt, namespace) and ``KUBERNETES_SERVICE_HOST/PORT`` lead to the API server; status is real
 (Running with containerStatuses, then Succeeded/Failed with the exit code and reason ``Completed``
-or ``Error``); deletion is graceful (SIGTERM to each container's process group, then SIGKILL of
-everything the pod started once ``terminationGracePeriodSeconds`` passed); output goes to one log
-file per container.
+or ``Error``); deletion is graceful as a container runtime makes it: SIGTERM to each container's
+main process only (the process the kubelet started: PID 1 of the container), then SIGKILL of
+everything the pod started once ``terminationGracePeriodSeconds`` passed; once the main processes
+have ended, every process they left behind is SIGKILLed at once, as a container's PID namespace
+ends with its init (per pod here, not per container); output goes to one log file per container.
 
 Mounts: a process cannot see a host directory at a container path such as /etc/etcd-tls, so the
 kubelet rewrites every mountPath it finds (at a path boundary) in ``command``, ``args``,
@@ -479,11 +481,12 @@ class Kubelet:
     # -- stop --------------------------------------------------------------------------
 
     def _sigterm(self, running: _RunningPod) -> None:
-        """What the container runtime does first: SIGTERM to each container's processes."""
+        """What the container runtime does first: SIGTERM to each container's main process
+        (PID 1 of the container), not to its children: passing it on is that process's job."""
         running.sigterm_at = time.monotonic()
         for c in running.containers:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(c.process.pid, signal.SIGTERM)
+                os.kill(c.process.pid, signal.SIGTERM)
         log.info("event=pod_sigterm pod=%s/%s grace_s=%s", *running.key, running.grace_s)
 
     def _kill_all(self, running: _RunningPod) -> None:

@@ -279,6 +279,32 @@ def test_higher_priority_pod_preempts_a_lower_one_gracefully(
     assert eventually(lambda: gone(core, "serving"))
 
 
+# Runs ON_SIGTERM as its child (same process group) and keeps SIGTERM's default: it dies of it.
+PARENT = """
+import os, subprocess, sys, time
+env = {**os.environ, 'POD': os.environ['POD'] + '-child'}
+subprocess.Popen([sys.executable, '-c', os.environ['CHILD']], env=env)
+while True: time.sleep(0.1)
+"""
+
+
+def test_graceful_deletion_signals_the_main_process_only_and_its_end_ends_the_rest(
+    test_cluster: TestCluster, core: client.CoreV1Api
+) -> None:
+    """As a container runtime does: SIGTERM goes to PID 1 of the container, not to its process
+    group; when PID 1 ends, the processes it left are SIGKILLed (its PID namespace ends)."""
+    flags = test_cluster.root / "claims" / NS / "flags"
+    body = flagging_pod("parent", "1")
+    body["spec"]["containers"][0]["command"] = ["python", "-c", PARENT]
+    body["spec"]["containers"][0]["env"].append({"name": "CHILD", "value": ON_SIGTERM})
+    core.create_namespaced_pod(NS, body)
+    assert eventually(lambda: (flags / "parent-child.ready").exists())
+    core.delete_namespaced_pod("parent", NS)  # graceful (20 s), but the parent dies at once
+    assert eventually(lambda: gone(core, "parent"), timeout=15)
+    assert not (flags / "parent-child").exists(), "the child got SIGTERM: only PID 1 should"
+    assert not test_cluster.leftover_processes()
+
+
 def test_priority_class_with_preemption_policy_never_does_not_preempt(
     test_cluster: TestCluster, core: client.CoreV1Api
 ) -> None:
