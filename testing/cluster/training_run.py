@@ -39,7 +39,7 @@ from kfp_elastic.master.pod_spec import run_selector
 from kfp_elastic.master.timeline import Event, read_timeline
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.rendezvous.testing_pki import generate_test_pki
-from kfp_elastic.testing.cluster import TestCluster
+from kfp_elastic.testing.cluster import FAST_NODE_LIFECYCLE, TestCluster
 from kfp_elastic.testing.cluster.kfp_task import (
     CompiledPipeline,
     TaskPod,
@@ -136,7 +136,12 @@ class TrainingRun:
             EmbeddedEtcd(data_dir=self.root / "etcd", tls=self.pki.server)
         )
         self.cluster = self._stack.enter_context(
-            TestCluster(self.root / "cluster", nodes=self._nodes, namespace=self._namespace)
+            TestCluster(
+                self.root / "cluster",
+                nodes=self._nodes,
+                namespace=self._namespace,
+                node_lifecycle=FAST_NODE_LIFECYCLE,
+            )
         )
         self.ns = self.cluster.namespace
         self.api_client = self.cluster.client()
