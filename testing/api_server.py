@@ -11,10 +11,11 @@ and watches that stream JSON lines from any retained resourceVersion, or one ERR
 
 Besides pods it stores PriorityClasses (``spec.priority`` and ``preemptionPolicy`` resolved on pod
 create; the DefaultTolerationSeconds admission adds 300 s not-ready/unreachable tolerations to
-pods without their own), ConfigMaps, Secrets and Nodes (create/get/list/delete, no watch), and garbage-collects:
-removing any object deletes the pods and objects whose ownerReferences name its uid. With
-``tls`` it serves HTTPS (what ``load_incluster_config()`` demands). Test hooks play scheduler,
-kubelet and node lifecycle by hand; ``testing/cluster/`` plays them for real.
+pods without their own), ConfigMaps, Secrets and Nodes (create/get/list/delete/replace, no
+watch), and garbage-collects: removing any object deletes the pods and objects whose
+ownerReferences name its uid. With ``tls`` it serves HTTPS (what ``load_incluster_config()``
+demands). Test hooks play scheduler, kubelet and node lifecycle by hand; ``testing/cluster/``
+plays them for real.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from kfp_elastic.testing.api_server import add_default_tolerations
 from kfp_elastic.testing.api_wire import api_call
 from kfp_elastic.testing.cluster.kubelet import (
     PodConfigError,
@@ -20,7 +21,6 @@ from kfp_elastic.testing.cluster.kubelet import (
     prepare_volumes,
     rewrite_mount_paths,
 )
-from kfp_elastic.testing.api_server import add_default_tolerations
 from kfp_elastic.testing.cluster.node_lifecycle import (
     eviction_delay,
     unreachable,
