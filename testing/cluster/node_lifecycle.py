@@ -115,8 +115,9 @@ class NodeLifecycle:
             except Exception:  # one bad pass must not stop node monitoring
                 log.exception("event=node_monitor_failed")
 
-    def monitor_once(self) -> None:
-        now = time.monotonic()
+    def monitor_once(self, now: float | None = None) -> None:
+        """One look at every node; ``now`` (monotonic) for tests that drive time."""
+        now = time.monotonic() if now is None else now
         nodes = self.api.list_objects("nodes", "")["items"]
         names = {node["metadata"]["name"] for node in nodes}
         for name in [n for n in self._tainted_at if n not in names]:
@@ -159,10 +160,11 @@ class NodeLifecycle:
         elapsed = now - self._tainted_at[name]
         for pod in self.api.pods_snapshot():
             meta = pod["metadata"]
-            if (
-                pod["spec"].get("nodeName") != name
-                or meta.get("deletionTimestamp")
-                or pod["status"].get("phase") in ("Succeeded", "Failed")
+            # A pod already terminating there is taken too: no kubelet will confirm its end
+            # (Kubernetes leaves it Terminating until pod GC, once the Node object is gone).
+            if pod["spec"].get("nodeName") != name or pod["status"].get("phase") in (
+                "Succeeded",
+                "Failed",
             ):
                 continue
             delay = eviction_delay(pod, taints)

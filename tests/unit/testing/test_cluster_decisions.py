@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kfp_elastic.testing.api_server import add_default_tolerations
+from kfp_elastic.testing.api_server import FakeKubernetes, add_default_tolerations
 from kfp_elastic.testing.api_wire import api_call
 from kfp_elastic.testing.cluster.kubelet import (
     PodConfigError,
@@ -22,6 +22,8 @@ from kfp_elastic.testing.cluster.kubelet import (
     rewrite_mount_paths,
 )
 from kfp_elastic.testing.cluster.node_lifecycle import (
+    NodeLifecycle,
+    NodeLifecycleSettings,
     eviction_delay,
     unreachable,
     unreachable_taints,
@@ -245,6 +247,55 @@ def test_the_taint_manager_evicts_after_the_shortest_toleration() -> None:
     negative = pod("negative")
     negative["spec"]["tolerations"] = [{"operator": "Exists", "tolerationSeconds": -5}]
     assert eviction_delay(negative, taints) == 0
+
+
+def test_node_lifecycle_marks_a_silent_node_and_evicts_on_each_pods_timeline() -> None:
+    # The API side of a lost node, time driven by hand: no kubelet, no processes.
+    beat = {"n1": 100.0}
+    settings = NodeLifecycleSettings(monitor_grace_s=1, monitor_period_s=3600)
+    with FakeKubernetes(validate_pods=False, kubelet=False, default_toleration_seconds=None) as k8s:
+        k8s.create_object("nodes", "", {"metadata": {"name": "n1"}, "status": {"conditions": []}})
+        unreachable_for = {
+            "bare": None,
+            "five": [
+                {
+                    "key": "node.kubernetes.io/unreachable",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 5,
+                }
+            ],
+            "forever": [{"operator": "Exists"}],
+        }
+        for name, tolerations in unreachable_for.items():
+            spec: dict[str, Any] = {"containers": [{"name": "c", "image": "i"}]}
+            if tolerations:
+                spec["tolerations"] = tolerations
+            k8s.create("default", {"metadata": {"name": name}, "spec": spec})
+            k8s.bind("default", name, "n1")
+            k8s.set_phase(name, "Running", node="n1")
+        lifecycle = NodeLifecycle(k8s, beat.get, settings)
+        try:
+            lifecycle.monitor_once(now=100.5)  # within the grace: nothing happens
+            node = k8s.get_object("nodes", "", "n1")
+            assert not node.get("spec", {}).get("taints")
+            assert {p["metadata"]["name"] for p in k8s.pods_snapshot()} == set(unreachable_for)
+            lifecycle.monitor_once(now=102.0)  # silent past the grace
+            node = k8s.get_object("nodes", "", "n1")
+            ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+            assert (ready["status"], ready["reason"]) == ("Unknown", "NodeStatusUnknown")
+            assert {(t["key"], t["effect"]) for t in node["spec"]["taints"]} == {
+                ("node.kubernetes.io/unreachable", "NoSchedule"),
+                ("node.kubernetes.io/unreachable", "NoExecute"),
+            }
+            names = lambda: {p["metadata"]["name"] for p in k8s.pods_snapshot()}  # noqa: E731
+            assert names() == {"five", "forever"}  # no toleration: evicted at once
+            lifecycle.monitor_once(now=106.5)
+            assert names() == {"five", "forever"}
+            lifecycle.monitor_once(now=107.5)  # 5 s after the taint
+            assert names() == {"forever"}
+        finally:
+            lifecycle.stop()
 
 
 def test_default_toleration_seconds_admission_adds_only_what_is_missing() -> None:
