@@ -27,8 +27,8 @@ timeline of ``node_lifecycle.py``. A kubelet that runs counts as heartbeating (i
 an API object here).
 
 Not simulated: container restarts (every restartPolicy behaves as Never), init containers,
-probes, images (the host's Python runs the command), resource limits, network isolation (every
-pod's IP is 127.0.0.1).
+probes, images (the host's Python runs the command; a pull is only the delay above), resource
+limits, network isolation (every pod's IP is 127.0.0.1).
 """
 
 from __future__ import annotations

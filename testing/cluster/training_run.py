@@ -273,12 +273,16 @@ class TrainingRun:
         return {p.metadata.name: p.status.phase for p in pods.items}
 
     def running_workers(self) -> dict[str, str]:
-        """Running worker pods that are not being deleted: name -> node."""
+        """Running worker pods that are not being deleted, on nodes that run: name -> node. (A
+        lost node's pods read Running until the taint manager evicts them; their processes
+        are gone or stopped.)"""
         pods = self.core.list_namespaced_pod(self.ns, label_selector=run_selector(self.run_id))
         return {
             p.metadata.name: p.spec.node_name
             for p in pods.items
-            if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+            if p.status.phase == "Running"
+            and not p.metadata.deletion_timestamp
+            and p.spec.node_name in self.cluster.kubelets
         }
 
     def nodes(self) -> list[str]:
