@@ -98,6 +98,12 @@ KUBERNETES_ENV_VARS = (
     PRIORITY_CLASS_ENV,
     SERVICE_ACCOUNT_ENV,
 )
+# tolerationSeconds of worker pods for the not-ready and unreachable NoExecute taints: how long
+# a worker pod stays bound to a lost node (after Kubernetes' node monitor grace, 40-50 s) before
+# it is evicted and the master replaces it. Kubernetes gives pods without their own 300 s; the
+# rendezvous drops a lost worker within lease_ttl anyway, so waiting longer only delays its
+# replacement.
+DEFAULT_NODE_LOSS_TOLERATION_S = 10
 DEFAULT_MAX_WAIT_S = 600.0
 DEFAULT_MAX_FAILURES = 3
 DEFAULT_FINISH_GRACE_S = 30.0
@@ -304,6 +310,13 @@ class KubernetesSettings:
         f"(empty: ${PASSWORD_SECRET_ENV})",
         param=None,
     )
+    node_loss_toleration_s: int = _option(
+        DEFAULT_NODE_LOSS_TOLERATION_S,
+        "seconds a worker pod stays on a not-ready or unreachable node before Kubernetes "
+        "evicts it and the master replaces it (tolerationSeconds; Kubernetes' default: 300)",
+        flag="--node-loss-toleration",
+        param=None,
+    )
     # tolerations, node_selector, affinity, volumes, volume_mounts (the KFP task's settings)
     pod_overrides: Mapping[str, Any] = _option(factory=dict, flag=None, param=None)
 
@@ -505,6 +518,7 @@ class JobSpec:
             "max_failures": (self.policy.max_failures, 0),
             "gpus": (self.launch.kubernetes.gpus, 0),
             "worker_max_restarts": (self.launch.worker_max_restarts, 0),
+            "node_loss_toleration_s": (self.launch.kubernetes.node_loss_toleration_s, 0),
         }
         for name, (value, low) in at_least.items():
             if value < low:

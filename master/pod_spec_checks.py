@@ -133,7 +133,10 @@ def parse_quantity(text: str | int | float) -> Decimal:
 def validate(spec: WorkerPodSpec) -> None:
     """Raise ``ValueError`` naming the first field of ``spec`` a cluster would reject."""
     _dns_label("job_name", spec.job_name)
-    for key in ("worker_index", "attempt", "max_restarts", "termination_grace_period_s", "gpu"):
+    integers = ["worker_index", "attempt", "max_restarts", "termination_grace_period_s", "gpu"]
+    if spec.node_loss_toleration_s is not None:
+        integers.append("node_loss_toleration_s")
+    for key in integers:
         value = getattr(spec, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{key}={value!r} must be an integer >= 0")

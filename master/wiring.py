@@ -166,6 +166,7 @@ def worker_pod_template(spec: JobSpec) -> Any:
         shm_size=spec.worker_shm_size(),
         namespace=pod_namespace(k8s.namespace),
         tolerations=tuple(overrides.get("tolerations") or ()),
+        node_loss_toleration_s=k8s.node_loss_toleration_s,
         node_selector=dict(overrides.get("node_selector") or {}),
         affinity=overrides.get("affinity") or None,
         volumes=tuple(overrides.get("volumes") or ()),

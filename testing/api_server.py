@@ -11,10 +11,12 @@ stream JSON lines from any retained resourceVersion, or one ERROR event with a 4
 asked for compacted history.
 
 Besides pods it stores PriorityClasses (``spec.priority`` and ``preemptionPolicy`` resolved on pod
-create), ConfigMaps, Secrets and Nodes (create/get/list/delete, no watch), and garbage-collects:
-removing any object deletes the pods and objects whose ownerReferences name its uid. With
-``tls`` it serves HTTPS (what ``load_incluster_config()`` demands). Test hooks play scheduler,
-kubelet and node lifecycle by hand; ``testing/cluster/`` plays them for real.
+create; the DefaultTolerationSeconds admission adds 300 s not-ready/unreachable tolerations to
+pods without their own), ConfigMaps, Secrets and Nodes (create/get/list/delete/replace, no
+watch), and garbage-collects: removing any object deletes the pods and objects whose
+ownerReferences name its uid. With ``tls`` it serves HTTPS (what ``load_incluster_config()``
+demands). Test hooks play scheduler, kubelet and node lifecycle by hand; ``testing/cluster/``
+plays them for real.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ PRIORITY_CLASSES = {
     "system-cluster-critical": (2000000000, "PreemptLowerPriority"),
 }
 SERVICE_ACCOUNTS = {"default", "kfp-elastic-worker", "kfp-elastic-master"}
+# kube-apiserver --default-not-ready-toleration-seconds / --default-unreachable-toleration-seconds
+DEFAULT_TOLERATION_SECONDS = 300
+NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -67,10 +72,13 @@ class FakeKubernetes:
         namespace: str = "default",
         validate_pods: bool = True,
         tls: tuple[str, str] | None = None,
+        default_toleration_seconds: int | None = DEFAULT_TOLERATION_SECONDS,
     ) -> None:
         """``kubelet=False``: deleted scheduled pods stay Terminating until a kubelet (a test
         hook or :mod:`kfp_elastic.testing.cluster.kubelet`) finishes them. ``tls``: (certificate,
-        key) PEM files to serve HTTPS with."""
+        key) PEM files to serve HTTPS with. ``default_toleration_seconds``: what the
+        DefaultTolerationSeconds admission plugin gives a pod that does not tolerate the
+        not-ready and unreachable NoExecute taints itself (None: the plugin is off)."""
         self._cond = threading.Condition()
         self._rv = 100
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
@@ -91,6 +99,7 @@ class FakeKubernetes:
                 {"metadata": {"name": name}, "value": value, "preemptionPolicy": policy},
             )
         self.validate_pods = validate_pods
+        self.default_toleration_seconds = default_toleration_seconds
         self.service_accounts = SERVICE_ACCOUNTS if service_accounts is None else service_accounts
         self.namespace = namespace  # what the test hooks act on by default
         self.kubelet = kubelet  # False: deleted scheduled pods stay Terminating until finished
@@ -315,6 +324,8 @@ class FakeKubernetes:
         else:  # no class and no globalDefault class: priority 0
             spec.setdefault("priority", 0)
             spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+        if self.default_toleration_seconds is not None:
+            add_default_tolerations(spec, self.default_toleration_seconds)
         spec.setdefault("restartPolicy", "Always")
         spec.setdefault("terminationGracePeriodSeconds", 30)
         spec.setdefault("dnsPolicy", "ClusterFirst")
@@ -599,8 +610,10 @@ class FakeKubernetes:
         )
 
     def lose_node(self, name: str, ns: str | None = None) -> None:
-        """The node stops responding: the taint manager deletes the pod; no kubelet confirms,
-        so pod GC marks it Failed and force-deletes it."""
+        """The taint manager evicts the pod from a lost node (a NoExecute taint it tolerates no
+        longer): ``DisruptionTarget`` (``DeletionByTaintManager``), then deleted. No kubelet
+        confirms, so it is marked Failed and removed at once (in Kubernetes it stays
+        Terminating until pod GC force-deletes it, once the Node object is gone)."""
         ns = ns or self.namespace
         self._disrupt(
             name, "DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint", ns
@@ -729,6 +742,24 @@ OBJECT_KINDS = {
     "secrets": ("Secret", "v1"),
     "nodes": ("Node", "v1"),
 }
+
+
+def add_default_tolerations(spec: dict[str, Any], seconds: int) -> None:
+    """The DefaultTolerationSeconds admission plugin: a pod with no toleration of its own for
+    the not-ready or the unreachable NoExecute taint gets one for ``seconds`` (the plugin's
+    test: the taint's key or an empty key, effect NoExecute or empty)."""
+    tolerations = spec.get("tolerations") or []
+    for key in NODE_LOSS_TAINTS:
+        if any(
+            t.get("key", "") in (key, "") and t.get("effect", "") in ("NoExecute", "")
+            for t in tolerations
+        ):
+            continue
+        tolerations.append(
+            {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
+        )
+    if tolerations:
+        spec["tolerations"] = tolerations
 
 
 def _validate_strict(pod: dict[str, Any]) -> None:

@@ -127,7 +127,12 @@ def test_defaults_make_a_preemptible_never_restarting_worker() -> None:
     assert spec["terminationGracePeriodSeconds"] == 30
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["runAsUser"] == 1000  # the user of images/worker
-    assert "volumes" not in spec and "tolerations" not in spec and "nodeSelector" not in spec
+    assert "volumes" not in spec and "nodeSelector" not in spec
+    # A lost node's worker is evicted (and replaced) after 10 s, not Kubernetes' 300 s.
+    assert spec["tolerations"] == [
+        {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10}
+        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+    ]
     c = container(pod)
     assert c["command"] == ["kfp-elastic", "agent"] and "resources" in c and c["resources"] == {}
     assert c["args"] == [
@@ -143,6 +148,35 @@ def test_defaults_make_a_preemptible_never_restarting_worker() -> None:
     env = env_of(pod)
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["KFP_ELASTIC_WORKER_INDEX"] == "0" and env["KFP_ELASTIC_RUN_ID"] == "mnist"
+
+
+NOT_READY, UNREACHABLE = "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"
+
+
+def node_loss(pod: dict[str, Any]) -> dict[str, Any]:
+    """Key -> tolerationSeconds of the pod's tolerations for the node-loss taints."""
+    return {
+        t.get("key", ""): t.get("tolerationSeconds")
+        for t in pod["spec"].get("tolerations") or []
+        if t.get("key", "") in (NOT_READY, UNREACHABLE, "")
+    }
+
+
+def test_node_loss_tolerations_are_a_setting_and_the_users_own_win() -> None:
+    assert node_loss(build_pod(BASE)) == {NOT_READY: 10, UNREACHABLE: 10}
+    assert node_loss(build_pod(replace(BASE, node_loss_toleration_s=0))) == {
+        NOT_READY: 0,
+        UNREACHABLE: 0,
+    }
+    # None: the cluster's default (300 s, added by its admission plugin) applies.
+    assert "tolerations" not in build_pod(replace(BASE, node_loss_toleration_s=None))["spec"]
+    own = {"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}
+    mine = build_pod(replace(BASE, tolerations=(own,)))
+    assert node_loss(mine) == {UNREACHABLE: 60, NOT_READY: 10}
+    everything = {"operator": "Exists"}  # tolerates every taint, forever
+    assert node_loss(build_pod(replace(BASE, tolerations=(everything,)))) == {"": None}
+    with pytest.raises(ValueError, match="node_loss_toleration_s=-1"):
+        build_pod(replace(BASE, node_loss_toleration_s=-1))
 
 
 def test_args_are_what_torchrun_itself_parses() -> None:
@@ -166,7 +200,7 @@ def test_every_passthrough_field_lands_in_the_manifest() -> None:
     assert "ownerReferences" not in meta  # owned by the run (labels), not by a master pod
     assert spec["priorityClassName"] == "team-opportunistic"  # index 3 of min_nodes=1
     assert spec["serviceAccountName"] == "kfp-elastic-worker"
-    assert spec["tolerations"] == [dict(t) for t in FULL.tolerations]
+    assert spec["tolerations"][:2] == [dict(t) for t in FULL.tolerations]
     assert spec["nodeSelector"] == dict(FULL.node_selector)
     assert spec["affinity"] == dict(FULL.affinity)
     assert spec["imagePullSecrets"] == [{"name": "regcred"}]
