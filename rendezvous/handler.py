@@ -111,20 +111,18 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         self._waiting_memo: tuple[int, int, int] | None = None  # (revision, round, answer)
         self._left = threading.Event()
         self._lock = threading.Lock()
+        self._master_watch: orphan.MasterWatch | None = None
         leave_hook.register(self)
         peer_failures.install()
         atexit.register(self.leave, "process exit")
-        # Workers a master started stop on their own once it has been gone for long.
-        self._master_watch = (
-            orphan.MasterWatch(
+        if config.orphan_timeout is not None:
+            # Workers a master started stop on their own once it has been gone for long.
+            self._master_watch = orphan.MasterWatch(
                 self._client,
                 self._keys.master.leader,
                 config.orphan_timeout,
                 where=f"node={self.node_id} run={config.run_id}",
             ).start()
-            if config.orphan_timeout is not None
-            else None
-        )
         log.info(
             "elastic-etcd handler ready node=%s run=%s endpoints=%s nnodes=%d:%d",
             self.node_id,
