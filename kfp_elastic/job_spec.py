@@ -59,6 +59,8 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 # Seconds a stopped (SIGTERM) NCCL worker whose steps stalled waits before it aborts its
 # communicator and writes its rescue; torchrun SIGKILLs workers 30 s after SIGTERM.
 DEFAULT_COLLECTIVE_ABORT_S = 5.0
+#: The ``--rdzv-conf`` key that carries ``orphan_timeout_s`` to each worker's agent.
+ORPHAN_CONF_KEY = "orphan_timeout"
 FINAL_MODEL_FILE = "model.pt"  # rank 0 writes the final weights here, in the snapshot directory
 DEFAULT_LAUNCHER = "local"
 LAUNCHERS = ("local", "kubernetes")
@@ -108,6 +110,17 @@ DEFAULT_MAX_WAIT_S = 600.0
 DEFAULT_MAX_FAILURES = 3
 DEFAULT_FINISH_GRACE_S = 30.0
 DEFAULT_LEADER_TTL_S = 5.0
+# Seconds worker pods go on without a master before they stop on their own (a snapshot first,
+# then exit ORPHANED_EXIT_CODE: ``rendezvous/orphan.py``). Worker pods have no owner, so a run
+# terminated in the KFP UI or a pipeline whose exit handler never runs would leave them holding
+# their GPUs forever. Longer than a KFP retry of the training task takes to bring a master back,
+# which then adopts them: KFP's ``set_retry`` retries at once by default (backoff_duration 0 s,
+# as Argo's retryStrategy without a backoff), this project's pipeline after 5 s, 10 s, 20 s
+# (pipelines/elastic_training.py), and a new master pod still has to be scheduled, pull its
+# image, start and wait out the old leader lease (``leader_ttl_s``): about a minute on a busy
+# cluster. Five minutes leaves room for that; it is also how long GPUs stay held after a run
+# was terminated. A pipeline with a longer retry backoff needs a longer timeout.
+DEFAULT_ORPHAN_TIMEOUT_S = 300.0
 DEFAULT_RECONCILE_INTERVAL_S = 0.5
 
 
@@ -402,6 +415,13 @@ class Policy:
         flag="--leader-ttl",
         param=None,
     )
+    orphan_timeout_s: float = _option(
+        DEFAULT_ORPHAN_TIMEOUT_S,
+        "seconds the workers go on without a master (none holds the run's leadership) before "
+        "they snapshot and stop on their own; longer than a KFP retry takes to start a new "
+        "master, which adopts them",
+        flag="--orphan-timeout",
+    )
     reconcile_interval_s: float = _option(DEFAULT_RECONCILE_INTERVAL_S, flag=None, param=None)
 
 
@@ -498,6 +518,8 @@ class JobSpec:
         conf = dict(self.launch.rdzv_conf)
         if not self.entry.command and "warm_start_preload" not in conf:
             conf["warm_start_preload"] = ":".join(RUNTIME_PRELOAD)
+        # Workers started by a master stop on their own once it has been gone this long.
+        conf[ORPHAN_CONF_KEY] = f"{self.policy.orphan_timeout_s:g}"
         return conf
 
     def validate(self) -> None:
@@ -534,6 +556,7 @@ class JobSpec:
             "max_wait_s": self.policy.max_wait_s,
             "finish_grace_s": self.policy.finish_grace_s,
             "leader_ttl_s": self.policy.leader_ttl_s,
+            "orphan_timeout_s": self.policy.orphan_timeout_s,
             "reconcile_interval_s": self.policy.reconcile_interval_s,
         }
         for name, number in positive.items():
@@ -564,6 +587,12 @@ class JobSpec:
                 "rdzv_conf",
                 f"{etcd_keys}: give the etcd connection with the --etcd-* flags (or the "
                 "KFP_ELASTIC_ETCD_* variables); the master hands it to every worker",
+            )
+        if ORPHAN_CONF_KEY in self.launch.rdzv_conf:
+            raise field_error(
+                "rdzv_conf",
+                f"{ORPHAN_CONF_KEY}: give it as orphan_timeout_s (--orphan-timeout / "
+                "orphan_timeout_s); the master hands it to every worker",
             )
         empty = sorted(key for key, value in self.launch.rdzv_conf.items() if str(value) == "")
         if empty:

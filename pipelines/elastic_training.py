@@ -92,6 +92,7 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
         inject_faults: str = "",
         max_wait_s: float = 600.0,
         max_failures: int = 3,
+        orphan_timeout_s: float = 300.0,
     ) -> None:
         """Shard the dataset, train with min..max elastic workers, evaluate the model.
 
@@ -142,6 +143,7 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
                 inject_faults=inject_faults,
                 max_wait_s=max_wait_s,
                 max_failures=max_failures,
+                orphan_timeout_s=orphan_timeout_s,
                 run_id=run_id,
             )
             train.set_display_name("elastic training")

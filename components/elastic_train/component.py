@@ -54,6 +54,7 @@ def elastic_train(
     inject_faults: str = "",
     max_wait_s: float = 600.0,
     max_failures: int = 3,
+    orphan_timeout_s: float = 300.0,
     run_id: str = "",
     log_level: str = "WARNING",
 ) -> NamedTuple(
@@ -107,6 +108,9 @@ def elastic_train(
         inject_faults: e.g. ``preempt:worker-1@step10,kill:worker-0@40s`` (demos, tests).
         max_wait_s: seconds below min_workers before the job fails.
         max_failures: worker errors tolerated (preemptions do not count).
+        orphan_timeout_s: seconds the workers go on without a master (the run terminated,
+            the task's pod gone and not retried) before they snapshot and stop on their own;
+            longer than a KFP retry of this task takes to start (docs/master.md).
         run_id: names the job in etcd and its pods; the pipeline passes the KFP run id.
         log_level: level of the master's own logs (progress lines are always printed).
     """
@@ -157,6 +161,7 @@ def elastic_train(
             "worker_gpus": worker_gpus,
             "max_wait_s": max_wait_s,
             "max_failures": max_failures,
+            "orphan_timeout_s": orphan_timeout_s,
         },
         run_id=rid,
         launcher=launcher,

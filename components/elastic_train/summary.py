@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kfp_elastic.master.launcher import DISRUPTIONS as DISRUPTION_REASONS
 from kfp_elastic.master.metrics import TimelineStats
+from kfp_elastic.master.scaling import CAUSES
 from kfp_elastic.master.timeline import (
     Committed,
     EpochEnd,
@@ -36,7 +38,8 @@ from kfp_elastic.master.timeline import (
     WorkerLost,
 )
 
-DISRUPTIONS = {"preempted", "evicted", "node_lost", "rejected", "deleted_externally"}
+# The causes of master.scaling that do not count as failures (a worker taken away).
+DISRUPTIONS = frozenset(CAUSES[reason] for reason in DISRUPTION_REASONS)
 
 
 @dataclass(frozen=True)

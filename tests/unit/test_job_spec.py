@@ -344,7 +344,8 @@ def test_the_local_launcher_gets_the_whole_spec(
     )
     launcher = launcher_factory(spec)(None)  # type: ignore[arg-type]
     assert isinstance(launcher, LocalLauncher)
-    assert launcher.rdzv_conf == {"last_call_timeout": "1"} and launcher.capacity == 1
+    assert launcher.rdzv_conf == {"last_call_timeout": "1", "orphan_timeout": "300"}
+    assert launcher.capacity == 1
     assert launcher.max_restarts == 7 and launcher.nnodes == "1:3"
     assert launcher.nproc_per_worker == 2 and launcher.workdir == tmp_path.resolve()
     assert launcher.env["KFP_ELASTIC_ETCD_ENDPOINTS"] == "127.0.0.1:2379"
@@ -449,6 +450,7 @@ def test_the_builtin_runtime_is_preloaded_by_the_zygotes() -> None:
     assert conf == {
         "last_call_timeout": "1",
         "warm_start_preload": "kfp_elastic.worker.runner",
+        "orphan_timeout": "300",
     }
     agent = RendezvousConfig.from_params("127.0.0.1:2379", "r", 1, 2, None, conf, env={})
     assert agent.preload_modules == ("kfp_elastic.worker.runner",)
@@ -457,4 +459,4 @@ def test_the_builtin_runtime_is_preloaded_by_the_zygotes() -> None:
     command = JobSpec(run_id="r", entry=Entry(command=("train.py",)))
     assert "warm_start_preload" not in command.worker_rdzv_conf()
     own = job(launch=Launch(rdzv_conf={"warm_start_preload": "transformers"}))
-    assert own.worker_rdzv_conf() == {"warm_start_preload": "transformers"}
+    assert own.worker_rdzv_conf()["warm_start_preload"] == "transformers"
