@@ -11,9 +11,10 @@ change its answer, leaving the answer the same:
   (those that bind: any free GPU fits a one-GPU pod), and after them only pods that may preempt,
   as many as there are pods they could evict; a pod that neither fits nor may preempt is only
   marked unschedulable;
-- **bound pods** that no included pending pod may preempt (priority not lower than the highest
-  preempting one) are not passed as pods: their GPUs are taken off their node's capacity, which
-  is all ``plan`` uses them for.
+- **bound pods** are passed only where ``plan`` may choose them as victims: on each node the
+  first ``k`` that an included preempting pod outranks (lowest priority first), ``k`` the number
+  of included pods that must preempt (a one-GPU pod on a full node evicts one pod); the others'
+  GPUs are taken off their node's capacity, which is all ``plan`` uses them for.
 
 ``tests/unit/benchmarks/test_scheduling.py`` checks that the reduced and the full snapshot give
 the same binds and victims.
@@ -99,6 +100,27 @@ def relevant_pending(ordered: Sequence[SimPod], free: int, evictable: int) -> li
     return kept
 
 
+def candidate_victims(bound: Sequence[SimPod], preemptors: Sequence[SimPod]) -> list[SimPod]:
+    """The bound pods ``preemptors`` may evict, in ``bound``'s order: on each node the first
+    ``len(preemptors)`` by priority (lowest first, then ``bound``'s order, as ``plan`` sorts
+    them). A node with no free GPU gives a one-GPU preemptor exactly one victim, its first such
+    pod, so no node loses more than one per preemptor."""
+    wanted = [p for p in preemptors if p.preempting]
+    if not wanted:
+        return []
+    top = max(p.priority for p in wanted)
+    by_node: dict[str | None, list[SimPod]] = {}
+    for pod in bound:
+        if pod.priority < top:
+            by_node.setdefault(pod.node, []).append(pod)
+    keep = {
+        id(p)
+        for pods in by_node.values()
+        for p in sorted(pods, key=lambda p: p.priority)[: len(wanted)]
+    }
+    return [p for p in bound if id(p) in keep]
+
+
 @dataclass
 class Placement:
     binds: list[tuple[SimPod, str]]
@@ -118,11 +140,10 @@ def schedule(
         top = max((p.priority for p in ordered[free:] if p.preempting), default=None)
         evictable = [p for p in bound if top is not None and p.priority < top]
         ordered = relevant_pending(ordered, free, len(evictable))
-        top = max((p.priority for p in ordered if p.preempting), default=None)
-        passed_bound = [p for p in bound if top is not None and p.priority < top]
-        folded = set(map(id, passed_bound))
+        passed_bound = candidate_victims(bound, ordered[free:])
+        passed = set(map(id, passed_bound))
         for pod in bound:
-            if id(pod) not in folded:
+            if id(pod) not in passed:
                 capacity[pod.node] -= 1
     manifests = [p.manifest for p in passed_bound] + [p.manifest for p in ordered]
     by_name = {p.name: p for p in (*passed_bound, *ordered)}

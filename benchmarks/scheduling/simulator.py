@@ -94,7 +94,6 @@ class _JobState:
     recorded: set[str] = field(default_factory=set)
     below_min_since: float | None = None
     attempts: int = 0
-    admitted: bool = False
     world: int = 0  # workers training
     held: int = 0  # GPUs bound to its pods
     last: float = 0.0  # progress is accounted up to here
@@ -246,8 +245,7 @@ class Simulation:
         if self.gang:
             self.queue.append(state)
         else:
-            state.admitted = True
-            self._mark(state)
+            self._mark(state)  # its master starts now
 
     def _on_ready(self, pod: SimPod, _: int) -> None:
         state: _JobState = pod.owner
@@ -363,8 +361,7 @@ class Simulation:
         for state in self.queue:
             if free > 0 and state.job.gpus <= free:
                 free -= state.job.gpus
-                state.admitted = True
-                self._mark(state)
+                self._mark(state)  # admitted: its master starts
             else:
                 waiting.append(state)
         self.queue = waiting

@@ -161,12 +161,12 @@ def test_the_reduced_snapshot_gives_plan_s_own_answer() -> None:
     """The adapter hands ``plan`` only what can change its answer: the same binds and victims
     as the whole snapshot, over random clusters."""
     rng = random.Random(7)
-    for _ in range(40):
+    for _ in range(80):
         nodes = nodes_of(rng.randint(4, 40), rng.choice([1, 4, 8]))
         version = 0
         bound, pending = [], []
         for node, gpus in nodes.items():
-            for _ in range(rng.randint(0, gpus)):
+            for _ in range(rng.choice([gpus, gpus, rng.randint(0, gpus)])):  # mostly full
                 version += 1
                 guaranteed = rng.random() < 0.4
                 pod = SimPod(
@@ -355,7 +355,8 @@ def test_a_paced_step_sleeps_for_its_job_type_on_its_world(
 
     timed = importlib.reload(timed)
     slept: list[float] = []
-    monkeypatch.setattr(timed.time, "sleep", slept.append)
+    clock = SimpleNamespace(monotonic=lambda: 100.0, time=lambda: 1.0, sleep=slept.append)
+    monkeypatch.setattr(timed, "time", clock)  # the step takes no time on this clock
     net = timed.model()
     data = timed.dataset("train")
     batch = timed.collate([data[i] for i in range(8)])
@@ -365,9 +366,7 @@ def test_a_paced_step_sleeps_for_its_job_type_on_its_world(
     timed._log = timed.StepLog(str(tmp_path / "steps.jsonl"))
     params = {"params": list(net.parameters()), "lr": 1.0}
     timed._after_step(SimpleNamespace(param_groups=[params]), (), {})
-    assert len(slept) == 1
-    assert 0 < slept[0] <= throughput.step_seconds("imagenet", 3, 8 * 3)
-    assert slept[0] == pytest.approx(throughput.step_seconds("imagenet", 3, 24), abs=0.5)
+    assert slept == [throughput.step_seconds("imagenet", 3, 8 * 3)]  # 8 samples × world 3
     assert json.loads((tmp_path / "steps.jsonl").read_text())["world"] == 3
     monkeypatch.setenv("TIMED_JOB_TYPE", "gpt")
     with pytest.raises(ValueError, match="unknown job type 'gpt'"):
