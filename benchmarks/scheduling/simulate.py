@@ -17,6 +17,7 @@ pair, its ``policies`` at the top: ``{"policies": {"gang": {...}, "elastic": {..
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -131,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         trace = read_trace(args.trace)
     except (OSError, ValueError) as error:
-        print(f"error: {error}")
+        print(f"error: {error}", file=sys.stderr)
         return 2
     costs = Costs(args.join_s, args.shrink_s)
     runs = []
@@ -140,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 jobs = sample(trace, count, args.start_hour, args.window_hours, args.seed, gpus)
             except ValueError as error:
-                print(f"error: {error}")
+                print(f"error: {error}", file=sys.stderr)
                 return 2
             policies = {}
             for policy in args.policies:
