@@ -17,6 +17,7 @@ SUITES: dict[str, str] = {
     "runtime": "benchmarks.runtime",
     "cluster": "benchmarks.cluster",
     "chaos": "benchmarks.chaos",
+    "scheduling": "benchmarks.scheduling.suite",
 }
 
 

@@ -23,6 +23,18 @@ environment of the benchmark's, only what the master gives them
 (``python -m benchmarks cluster``). The runtime finds its own files there by name
 (``snapshot-*.pt``, ``rescue-*.pt``), so the extra file disturbs nothing.
 
+``TIMED_JOB_TYPE=T`` (one of ``benchmarks/scheduling/throughput.py``'s job types: bert,
+cifar10, deepspeech2, imagenet, ncf, yolov3): every optimizer step takes as long as job type
+``T`` takes for it on the current world's GPUs, ``step_seconds(T, world, global_batch)``: the
+step hook sleeps whatever is left of that time since the step's first ``loss()`` call, before it
+writes the step's line. The global batch is the samples this rank's ``loss()`` calls saw in the
+step (micro-batches included) × the world size; ``TIMED_GLOBAL_BATCH=B`` fixes it instead. Over a
+model definition that costs next to nothing (``TIMED_MODEL_DEF=kfp_elastic.testing.model_defs.
+counted_blobs``: per-sample counts for the exactly-once check) a job then trains at a measured
+GPU job's pace, world size included, without using the CPU for it; the master, etcd, the pods,
+the snapshots and the data plan stay real. Data loading, snapshots and everything between steps
+are not in the slept time: they cost what they really cost.
+
 ``TIMED_ETCD_REQUEST_TIMEOUT=S`` (benchmark only): the runtime's etcd client gets an S-second
 request deadline instead of 5 s. The throughput benchmark stops workers with SIGSTOP for seconds
 at a time; a commit in flight at that moment must not pass its (wall-clock) deadline meanwhile.
@@ -63,9 +75,15 @@ if os.environ.get("TIMED_ETCD_REQUEST_TIMEOUT"):
     # Only the runtime's client: the agents' rendezvous keeps its own request timeout.
     _runner.connect = _patient_connect
 
+_JOB_TYPE = os.environ.get("TIMED_JOB_TYPE") or None
+_GLOBAL_BATCH = float(os.environ.get("TIMED_GLOBAL_BATCH") or 0) or None
+if _JOB_TYPE is not None:
+    from benchmarks.scheduling.throughput import curve as _curve
+
+    _curve(_JOB_TYPE)  # an unknown type fails at import, naming the known ones
+
 LOSS_REDUCTION = _inner.loss_reduction
 model = _inner.model
-loss = _inner.loss
 dataset = _inner.dataset
 collate = _inner.collate
 if _inner.evaluate is not None:
@@ -75,6 +93,66 @@ if _inner.scheduler is not None:
 AMP = _inner.amp
 CLIP_GRAD_NORM = _inner.clip_grad_norm
 GRAD_ACCUMULATION = _inner.grad_accumulation
+
+
+class StepClock:
+    """When the step in progress began and how many samples it has seen on this rank."""
+
+    def __init__(self) -> None:
+        self.began: float | None = None
+        self.samples = 0
+
+    def saw(self, batch: object) -> None:
+        if self.began is None:
+            self.began = time.monotonic()
+        self.samples += batch_size(batch)
+
+    def finish(self) -> tuple[float | None, int]:
+        """(monotonic start of the step, its samples on this rank); resets for the next."""
+        began, samples = self.began, self.samples
+        self.began, self.samples = None, 0
+        return began, samples
+
+
+def batch_size(batch: object) -> int:
+    """Samples in a collated batch: the first dimension of its first tensor (0: none found)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    items = batch.values() if isinstance(batch, dict) else batch
+    if isinstance(items, list | tuple) or isinstance(batch, dict):
+        for item in items:
+            size = batch_size(item)
+            if size:
+                return size
+    return 0
+
+
+def paced_sleep_s(
+    job_type: str, world: int, global_batch: float, began: float | None, now: float
+) -> float:
+    """Seconds left to sleep so that the step begun at ``began`` lasts what ``job_type`` takes
+    for ``global_batch`` samples on ``world`` GPUs (0 when it already took longer)."""
+    from benchmarks.scheduling.throughput import step_seconds
+
+    if global_batch <= 0:
+        return 0.0
+    target = step_seconds(job_type, max(1, world), global_batch)
+    return max(0.0, target - (now - began)) if began is not None else target
+
+
+def _world_size() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+_clock = StepClock()
+
+
+def loss(model, batch):  # noqa: ANN001,ANN201 - the wrapped model-def's own types
+    if _JOB_TYPE is not None:
+        _clock.saw(batch)
+    return _inner.loss(model, batch)
 
 
 def _runner_step() -> int | None:
@@ -124,6 +202,11 @@ _log: StepLog | None = None
 
 def _after_step(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
     assert _log is not None
+    if _JOB_TYPE is not None:
+        began, samples = _clock.finish()
+        world = _world_size()
+        batch = _GLOBAL_BATCH or samples * world
+        time.sleep(paced_sleep_s(_JOB_TYPE, world, batch, began, time.monotonic()))
     before = _runner_step() if _NUMBERS else None
     group = optimizer.param_groups[0]
     device = group["params"][0].device if group["params"] else None

@@ -14,7 +14,7 @@ from tests.helpers import REPO_ROOT
 
 
 def test_the_suites() -> None:
-    assert {"rendezvous", "runtime", "cluster", "chaos"} <= set(SUITES)
+    assert {"rendezvous", "runtime", "cluster", "chaos", "scheduling"} <= set(SUITES)
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
@@ -36,6 +36,10 @@ def test_quick_shortens_each_suite() -> None:
     assert (
         suite_module("chaos").parse_args(["--quick"]).events
         < suite_module("chaos").parse_args([]).events
+    )
+    assert (
+        suite_module("scheduling").parse_args(["--quick"]).jobs
+        < suite_module("scheduling").parse_args([]).jobs
     )
 
 

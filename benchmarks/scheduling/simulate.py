@@ -1,0 +1,181 @@
+"""A discrete-event simulation of a GPU cluster replaying a trace, gang against elastic.
+
+    python -m benchmarks scheduling simulate --trace /work/shared/traces/philly.csv \\
+        --gpus 64 --jobs 80,160,320 --start-hour 8 --window-hours 8 --seed 1 \\
+        --policies gang,elastic --json out.json
+    python -m benchmarks scheduling simulate --quick --trace philly.csv   # 12 jobs on 8 GPUs
+
+Samples ``--jobs`` jobs submitted within ``--window-hours`` from ``--start-hour`` of the day
+(any day of the trace; duration >= 60 s, GPU time < 1000 h; uniformly among the eligible jobs,
+seeded: ``benchmarks/scheduling/trace.py``) and runs each policy over the same workload on
+``--gpus`` GPUs (``benchmarks/scheduling/simulator.py`` describes the model, the policies, the
+costs and the metrics). ``--gpus`` and ``--jobs`` take comma-separated lists: every pair runs,
+each with its own sample. The result file holds ``runs`` (one per pair) and, when there is one
+pair, its ``policies`` at the top: ``{"policies": {"gang": {...}, "elastic": {...}}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.harness import (
+    REPO_ROOT,
+    add_common_options,
+    comma_list,
+    parse_options,
+    write_result,
+)
+from benchmarks.scheduling.simulator import (
+    GPUS_PER_NODE,
+    JOIN_S,
+    POLICIES,
+    SCALINGS,
+    SHRINK_S,
+    Costs,
+    simulate,
+)
+from benchmarks.scheduling.trace import read_trace, sample
+
+DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "philly.csv"
+QUICK = {"gpus": [8], "jobs": [12]}
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in comma_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``python -m benchmarks scheduling simulate``'s options."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks scheduling simulate",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    add_common_options(parser, f"--gpus {QUICK['gpus'][0]} --jobs {QUICK['jobs'][0]}")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="the result file (the same as --out)"
+    )
+    parser.add_argument(
+        "--trace", type=Path, default=DEFAULT_TRACE, help=f"philly.csv (default {DEFAULT_TRACE})"
+    )
+    parser.add_argument("--gpus", type=_counts, default=[64], help="GPUs in the cluster (list)")
+    parser.add_argument("--jobs", type=_counts, default=[160], help="jobs to sample (list)")
+    parser.add_argument("--start-hour", type=float, default=8.0, help="window start, hour of day")
+    parser.add_argument("--window-hours", type=float, default=8.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--policies", type=comma_list, default=list(POLICIES), help="gang, elastic or both"
+    )
+    parser.add_argument(
+        "--scaling",
+        choices=SCALINGS,
+        default="linear",
+        help="a job's speed at w GPUs: linear, or its type's measured curve (pollux)",
+    )
+    parser.add_argument(
+        "--min-workers", type=int, default=1, help="elastic: guaranteed workers per job"
+    )
+    parser.add_argument("--gpus-per-node", type=int, default=GPUS_PER_NODE)
+    parser.add_argument(
+        "--join-s",
+        type=float,
+        default=JOIN_S,
+        help="a bound worker's wait before it trains (docs/benchmarks.md: capacity freed -> "
+        "first step of the bigger world, worker pods)",
+    )
+    parser.add_argument(
+        "--shrink-s",
+        type=float,
+        default=SHRINK_S,
+        help="a job's pause when it loses a worker (docs/benchmarks.md: preemption -> first "
+        "step of the smaller world, worker pods)",
+    )
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The options, checked, with ``--quick`` applied."""
+    parser = build_parser()
+    args = parse_options(parser, argv)
+    if args.json is not None:
+        if args.out is not None:
+            parser.error("give --json or --out, not both")
+        args.out = args.json
+    if args.quick:
+        args.gpus, args.jobs = QUICK["gpus"], QUICK["jobs"]
+    unknown = [p for p in args.policies if p not in POLICIES]
+    if unknown or not args.policies:
+        parser.error(f"--policies: unknown {unknown}; choose among {', '.join(POLICIES)}")
+    if args.min_workers < 1 or args.gpus_per_node < 1:
+        parser.error("--min-workers and --gpus-per-node must be >= 1")
+    if args.join_s < 0 or args.shrink_s < 0:
+        parser.error("--join-s and --shrink-s must be >= 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    began = time.time()
+    try:
+        trace = read_trace(args.trace)
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    costs = Costs(args.join_s, args.shrink_s)
+    runs = []
+    for gpus in args.gpus:
+        for count in args.jobs:
+            try:
+                jobs = sample(trace, count, args.start_hour, args.window_hours, args.seed, gpus)
+            except ValueError as error:
+                print(f"error: {error}", file=sys.stderr)
+                return 2
+            policies = {}
+            for policy in args.policies:
+                t0 = time.monotonic()
+                result = simulate(
+                    jobs, gpus, policy, costs, args.scaling, args.min_workers, args.gpus_per_node
+                )
+                wall = time.monotonic() - t0
+                policies[policy] = {**result.as_dict(), "wall_s": round(wall, 2)}
+                print(
+                    f"gpus={gpus} jobs={count} {policy:<8} avg_jct={result.avg_jct_s:9.0f}s "
+                    f"p99={result.p99_jct_s:9.0f}s makespan={result.makespan_s:9.0f}s "
+                    f"util={result.utilization:.3f} idle_waiting={result.idle_while_waiting:.3f} "
+                    f"resizes={result.resizes} ({wall:.1f} s to simulate)",
+                    flush=True,
+                )
+            runs.append(
+                {
+                    "gpus": gpus,
+                    "jobs": count,
+                    "requested_gpus": sum(j.gpus for j in jobs),
+                    "work_gpu_s": round(sum(j.work for j in jobs), 1),
+                    "policies": policies,
+                }
+            )
+    summary = {
+        f"{run['gpus']}gpus_{run['jobs']}jobs": {
+            policy: {"avg_jct_s": m["avg_jct_s"], "makespan_s": m["makespan_s"]}
+            for policy, m in run["policies"].items()
+        }
+        for run in runs
+    }
+    report: dict = {"runs": runs}
+    if len(runs) == 1:
+        report["policies"] = runs[0]["policies"]
+    write_result("scheduling", args, began, True, summary, report)
+    return 0

@@ -1,0 +1,455 @@
+"""A discrete-event simulation of a shared GPU cluster running training jobs, gang-scheduled or
+elastic, with the master's own scaling decision and the test cluster scheduler's own placement
+and preemption.
+
+**The cluster**: ``gpus`` GPUs in nodes of ``gpus_per_node``; every worker is a pod of one GPU.
+**A job** (:class:`benchmarks.scheduling.trace.Job`) asks for ``gpus`` workers and has ``work``
+GPU-seconds to do (the trace's duration × num_gpus): at world ``w`` it does
+``speed(w)`` GPU-seconds of it per second, ``speed(gpus) = gpus`` so that at its own size it runs
+for the trace's duration. ``linear`` scaling: ``speed(w) = w``; ``pollux`` scaling: the job's
+type's measured curve at a fixed global batch (``gpus`` × the type's median measured per-GPU
+batch), ``speed(w) = gpus × step(gpus) / step(w)`` (``benchmarks/scheduling/throughput.py``).
+
+**Policies**:
+
+- ``gang``: MIN = MAX = the job's GPUs; a job is admitted first-in first-out with backfill (the
+  queue is walked in submission order and every job whose GPUs are free now starts; no
+  reservation for the head of the queue), then its master asks for its workers. All its
+  workers are guaranteed (nothing can preempt them; they preempt nothing: only lower priorities
+  are preempted).
+- ``elastic``: MIN = ``min_workers`` (default 1, at most the job's GPUs), MAX = the job's GPUs;
+  every job's master runs from its submission. Workers ``0 .. MIN-1`` are *guaranteed*
+  (priority -3, may preempt), the others *opportunistic* (priority -5, never preempt): a new
+  job's guaranteed workers take GPUs from other jobs' opportunistic workers; opportunistic
+  workers fill whatever is free, oldest first.
+
+**Each reconcile** (after every event): the gang queue admits what fits; the master of every job
+whose workers changed runs ``kfp_elastic.master.scaling.decide`` (ask for MAX, replace what was
+preempted; ``max_wait_s`` infinite: a queued job waits); then the scheduler's ``plan``
+(:mod:`benchmarks.scheduling.placement`) binds pending pods and picks victims; victims leave at
+once (their grace period is not modelled), which may let the preemptors bind on the next pass.
+
+**Costs** (seconds; defaults from ``docs/benchmarks.md``, "The cluster path", worker pods,
+``benchmarks/results/cluster/cluster_recovery.json``):
+
+- ``join_s`` = 4.91, "capacity freed → first step of the bigger world": a bound worker holds its
+  GPU that long before it trains (pod start, agent, rendezvous); meanwhile the job's current
+  world keeps training (the old members train until the round forms). A job's first workers
+  pay it too, before its first step.
+- ``shrink_s`` = 1.29, "preemption → first step of the smaller world": a job that loses a
+  training worker stops training that long. Work is not lost beyond that pause: a preempted
+  worker is SIGTERMed and the job commits a snapshot first (``docs/benchmarks.md``: steps lost
+  to a SIGTERM 0).
+
+**Metrics** per policy: ``avg_jct_s``/``p99_jct_s`` (finish - submission), ``makespan_s`` (first
+submission to last finish), ``mean_pending_s`` (submission to the first step), ``utilization``
+(GPU-seconds held by a worker pod / GPU-seconds from the first submission to the last finish),
+``idle_while_waiting`` (free GPU-seconds while at least one job holds fewer GPUs than it asks for,
+/ all GPU-seconds of that span), ``resizes`` (world changes after a job's first step),
+``lost_work_s`` (GPU-seconds held by workers of a job paused by a shrink), ``preemptions``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks.scheduling import throughput
+from benchmarks.scheduling.placement import (
+    GUARANTEED_PRIORITY,
+    OPPORTUNISTIC_PRIORITY,
+    SimPod,
+    nodes_of,
+    schedule,
+)
+from benchmarks.scheduling.trace import Job
+from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
+from kfp_elastic.master.scaling import ScalingPolicy, decide
+
+POLICIES = ("gang", "elastic")
+SCALINGS = ("linear", "pollux")
+JOIN_S = 4.91  # docs/benchmarks.md: capacity freed -> first step of the bigger world (pods)
+SHRINK_S = 1.29  # docs/benchmarks.md: preemption -> first step of the smaller world (pods)
+GPUS_PER_NODE = 8
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Costs:
+    join_s: float = JOIN_S
+    shrink_s: float = SHRINK_S
+
+
+@dataclass(eq=False)
+class _JobState:
+    job: Job
+    policy: ScalingPolicy
+    speed: Any  # world -> GPU-seconds of work per second
+    remaining: float
+    pods: dict[str, SimPod] = field(default_factory=dict)  # not ended
+    ended: list[WorkerStatus] = field(default_factory=list)  # ended, not yet recorded
+    recorded: set[str] = field(default_factory=set)
+    below_min_since: float | None = None
+    attempts: int = 0
+    world: int = 0  # workers training
+    held: int = 0  # GPUs bound to its pods
+    last: float = 0.0  # progress is accounted up to here
+    paused_until: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    version: int = 0  # invalidates stale finish events
+    resizes: int = 0
+    resized_at: float | None = None
+    counted_wanting: bool = False
+
+    @property
+    def wanting(self) -> bool:
+        return self.finished_at is None and self.held < self.job.gpus
+
+
+@dataclass(frozen=True)
+class Result:
+    avg_jct_s: float
+    p99_jct_s: float
+    makespan_s: float
+    mean_pending_s: float
+    utilization: float
+    idle_while_waiting: float
+    resizes: int
+    lost_work_s: float
+    preemptions: int
+    jobs: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in vars(self).items()}
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile, linear between closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def speed_function(job: Job, scaling: str) -> Any:
+    """``world -> GPU-seconds of work per second`` for ``job`` (see the module's model)."""
+    if scaling == "linear":
+        return lambda world: float(min(world, job.gpus))
+    if scaling != "pollux":
+        raise ValueError(f"unknown scaling {scaling!r}; known: {', '.join(SCALINGS)}")
+    if job.job_type is None:
+        raise ValueError(f"{job.name}: pollux scaling needs a job type")
+    batch = job.gpus * throughput.curve(job.job_type).reference_batch
+    base = throughput.step_seconds(job.job_type, job.gpus, batch)
+    cache: dict[int, float] = {}
+
+    def speed(world: int) -> float:
+        if world not in cache:
+            cache[world] = job.gpus * base / throughput.step_seconds(job.job_type, world, batch)
+        return cache[world]
+
+    return speed
+
+
+class Simulation:
+    """One policy over one workload; :meth:`run` returns its :class:`Result`."""
+
+    def __init__(
+        self,
+        jobs: Sequence[Job],
+        gpus: int,
+        policy: str,
+        costs: Costs = Costs(),
+        scaling: str = "linear",
+        min_workers: int = 1,
+        gpus_per_node: int = GPUS_PER_NODE,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+        too_big = [j.name for j in jobs if j.gpus > gpus or j.gpus < 1]
+        if too_big:
+            raise ValueError(f"jobs asking for 0 or more than {gpus} GPUs: {too_big[:5]}")
+        self.gang = policy == "gang"
+        self.costs = costs
+        self.gpus = gpus
+        self.nodes = nodes_of(gpus, gpus_per_node)
+        self.jobs = [
+            _JobState(
+                job,
+                ScalingPolicy(
+                    job.gpus if self.gang else max(1, min(min_workers, job.gpus)),
+                    job.gpus,
+                    max_wait_s=math.inf,
+                ),
+                speed_function(job, scaling),
+                job.work,
+            )
+            for job in jobs
+        ]
+        self.events: list[tuple[float, int, str, Any, int]] = []
+        self.seq = 0
+        self.versions = 0
+        self.dirty: dict[int, _JobState] = {}  # jobs whose master must reconcile, by id
+        self.queue: list[_JobState] = []  # gang: submitted, not admitted, in submission order
+        self.bound: dict[int, SimPod] = {}  # id -> pod
+        self.pending: dict[int, SimPod] = {}
+        self.evictable = 0  # bound opportunistic pods
+        self.wanting = 0  # jobs holding fewer GPUs than they ask for
+        self.now = 0.0
+        self.began: float | None = None
+        self.held_s = 0.0
+        self.idle_waiting_s = 0.0
+        self.lost_s = 0.0
+        self.preemptions = 0
+
+    # ------------------------------------------------------------------ events
+
+    def _push(self, when: float, kind: str, what: Any, version: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (when, self.seq, kind, what, version))
+
+    def run(self) -> Result:
+        for state in self.jobs:
+            self._push(state.job.submit_s, "arrive", state)
+        while self.events:
+            when = self.events[0][0]
+            self._account(when)
+            while self.events and self.events[0][0] <= when:
+                _, _, kind, what, version = heapq.heappop(self.events)
+                getattr(self, f"_on_{kind}")(what, version)
+            self._reconcile()
+        return self._result()
+
+    def _account(self, when: float) -> None:
+        """Integrate the cluster's metrics from the previous event to ``when``."""
+        if self.began is not None and when > self.now:
+            span = when - self.now
+            held = len(self.bound)
+            self.held_s += held * span
+            if self.wanting:
+                self.idle_waiting_s += (self.gpus - held) * span
+        self.now = when
+
+    def _on_arrive(self, state: _JobState, _: int) -> None:
+        if self.began is None:
+            self.began = self.now
+        state.last = self.now
+        self._set_held(state, 0)
+        if self.gang:
+            self.queue.append(state)
+        else:
+            self._mark(state)  # its master starts now
+
+    def _on_ready(self, pod: SimPod, _: int) -> None:
+        state: _JobState = pod.owner
+        if state.finished_at is not None or state.pods.get(pod.name) is not pod:
+            return  # preempted while starting, or the job finished meanwhile
+        self._progress(state)
+        if state.started_at is None:
+            state.started_at = self.now
+        self._resized(state)
+        state.world += 1
+        pod.running = True
+        self._mark(state)
+        self._reschedule(state)
+
+    def _on_finish(self, state: _JobState, version: int) -> None:
+        if version != state.version or state.finished_at is not None:
+            return
+        self._progress(state)
+        state.remaining = 0.0
+        state.finished_at = self.now
+        for pod in list(state.pods.values()):
+            self._remove(pod)
+        state.pods.clear()
+        state.world = 0
+        self._set_held(state, -state.held)
+
+    # ------------------------------------------------------------------ jobs
+
+    def _progress(self, state: _JobState) -> None:
+        """Account the job's training from ``state.last`` to now."""
+        if state.world > 0 and self.now > state.last:
+            paused = max(0.0, min(self.now, state.paused_until) - state.last)
+            self.lost_s += paused * state.world
+            trained = self.now - state.last - paused
+            state.remaining -= trained * state.speed(state.world)
+        state.last = self.now
+
+    def _reschedule(self, state: _JobState) -> None:
+        state.version += 1
+        if state.world > 0:
+            rate = state.speed(state.world)
+            start = max(self.now, state.paused_until)
+            self._push(start + max(0.0, state.remaining) / rate, "finish", state, state.version)
+
+    def _mark(self, state: _JobState) -> None:
+        self.dirty[id(state)] = state
+
+    def _resized(self, state: _JobState) -> None:
+        """Count a world change of a started job (changes at one instant count once)."""
+        if state.started_at != self.now and state.resized_at != self.now:
+            state.resizes += 1
+            state.resized_at = self.now
+
+    def _set_held(self, state: _JobState, delta: int) -> None:
+        """Change the GPUs ``state`` holds and keep the count of jobs wanting more."""
+        state.held += delta
+        if state.wanting != state.counted_wanting:
+            self.wanting += 1 if state.wanting else -1
+            state.counted_wanting = state.wanting
+
+    def _remove(self, pod: SimPod) -> None:
+        if id(pod) in self.bound:
+            del self.bound[id(pod)]
+            if pod.priority == OPPORTUNISTIC_PRIORITY:
+                self.evictable -= 1
+        self.pending.pop(id(pod), None)
+
+    def _statuses(self, state: _JobState) -> list[WorkerStatus]:
+        return [
+            WorkerStatus(
+                p.name,
+                WorkerPhase.RUNNING if p.running else WorkerPhase.PENDING,
+                worker_index=p.index,
+            )
+            for p in state.pods.values()
+        ] + state.ended
+
+    def _master(self, state: _JobState) -> None:
+        """One reconcile of the job's master: ``decide``, then create the pods it launches."""
+        decision = decide(
+            state.policy,
+            self._statuses(state),
+            state.recorded,
+            0,
+            state.below_min_since,
+            self.now,
+        )
+        state.below_min_since = decision.below_min_since
+        state.recorded.update(o.name for o in decision.ended)
+        state.ended = [s for s in state.ended if s.name not in state.recorded]
+        for index in decision.launch:
+            state.attempts += 1
+            guaranteed = index < state.policy.min_workers
+            self.versions += 1
+            pod = SimPod(
+                f"{state.job.name}-w{index}-{state.attempts}",
+                GUARANTEED_PRIORITY if guaranteed else OPPORTUNISTIC_PRIORITY,
+                guaranteed,
+                self.versions,
+                owner=state,
+                index=index,
+            )
+            state.pods[pod.name] = pod
+            self.pending[id(pod)] = pod
+
+    # ------------------------------------------------------------------ cluster
+
+    def _admit(self) -> None:
+        free = self.gpus - len(self.bound) - len(self.pending)
+        if free <= 0 or not self.queue:
+            return
+        waiting = []
+        for state in self.queue:
+            if free > 0 and state.job.gpus <= free:
+                free -= state.job.gpus
+                self._mark(state)  # admitted: its master starts
+            else:
+                waiting.append(state)
+        self.queue = waiting
+
+    def _reconcile(self) -> None:
+        for _ in range(10_000):
+            if self.gang:
+                self._admit()
+            dirty, self.dirty = self.dirty, {}
+            for state in dirty.values():
+                if state.finished_at is None:
+                    self._master(state)
+            if not self._place():
+                return
+        raise RuntimeError("the simulation did not settle within 10000 passes")
+
+    def _place(self) -> bool:
+        """One scheduler pass; whether it changed anything."""
+        if not self.pending:
+            return False
+        free = self.gpus - len(self.bound)
+        if free <= 0 and not (self.evictable and any(p.preempting for p in self.pending.values())):
+            return False
+        placed = schedule(self.nodes, list(self.bound.values()), list(self.pending.values()))
+        for pod, node in placed.binds:
+            pod.bind(node)
+            del self.pending[id(pod)]
+            self.bound[id(pod)] = pod
+            if pod.priority == OPPORTUNISTIC_PRIORITY:
+                self.evictable += 1
+            state: _JobState = pod.owner
+            self._set_held(state, +1)
+            self._push(self.now + self.costs.join_s, "ready", pod)
+        for pod in placed.victims:
+            self._evict(pod)
+        return bool(placed.binds or placed.victims)
+
+    def _evict(self, pod: SimPod) -> None:
+        state: _JobState = pod.owner
+        self.preemptions += 1
+        self._remove(pod)
+        del state.pods[pod.name]
+        self._set_held(state, -1)
+        state.ended.append(
+            WorkerStatus(pod.name, WorkerPhase.DELETED, Reason.PREEMPTED, worker_index=pod.index)
+        )
+        self._mark(state)
+        if pod.running:
+            self._progress(state)
+            self._resized(state)
+            state.world -= 1
+            if state.world > 0:
+                state.paused_until = max(state.paused_until, self.now + self.costs.shrink_s)
+            self._reschedule(state)
+
+    # ------------------------------------------------------------------ result
+
+    def _result(self) -> Result:
+        unfinished = [s.job.name for s in self.jobs if s.finished_at is None]
+        if unfinished:
+            raise RuntimeError(f"jobs never finished: {unfinished[:5]}")
+        jct = [s.finished_at - s.job.submit_s for s in self.jobs]  # type: ignore[operator]
+        pending = [s.started_at - s.job.submit_s for s in self.jobs]  # type: ignore[operator]
+        first = min(s.job.submit_s for s in self.jobs)
+        last = max(s.finished_at for s in self.jobs)  # type: ignore[type-var]
+        span = (last - first) * self.gpus
+        return Result(
+            avg_jct_s=sum(jct) / len(jct),
+            p99_jct_s=percentile(jct, 99),
+            makespan_s=last - first,
+            mean_pending_s=sum(pending) / len(pending),
+            utilization=self.held_s / span if span > 0 else 0.0,
+            idle_while_waiting=self.idle_waiting_s / span if span > 0 else 0.0,
+            resizes=sum(s.resizes for s in self.jobs),
+            lost_work_s=self.lost_s,
+            preemptions=self.preemptions,
+            jobs=len(self.jobs),
+        )
+
+
+def simulate(
+    jobs: Sequence[Job],
+    gpus: int,
+    policy: str,
+    costs: Costs = Costs(),
+    scaling: str = "linear",
+    min_workers: int = 1,
+    gpus_per_node: int = GPUS_PER_NODE,
+) -> Result:
+    """Run ``policy`` over ``jobs`` on ``gpus`` GPUs (see the module's model)."""
+    return Simulation(jobs, gpus, policy, costs, scaling, min_workers, gpus_per_node).run()

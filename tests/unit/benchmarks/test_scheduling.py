@@ -1,0 +1,375 @@
+"""``python -m benchmarks scheduling``: the throughput curves, the trace sampler, the scheduler
+adapter, the simulator on workloads whose answer is known by hand, and a ``--quick`` run."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from benchmarks import suite_module
+from benchmarks.scheduling import throughput
+from benchmarks.scheduling.placement import (
+    GUARANTEED_PRIORITY,
+    OPPORTUNISTIC_PRIORITY,
+    SimPod,
+    nodes_of,
+    schedule,
+)
+from benchmarks.scheduling.simulator import Costs, percentile, simulate
+from benchmarks.scheduling.trace import Job, read_trace, sample, seconds_of_day
+
+# --------------------------------------------------------------------------- throughput
+
+
+def row(nodes: int, replicas: int, batch: int, step: float, sync: float) -> dict[str, str]:
+    return {
+        "num_nodes": str(nodes),
+        "num_replicas": str(replicas),
+        "local_bsz": str(batch),
+        "step_time": str(step),
+        "sync_time": str(sync),
+    }
+
+
+def test_the_curve_rule_on_hand_made_measurements() -> None:
+    curve = throughput.curve_from_rows(
+        "toy",
+        [
+            # compute = step - sync: the smallest over placements per batch
+            row(2, 6, 10, 1.5, 0.5),  # compute 1.0
+            row(6, 6, 10, 1.9, 0.6),  # compute 1.3 (a worse placement)
+            row(2, 6, 20, 2.5, 0.5),  # compute 2.0
+            row(2, 6, 30, 3.5, 0.7),  # 6 replicas, fewest nodes: syncs 0.5, 0.5, 0.7 -> 0.5
+            row(4, 12, 10, 2.0, 0.9),  # 12 replicas, fewest nodes 4: syncs 0.9, 1.1 -> 1.0
+            row(4, 12, 20, 3.1, 1.1),
+            row(8, 12, 10, 9.0, 5.0),  # not the fewest nodes: ignored for sync
+        ],
+    )
+    assert curve.batches == (10.0, 20.0, 30.0)
+    assert curve.compute(10) == pytest.approx(1.0)
+    assert curve.compute(15) == pytest.approx(1.5)  # linear between batches
+    assert curve.compute(5) == pytest.approx(1.0)  # the smallest batch's time below it
+    assert curve.compute(60) == pytest.approx(2.8 * 2)  # proportional above the largest
+    assert curve.replicas == (1, 6, 12)
+    assert curve.sync_s == pytest.approx((0.0, 0.5, 1.0))
+    assert curve.sync(1) == 0.0
+    assert curve.sync(2) == pytest.approx(0.1)  # 0 at 1 GPU .. the 6-GPU value
+    assert curve.sync(9) == pytest.approx(0.75)
+    assert curve.sync(100) == pytest.approx(1.0)  # the largest count's value above it
+    assert curve.reference_batch == 20.0
+
+
+def test_step_seconds_of_every_measured_job_type() -> None:
+    for job_type in throughput.JOB_TYPES:
+        curve = throughput.curve(job_type)
+        batch = 8 * curve.reference_batch
+        # one GPU: all compute, nothing to all-reduce
+        assert throughput.step_seconds(job_type, 1, batch) == pytest.approx(curve.compute(batch))
+        assert throughput.step_seconds(job_type, 8, batch) == pytest.approx(
+            curve.compute(batch / 8) + curve.sync(8)
+        )
+        assert throughput.speedup(job_type, 1, 1, batch) == pytest.approx(1.0)
+    # the measured curves: an image model scales, the tiny recommender does not
+    imagenet = 64 * throughput.curve("imagenet").reference_batch
+    assert throughput.speedup("imagenet", 16, 1, imagenet) > 10
+    assert throughput.speedup("ncf", 16, 1, 64 * throughput.curve("ncf").reference_batch) < 2
+
+
+def test_bad_curve_questions_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown job type 'gpt'"):
+        throughput.step_seconds("gpt", 1, 8)
+    with pytest.raises(ValueError, match="gpus must be >= 1"):
+        throughput.step_seconds("bert", 0, 8)
+    with pytest.raises(ValueError, match="global batch"):
+        throughput.step_seconds("bert", 2, 0)
+
+
+# --------------------------------------------------------------------------- trace sampling
+
+HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
+
+
+def write_trace(path: Path, rows: list[tuple[str, float, int]]) -> Path:
+    lines = [f"{when},{duration},{gpus},{duration * gpus},c1\n" for when, duration, gpus in rows]
+    path.write_text(HEADER + "".join(lines))
+    return path
+
+
+def test_sampling_keeps_the_window_and_the_filters(tmp_path: Path) -> None:
+    trace = read_trace(
+        write_trace(
+            tmp_path / "t.csv",
+            [
+                ("2017-10-01 08:00:00", 100, 1),  # in, offset 0
+                ("2017-10-02 09:30:00", 200, 2),  # in (another day), offset 5400
+                ("2017-10-03 15:59:59", 300, 4),  # in, last second of the window
+                ("2017-10-01 16:00:00", 400, 1),  # out: the window ends at 16:00
+                ("2017-10-01 07:59:59", 400, 1),  # out: before it
+                ("2017-10-01 10:00:00", 59, 1),  # out: shorter than a minute
+                ("2017-10-01 10:00:00", 1000 * 3600 / 8, 8),  # out: 1000 GPU-hours
+                ("2017-10-01 11:00:00", 500, 128),  # in, cut to the cluster's 16 GPUs
+            ],
+        )
+    )
+    jobs = sample(trace, 4, start_hour=8, window_hours=8, seed=3, cluster_gpus=16)
+    assert [(j.submit_s, j.gpus, j.work) for j in jobs] == [
+        (0, 1, 100),
+        (5400, 2, 400),
+        (3 * 3600, 16, 500 * 128),  # its GPU time is kept
+        (8 * 3600 - 1, 4, 1200),
+    ]
+    assert all(j.job_type in throughput.JOB_TYPES for j in jobs)
+    with pytest.raises(ValueError, match="only 4 eligible jobs"):
+        sample(trace, 5, start_hour=8, window_hours=8, seed=3, cluster_gpus=16)
+
+
+def test_sampling_is_seeded_uniform_and_wraps_past_midnight(tmp_path: Path) -> None:
+    rows = [
+        (f"2017-10-{1 + i % 20:02d} {(22 + i % 4) % 24:02d}:00:00", 60 + i, 1) for i in range(80)
+    ]
+    trace = read_trace(write_trace(tmp_path / "t.csv", rows))
+    first = sample(trace, 10, start_hour=22, window_hours=4, seed=1, cluster_gpus=8)
+    assert first == sample(trace, 10, start_hour=22, window_hours=4, seed=1, cluster_gpus=8)
+    assert first != sample(trace, 10, start_hour=22, window_hours=4, seed=2, cluster_gpus=8)
+    # 22:00, 23:00 of one day and 00:00, 01:00 of the next are 0, 1, 2 and 3 hours in
+    assert {j.submit_s for j in first} <= {0, 3600, 7200, 10800}
+    assert [j.submit_s for j in first] == sorted(j.submit_s for j in first)
+    with pytest.raises(ValueError, match="start-hour"):
+        sample(trace, 1, start_hour=24, window_hours=4, seed=1, cluster_gpus=8)
+
+
+def test_a_bad_trace_gets_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="pass --trace"):
+        read_trace(tmp_path / "missing.csv")
+    (tmp_path / "bad.csv").write_text("when,duration\n")
+    with pytest.raises(ValueError, match="missing column"):
+        read_trace(tmp_path / "bad.csv")
+    with pytest.raises(ValueError, match="YYYY-MM-DD"):
+        seconds_of_day("2017-10-01T08:00")
+    assert seconds_of_day("2017-10-01 08:01:02") == 8 * 3600 + 62
+
+
+# --------------------------------------------------------------------------- placement
+
+
+def test_the_reduced_snapshot_gives_plan_s_own_answer() -> None:
+    """The adapter hands ``plan`` only what can change its answer: the same binds and victims
+    as the whole snapshot, over random clusters."""
+    rng = random.Random(7)
+    for _ in range(80):
+        nodes = nodes_of(rng.randint(4, 40), rng.choice([1, 4, 8]))
+        version = 0
+        bound, pending = [], []
+        for node, gpus in nodes.items():
+            for _ in range(rng.choice([gpus, gpus, rng.randint(0, gpus)])):  # mostly full
+                version += 1
+                guaranteed = rng.random() < 0.4
+                pod = SimPod(
+                    f"b{version}",
+                    GUARANTEED_PRIORITY if guaranteed else OPPORTUNISTIC_PRIORITY,
+                    guaranteed,
+                    version,
+                )
+                pod.bind(node)
+                bound.append(pod)
+        for _ in range(rng.randint(0, 30)):
+            version += 1
+            guaranteed = rng.random() < 0.3
+            pending.append(
+                SimPod(
+                    f"p{version}",
+                    GUARANTEED_PRIORITY if guaranteed else OPPORTUNISTIC_PRIORITY,
+                    guaranteed,
+                    version,
+                )
+            )
+        rng.shuffle(pending)
+        full = schedule(nodes, bound, pending, reduce=False)
+        reduced = schedule(nodes, bound, pending)
+        assert [(p.name, n) for p, n in reduced.binds] == [(p.name, n) for p, n in full.binds]
+        assert [p.name for p in reduced.victims] == [p.name for p in full.victims]
+
+
+def test_a_guaranteed_worker_preempts_only_opportunistic_ones() -> None:
+    nodes = nodes_of(2, 2)
+    bound = [
+        SimPod("g", GUARANTEED_PRIORITY, True, 1),
+        SimPod("o", OPPORTUNISTIC_PRIORITY, False, 2),
+    ]
+    for pod in bound:
+        pod.bind("node-0")
+    new_guaranteed = SimPod("new-g", GUARANTEED_PRIORITY, True, 3)
+    new_opportunistic = SimPod("new-o", OPPORTUNISTIC_PRIORITY, False, 4)
+    placed = schedule(nodes, bound, [new_opportunistic, new_guaranteed])
+    assert (placed.binds, [p.name for p in placed.victims]) == ([], ["o"])
+
+
+# --------------------------------------------------------------------------- simulator
+
+NO_COSTS = Costs(join_s=0.0, shrink_s=0.0)
+TWO_OF_FOUR = [Job("a", 0.0, 4, 400.0), Job("b", 0.0, 4, 400.0)]  # 100 s each at 4 GPUs
+
+
+def test_two_jobs_of_four_on_six_gpus_by_hand() -> None:
+    gang = simulate(TWO_OF_FOUR, 6, "gang", NO_COSTS)
+    # one after the other: a 0..100, b 100..200
+    assert (gang.makespan_s, gang.avg_jct_s, gang.mean_pending_s) == (200.0, 150.0, 50.0)
+    assert (gang.resizes, gang.preemptions) == (0, 0)
+    assert gang.utilization == pytest.approx(800 / 1200)
+    assert gang.idle_while_waiting == pytest.approx(2 * 100 / 1200)  # b waits, 2 GPUs idle
+    elastic = simulate(TWO_OF_FOUR, 6, "elastic", NO_COSTS)
+    # b starts at once on the 2 free GPUs (200 done by 100 s) and grows to 4: 50 s more
+    assert (elastic.makespan_s, elastic.avg_jct_s, elastic.mean_pending_s) == (150.0, 125.0, 0.0)
+    assert (elastic.resizes, elastic.preemptions) == (1, 0)
+    assert elastic.utilization == pytest.approx(800 / 900)
+    assert elastic.idle_while_waiting == 0.0
+
+
+def test_start_and_join_costs_by_hand() -> None:
+    costs = Costs(join_s=5.0, shrink_s=1.0)
+    gang = simulate(TWO_OF_FOUR, 6, "gang", costs)
+    # a: 5..105; b admitted at 105, trains 110..210
+    assert (gang.makespan_s, gang.avg_jct_s) == (210.0, 157.5)
+    elastic = simulate(TWO_OF_FOUR, 6, "elastic", costs)
+    # b trains on 2 from 5; its 2 more workers are bound at 105 and train from 110:
+    # 2 × 105 = 210 done, 190 left at 4 GPUs = 47.5 s
+    assert elastic.makespan_s == pytest.approx(157.5)
+    assert elastic.avg_jct_s == pytest.approx((105 + 157.5) / 2)
+    assert elastic.mean_pending_s == 5.0
+
+
+def test_a_new_job_s_guaranteed_worker_shrinks_another_job() -> None:
+    jobs = [Job("a", 0.0, 6, 600.0), Job("b", 10.0, 2, 100.0)]
+    gang = simulate(jobs, 6, "gang", Costs(0.0, 1.0))
+    assert (gang.makespan_s, gang.avg_jct_s, gang.preemptions) == (150.0, 120.0, 0)
+    elastic = simulate(jobs, 6, "elastic", Costs(0.0, 1.0))
+    # at 10 s b's guaranteed worker preempts one of a's opportunistic ones: a pauses 1 s, then
+    # trains on 5 (495 by 110 s, when b ends: 100 s on 1 GPU) and on 6 again (45 left: 7.5 s)
+    assert (elastic.preemptions, elastic.resizes) == (1, 2)
+    assert elastic.lost_work_s == pytest.approx(5.0)  # 5 workers paused 1 s
+    assert elastic.makespan_s == pytest.approx(117.5)
+    assert elastic.avg_jct_s == pytest.approx((117.5 + 100) / 2)
+
+
+def test_gang_backfills_a_job_that_fits_behind_a_blocked_one() -> None:
+    jobs = [Job("a", 0.0, 4, 400.0), Job("big", 1.0, 6, 600.0), Job("small", 2.0, 2, 20.0)]
+    gang = simulate(jobs, 6, "gang", NO_COSTS)
+    # big waits for a; small fits the 2 free GPUs at once (2..12); big runs 100..200
+    assert gang.makespan_s == 200.0
+    assert gang.avg_jct_s == pytest.approx((100 + 199 + 10) / 3)
+
+
+def test_pollux_scaling_uses_the_job_type_s_curve() -> None:
+    job = Job("a", 0.0, 4, 400.0, "imagenet")
+    alone = simulate([job], 4, "elastic", NO_COSTS, scaling="pollux")
+    assert alone.makespan_s == pytest.approx(100.0)  # at its own size: the trace's duration
+    # a long 2-GPU job (all its workers guaranteed) leaves the 4-GPU job 2 GPUs
+    hog = Job("hog", 0.0, 2, 2 * 1000.0, "imagenet")
+    squeezed = simulate([hog, job], 4, "elastic", NO_COSTS, scaling="pollux", min_workers=2)
+    batch = 4 * throughput.curve("imagenet").reference_batch
+    slower = throughput.speedup("imagenet", 4, 2, batch)
+    assert 1 < slower < 2
+    assert squeezed.avg_jct_s == pytest.approx((1000.0 + 100.0 * slower) / 2)
+
+
+def test_bad_simulations_are_refused() -> None:
+    with pytest.raises(ValueError, match="more than 2 GPUs"):
+        simulate(TWO_OF_FOUR, 2, "gang")
+    with pytest.raises(ValueError, match="unknown policy"):
+        simulate(TWO_OF_FOUR, 8, "fifo")
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def test_the_suite_s_subcommands_and_quick() -> None:
+    suite = suite_module("scheduling")
+    assert list(suite.COMMANDS) == ["simulate"]
+    assert suite.parse_args(["--quick"]).jobs == [12]  # no subcommand: simulate
+    args = suite.parse_args(["simulate", "--gpus", "64,512", "--jobs", "80,160"])
+    assert (args.gpus, args.jobs, args.policies) == ([64, 512], [80, 160], ["gang", "elastic"])
+    with pytest.raises(SystemExit):
+        suite.parse_args(["simulate", "--policies", "gang,fifo"])
+    with pytest.raises(SystemExit):
+        suite.parse_args(["exp9"])
+
+
+def test_quick_simulate_writes_both_policies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [
+        (f"2017-10-{1 + i % 9:02d} {8 + i % 8:02d}:{i % 60:02d}:00", 60 + 37 * i, 1 + i % 3)
+        for i in range(30)
+    ]
+    trace = write_trace(tmp_path / "t.csv", rows)
+    out = tmp_path / "out.json"
+    argv = ["simulate", "--quick", "--trace", str(trace), "--seed", "2", "--json", str(out)]
+    assert suite_module("scheduling").main(argv) == 0  # as python -m benchmarks scheduling ...
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert (report["benchmark"], report["quick"]) == ("scheduling", True)
+    assert set(report["policies"]) == {"gang", "elastic"}
+    for metrics in report["policies"].values():
+        assert metrics["jobs"] == 12
+        for key in ("avg_jct_s", "p99_jct_s", "makespan_s", "mean_pending_s", "lost_work_s"):
+            assert metrics[key] >= 0
+        assert 0 < metrics["utilization"] <= 1
+        assert 0 <= metrics["idle_while_waiting"] < 1
+        assert metrics["resizes"] >= 0
+    assert "summary: scheduling" in printed and f"wrote {out}" in printed
+
+
+# --------------------------------------------------------------------------- the paced model-def
+
+
+def test_paced_sleep_fills_the_step_to_the_curve_s_time() -> None:
+    from benchmarks.timed_model_def import batch_size, paced_sleep_s
+
+    target = throughput.step_seconds("bert", 4, 32)
+    assert paced_sleep_s("bert", 4, 32, began=10.0, now=10.25) == pytest.approx(target - 0.25)
+    assert paced_sleep_s("bert", 4, 32, began=10.0, now=10.0 + target + 1) == 0.0
+    assert paced_sleep_s("bert", 4, 0, began=None, now=0.0) == 0.0
+    assert batch_size((torch.zeros(5, 2), torch.zeros(5))) == 5
+    assert batch_size({"x": torch.zeros(3, 1)}) == 3
+    assert batch_size(torch.tensor(1.0)) == 1
+
+
+def test_a_paced_step_sleeps_for_its_job_type_on_its_world(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``TIMED_JOB_TYPE`` the wrapped model-def's step hook sleeps what the curve says for
+    the samples ``loss()`` saw × the world size, and still writes its step line."""
+    import importlib
+
+    monkeypatch.setenv("TIMED_MODEL_DEF", "kfp_elastic.testing.model_defs.counted_blobs")
+    monkeypatch.setenv("TIMED_JOB_TYPE", "imagenet")
+    monkeypatch.setenv("TIMED_STEPS_FILE", str(tmp_path / "steps.jsonl"))
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    import benchmarks.timed_model_def as timed
+
+    timed = importlib.reload(timed)
+    slept: list[float] = []
+    clock = SimpleNamespace(monotonic=lambda: 100.0, time=lambda: 1.0, sleep=slept.append)
+    monkeypatch.setattr(timed, "time", clock)  # the step takes no time on this clock
+    net = timed.model()
+    data = timed.dataset("train")
+    batch = timed.collate([data[i] for i in range(8)])
+    timed.loss(net, batch).backward()
+    # what optimizer() registers, called as optimizer.step() would (a torch optimizer's first
+    # construction imports torch._dynamo: seconds)
+    timed._log = timed.StepLog(str(tmp_path / "steps.jsonl"))
+    params = {"params": list(net.parameters()), "lr": 1.0}
+    timed._after_step(SimpleNamespace(param_groups=[params]), (), {})
+    assert slept == [throughput.step_seconds("imagenet", 3, 8 * 3)]  # 8 samples × world 3
+    assert json.loads((tmp_path / "steps.jsonl").read_text())["world"] == 3
+    monkeypatch.setenv("TIMED_JOB_TYPE", "gpt")
+    with pytest.raises(ValueError, match="unknown job type 'gpt'"):
+        importlib.reload(timed)
+    monkeypatch.undo()
+    importlib.reload(timed)  # as the environment of other tests has it
