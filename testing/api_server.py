@@ -311,7 +311,10 @@ class FakeKubernetes:
         everything) without a token or with an admin token; 401 for a token nobody issued."""
         if not authorization:
             return None
-        token = authorization.removeprefix("Bearer ").strip()
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer":  # the in-cluster config writes "bearer"
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        token = token.strip()
         if token in self._admin_tokens:
             return None
         with self._cond:

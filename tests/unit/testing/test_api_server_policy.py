@@ -39,10 +39,10 @@ def k8s() -> Iterator[FakeKubernetes]:
         yield fake
 
 
-def core_for(k8s: FakeKubernetes, token: str | None) -> client.CoreV1Api:
+def core_for(k8s: FakeKubernetes, token: str | None, scheme: str = "Bearer") -> client.CoreV1Api:
     configuration = client.Configuration(host=k8s.url)
     if token is not None:
-        configuration.api_key = {"authorization": f"Bearer {token}"}
+        configuration.api_key = {"authorization": f"{scheme} {token}"}
     return client.CoreV1Api(client.ApiClient(configuration))
 
 
@@ -60,7 +60,8 @@ def status_of(error: ApiException) -> dict[str, Any]:
 def test_service_account_tokens_are_authorized_by_the_stored_role(k8s: FakeKubernetes) -> None:
     k8s.create_object("roles", NS, ROLE)
     k8s.create_object("rolebindings", NS, BINDING)
-    master = core_for(k8s, k8s.service_account_token(NS, SA))
+    # the scheme as load_incluster_config() writes it
+    master = core_for(k8s, k8s.service_account_token(NS, SA), scheme="bearer")
     master.create_namespaced_pod(NS, pod("w"))
     assert [p.metadata.name for p in master.list_namespaced_pod(NS).items] == ["w"]
     with pytest.raises(ApiException) as caught:
