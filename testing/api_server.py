@@ -6,13 +6,19 @@ with the real Status errors (404 NotFound, 409 AlreadyExists/Conflict, 422 Inval
 the Priority and ServiceAccount admission plugins); pod specs checked with
 ``kubernetes-validate --strict`` (422 with the validator's message); label selectors; graceful
 deletion of scheduled pods (deletionTimestamp, then the kubelet's terminal status, then DELETED);
-and watches that stream JSON lines from any retained resourceVersion, or one ERROR event with a
-410 Status when asked for compacted history.
+and watches that stream JSON lines from any retained resourceVersion (history bounded by count
+and, optionally, age), or one ERROR event with a 410 Status when asked for compacted history;
+they end at ``timeoutSeconds`` or the server's own limit and get BOOKMARKs when they ask.
+
+Requests are authenticated (service-account tokens it issued; none or an admin token is the
+harness) and authorized by RBAC from the stored Roles and bindings (403 Forbidden); the eviction
+subresource honours PodDisruptionBudgets (429). The decisions are in ``api_rules``.
 
 Besides pods it stores PriorityClasses (``spec.priority`` and ``preemptionPolicy`` resolved on pod
-create), ConfigMaps, Secrets and Nodes (create/get/list/delete, no watch), and garbage-collects:
-removing any object deletes the pods and objects whose ownerReferences name its uid. With
-``tls`` it serves HTTPS (what ``load_incluster_config()`` demands). Test hooks play scheduler,
+create), ConfigMaps, Secrets, Nodes, RBAC objects, PodDisruptionBudgets and StatefulSets
+(create/get/list/replace/delete, no watch), and garbage-collects: removing any object deletes
+the pods and objects whose ownerReferences name its uid. With ``tls`` it serves HTTPS (what
+``load_incluster_config()`` demands). Test hooks play scheduler,
 kubelet and node lifecycle by hand; ``testing/cluster/`` plays them for real.
 """
 
@@ -929,8 +935,12 @@ def _validate_object(resource: str, kind: str, name: str, obj: dict[str, Any]) -
     problems = []
     if resource in ("rolebindings", "clusterrolebindings"):
         for i, subject in enumerate(obj.get("subjects") or []):
-            if subject.get("kind") == "ServiceAccount" and (
-                resource == "clusterrolebindings" and not subject.get("namespace")
+            # In a RoleBinding a ServiceAccount's namespace defaults to the binding's.
+            cluster_wide = resource == "clusterrolebindings"
+            if (
+                subject.get("kind") == "ServiceAccount"
+                and cluster_wide
+                and not subject.get("namespace")
             ):
                 problems.append(f"subjects[{i}].namespace: Required value")
         if (obj.get("roleRef") or {}).get("kind") not in ("Role", "ClusterRole"):
@@ -948,9 +958,7 @@ def _validate_object(resource: str, kind: str, name: str, obj: dict[str, Any]) -
                     f"spec.{key}: Invalid value: {value!r}: must be an int or a percent"
                 )
     if problems:
-        raise ApiError(
-            422, "Invalid", f'{kind}.{resource} "{name}" is invalid: ' + ", ".join(problems)
-        )
+        raise ApiError(422, "Invalid", f'{kind} "{name}" is invalid: ' + ", ".join(problems))
 
 
 def _validate_strict(pod: dict[str, Any]) -> None:
