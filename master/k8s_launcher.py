@@ -3,7 +3,8 @@
 The watch follows client-go's informer pattern: list, then watch from the list's
 resourceVersion; on stream end reconnect from the last resourceVersion seen; on 410 Gone
 (history compacted) list again and diff against what was already reported, so a worker that
-changed or vanished while the watch was down still gets its event.
+changed or vanished while the watch was down still gets its event. An RBAC 403 on any call is
+not retried: ``LauncherForbidden`` says which verb to grant, and the master fails the job.
 """
 
 from __future__ import annotations

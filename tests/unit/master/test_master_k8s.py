@@ -165,11 +165,18 @@ def start_job(run_id: str, etcd: EmbeddedEtcd, workers: int) -> tuple[Any, Elast
     return connect(settings), ElasticJob(spec, connect(settings), launcher_factory(spec))
 
 
+@pytest.mark.parametrize("verb", ["create", "list", "watch"])
 def test_a_role_missing_a_verb_fails_the_job_at_once_saying_what_to_grant(
-    k8s: FakeKubernetes, etcd: EmbeddedEtcd, run_id: str, tmp_path: Path, monkeypatch: Any
+    k8s: FakeKubernetes,
+    etcd: EmbeddedEtcd,
+    run_id: str,
+    tmp_path: Path,
+    monkeypatch: Any,
+    verb: str,
 ) -> None:
     sa = "kfp-elastic-master"
-    rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete"]}
+    verbs = [v for v in ("create", "list", "watch", "delete") if v != verb]
+    rule = {"apiGroups": [""], "resources": ["pods"], "verbs": verbs}
     k8s.create_object("roles", NS, {"metadata": {"name": sa}, "rules": [rule]})
     k8s.create_object(
         "rolebindings",
@@ -190,15 +197,15 @@ def test_a_role_missing_a_verb_fails_the_job_at_once_saying_what_to_grant(
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     client, job = start_job(run_id, etcd, 2)
     try:
-        result = job.run()  # returns: no retrying a refused create
+        result = job.run()  # returns: no retrying a refused call
     finally:
         client.close()
     assert result.state == "failed", result
     assert result.message.startswith(
-        f"the master's service account (system:serviceaccount:{NS}:{sa}) may not create pods in "
-        f"namespace {NS}: grant verb 'create' on 'pods' in its Role (manifests/base/rbac.yaml"
+        f"the master's service account (system:serviceaccount:{NS}:{sa}) may not {verb} pods in "
+        f"namespace {NS}: grant verb '{verb}' on 'pods' in its Role (manifests/base/rbac.yaml"
     ), result.message
-    assert not pods(k8s)
+    assert not pods(k8s)  # none made, or the ones made deleted again
 
 
 def test_pod_changes_while_watches_expire_and_history_compacts_are_all_seen(
