@@ -59,6 +59,8 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 # Seconds a stopped (SIGTERM) NCCL worker whose steps stalled waits before it aborts its
 # communicator and writes its rescue; torchrun SIGKILLs workers 30 s after SIGTERM.
 DEFAULT_COLLECTIVE_ABORT_S = 5.0
+#: The ``--rdzv-conf`` key that carries ``orphan_timeout_s`` to each worker's agent.
+ORPHAN_CONF_KEY = "orphan_timeout"
 FINAL_MODEL_FILE = "model.pt"  # rank 0 writes the final weights here, in the snapshot directory
 DEFAULT_LAUNCHER = "local"
 LAUNCHERS = ("local", "kubernetes")
@@ -71,9 +73,18 @@ DEFAULT_WORKER_MAX_RESTARTS = 100
 # What images/worker/Dockerfile builds (images/README.md), the ConfigMap's
 # KFP_ELASTIC_WORKER_IMAGE, and the components' base image: one name (a test checks it).
 DEFAULT_WORKER_IMAGE = "kfp-elastic-worker:0.1.0"
-DEFAULT_PRIORITY_CLASS = "kfp-elastic-worker-low"
+# Worker pods come in two tiers (manifests/base/priorityclasses.yaml): a job's first
+# min_workers indexes are guaranteed (a class that may preempt opportunistic workers of any job),
+# the others opportunistic (a lower class that never preempts). docs/master.md, "Sharing a
+# cluster".
+DEFAULT_GUARANTEED_PRIORITY_CLASS = "kfp-elastic-worker-guaranteed"
+DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS = "kfp-elastic-worker-opportunistic"
 DEFAULT_SERVICE_ACCOUNT = "kfp-elastic-worker"
 WORKER_IMAGE_ENV = "KFP_ELASTIC_WORKER_IMAGE"
+GUARANTEED_PRIORITY_CLASS_ENV = "KFP_ELASTIC_WORKER_GUARANTEED_PRIORITY_CLASS"
+OPPORTUNISTIC_PRIORITY_CLASS_ENV = "KFP_ELASTIC_WORKER_OPPORTUNISTIC_PRIORITY_CLASS"
+# Before the tiers: one class for every worker. Still read, as the fallback of both tiers, so
+# that a ConfigMap that only has this key keeps working.
 PRIORITY_CLASS_ENV = "KFP_ELASTIC_WORKER_PRIORITY_CLASS"
 SERVICE_ACCOUNT_ENV = "KFP_ELASTIC_WORKER_SERVICE_ACCOUNT"
 TLS_SECRET_ENV = "KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET"
@@ -84,13 +95,32 @@ KUBERNETES_ENV_VARS = (
     TLS_SECRET_ENV,
     PASSWORD_SECRET_ENV,
     WORKER_IMAGE_ENV,
+    GUARANTEED_PRIORITY_CLASS_ENV,
+    OPPORTUNISTIC_PRIORITY_CLASS_ENV,
     PRIORITY_CLASS_ENV,
     SERVICE_ACCOUNT_ENV,
 )
+# tolerationSeconds of worker pods for the not-ready and unreachable NoExecute taints: how long
+# a worker pod stays bound to a lost node (after Kubernetes' node monitor grace, 40-50 s) before
+# it is evicted and the master replaces it. Kubernetes gives pods without their own 300 s; the
+# rendezvous drops a lost worker within lease_ttl anyway, so waiting longer only delays its
+# replacement.
+DEFAULT_NODE_LOSS_TOLERATION_S = 10
 DEFAULT_MAX_WAIT_S = 600.0
 DEFAULT_MAX_FAILURES = 3
 DEFAULT_FINISH_GRACE_S = 30.0
 DEFAULT_LEADER_TTL_S = 5.0
+# Seconds worker pods go on without a master before they stop on their own (a snapshot first,
+# then exit ORPHANED_EXIT_CODE: ``rendezvous/orphan.py``). Worker pods have no owner, so a run
+# terminated in the KFP UI or a pipeline whose exit handler never runs would leave them holding
+# their GPUs forever. Longer than a KFP retry of the training task takes to bring a master back,
+# which then adopts them: KFP's ``set_retry`` retries at once by default (backoff_duration 0 s,
+# as Argo's retryStrategy without a backoff), this project's pipeline after 5 s, 10 s, 20 s
+# (pipelines/elastic_training.py), and a new master pod still has to be scheduled, pull its
+# image, start and wait out the old leader lease (``leader_ttl_s``): about a minute on a busy
+# cluster. Five minutes leaves room for that; it is also how long GPUs stay held after a run
+# was terminated. A pipeline with a longer retry backoff needs a longer timeout.
+DEFAULT_ORPHAN_TIMEOUT_S = 300.0
 DEFAULT_RECONCILE_INTERVAL_S = 0.5
 
 
@@ -241,9 +271,22 @@ class KubernetesSettings:
         "", f"worker image (empty: ${WORKER_IMAGE_ENV}, else {DEFAULT_WORKER_IMAGE})"
     )
     namespace: str = _option("", "empty: the master pod's own namespace, else default")
+    guaranteed_priority_class: str = _option(
+        "",
+        "PriorityClass of workers 0..min_workers-1, which may preempt other jobs' opportunistic "
+        f"workers (empty: ${GUARANTEED_PRIORITY_CLASS_ENV}, else ${PRIORITY_CLASS_ENV}, else "
+        f"{DEFAULT_GUARANTEED_PRIORITY_CLASS})",
+    )
+    opportunistic_priority_class: str = _option(
+        "",
+        "PriorityClass of workers min_workers..max_workers-1, which never preempt (empty: "
+        f"${OPPORTUNISTIC_PRIORITY_CLASS_ENV}, else ${PRIORITY_CLASS_ENV}, else "
+        f"{DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS})",
+    )
     priority_class: str = _option(
         "",
-        f"worker pods' PriorityClass (empty: ${PRIORITY_CLASS_ENV}, else {DEFAULT_PRIORITY_CLASS})",
+        "one PriorityClass for every worker pod, no tiers (empty: the two classes above; not "
+        "together with them)",
     )
     service_account: str = _option(
         "",
@@ -280,17 +323,52 @@ class KubernetesSettings:
         f"(empty: ${PASSWORD_SECRET_ENV})",
         param=None,
     )
+    node_loss_toleration_s: int = _option(
+        DEFAULT_NODE_LOSS_TOLERATION_S,
+        "seconds a worker pod stays on a not-ready or unreachable node before Kubernetes "
+        "evicts it and the master replaces it (tolerationSeconds; Kubernetes' default: 300)",
+        flag="--node-loss-toleration",
+        param=None,
+    )
     # tolerations, node_selector, affinity, volumes, volume_mounts (the KFP task's settings)
     pod_overrides: Mapping[str, Any] = _option(factory=dict, flag=None, param=None)
 
+    def check_priority_classes(self) -> None:
+        """``priority_class`` (one class for all) and the tier classes exclude each other:
+        which class would worker 0 get? Raises ``ValueError`` naming both."""
+        tiers = [
+            name
+            for name in ("guaranteed_priority_class", "opportunistic_priority_class")
+            if getattr(self, name)
+        ]
+        if self.priority_class and tiers:
+            raise field_error(
+                "priority_class",
+                f"puts every worker in one class ({self.priority_class!r}) and cannot be "
+                f"combined with {' and '.join(f'{n}={getattr(self, n)!r}' for n in tiers)}: "
+                "give priority_class alone, or the tier classes alone",
+                KubernetesSettings,
+            )
+
     def resolved(self, env: Mapping[str, str]) -> KubernetesSettings:
-        """Empty settings filled from ``env`` (the ConfigMap's variables), else the defaults."""
+        """Empty settings filled from ``env`` (the ConfigMap's variables), else the defaults.
+        The tier classes: the job's ``priority_class`` for both, else each one's own setting,
+        its variable, the single-class variable, its default."""
+        self.check_priority_classes()
+        one_class = self.priority_class
         return replace(
             self,
             image=self.image or env.get(WORKER_IMAGE_ENV) or DEFAULT_WORKER_IMAGE,
-            priority_class=self.priority_class
+            guaranteed_priority_class=one_class
+            or self.guaranteed_priority_class
+            or env.get(GUARANTEED_PRIORITY_CLASS_ENV)
             or env.get(PRIORITY_CLASS_ENV)
-            or DEFAULT_PRIORITY_CLASS,
+            or DEFAULT_GUARANTEED_PRIORITY_CLASS,
+            opportunistic_priority_class=one_class
+            or self.opportunistic_priority_class
+            or env.get(OPPORTUNISTIC_PRIORITY_CLASS_ENV)
+            or env.get(PRIORITY_CLASS_ENV)
+            or DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS,
             service_account=self.service_account
             or env.get(SERVICE_ACCOUNT_ENV)
             or DEFAULT_SERVICE_ACCOUNT,
@@ -336,6 +414,13 @@ class Policy:
         "leader lease TTL; a dead master's successor waits this long",
         flag="--leader-ttl",
         param=None,
+    )
+    orphan_timeout_s: float = _option(
+        DEFAULT_ORPHAN_TIMEOUT_S,
+        "seconds the workers go on without a master (none holds the run's leadership) before "
+        "they snapshot and stop on their own; longer than a KFP retry takes to start a new "
+        "master, which adopts them",
+        flag="--orphan-timeout",
     )
     reconcile_interval_s: float = _option(DEFAULT_RECONCILE_INTERVAL_S, flag=None, param=None)
 
@@ -433,6 +518,8 @@ class JobSpec:
         conf = dict(self.launch.rdzv_conf)
         if not self.entry.command and "warm_start_preload" not in conf:
             conf["warm_start_preload"] = ":".join(RUNTIME_PRELOAD)
+        # Workers started by a master stop on their own once it has been gone this long.
+        conf[ORPHAN_CONF_KEY] = f"{self.policy.orphan_timeout_s:g}"
         return conf
 
     def validate(self) -> None:
@@ -453,6 +540,7 @@ class JobSpec:
             "max_failures": (self.policy.max_failures, 0),
             "gpus": (self.launch.kubernetes.gpus, 0),
             "worker_max_restarts": (self.launch.worker_max_restarts, 0),
+            "node_loss_toleration_s": (self.launch.kubernetes.node_loss_toleration_s, 0),
         }
         for name, (value, low) in at_least.items():
             if value < low:
@@ -468,6 +556,7 @@ class JobSpec:
             "max_wait_s": self.policy.max_wait_s,
             "finish_grace_s": self.policy.finish_grace_s,
             "leader_ttl_s": self.policy.leader_ttl_s,
+            "orphan_timeout_s": self.policy.orphan_timeout_s,
             "reconcile_interval_s": self.policy.reconcile_interval_s,
         }
         for name, number in positive.items():
@@ -499,6 +588,12 @@ class JobSpec:
                 f"{etcd_keys}: give the etcd connection with the --etcd-* flags (or the "
                 "KFP_ELASTIC_ETCD_* variables); the master hands it to every worker",
             )
+        if ORPHAN_CONF_KEY in self.launch.rdzv_conf:
+            raise field_error(
+                "rdzv_conf",
+                f"{ORPHAN_CONF_KEY}: give it as orphan_timeout_s (--orphan-timeout / "
+                "orphan_timeout_s); the master hands it to every worker",
+            )
         empty = sorted(key for key, value in self.launch.rdzv_conf.items() if str(value) == "")
         if empty:
             raise field_error("rdzv_conf", f"{empty} without a value: torchrun needs KEY=VALUE")
@@ -508,6 +603,7 @@ class JobSpec:
             )
         except ConfigError as error:
             raise field_error("rdzv_conf", str(error)) from None
+        self.launch.kubernetes.check_priority_classes()
         if self.launch.kind == "kubernetes":
             self.worker_pod_gpus()  # a GPU count that does not fit the processes fails here
         capacity = self.launch.local.capacity

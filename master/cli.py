@@ -11,7 +11,8 @@ everything after ``--``: a script and its arguments, or ``-m MODULE ...``; argum
 with ``-`` (other than ``-m``) go to the default entry ``-m kfp_elastic.worker``. Exit codes: 0
 succeeded, 1 failed (the message says why), 2 bad arguments or a job that cannot start (its run
 id is taken, its model definition does not load, ...: ``master/preflight.py``), 3 stepped down
-(SIGTERM or leadership lost; the workers keep running for the next master).
+(SIGTERM, this master's pod being deleted, or leadership lost; the workers keep running for the
+next master).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from kfp_elastic.job_spec import (
     flag_of,
 )
 from kfp_elastic.master.job import ElasticJob, LauncherFactory
+from kfp_elastic.master.own_pod import REASON as OWN_POD_REASON
+from kfp_elastic.master.own_pod import watch_own_pod
 from kfp_elastic.master.wiring import launcher_factory
 
 log = logging.getLogger("kfp_elastic.master")
@@ -199,7 +202,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.exit(2, f"kfp-elastic master: error: {error}\n")
         signal.signal(signal.SIGINT, lambda *_: job.request_stop(cancel=True))
         signal.signal(signal.SIGTERM, lambda *_: job.request_stop(cancel=False))
-        result = job.run()
+        # In a pod, its deletion steps down too: SIGTERM may not reach this process.
+        own_pod = watch_own_pod(lambda: job.request_stop(cancel=False, reason=OWN_POD_REASON))
+        try:
+            result = job.run()
+        finally:
+            if own_pod is not None:
+                own_pod.stop()
         print(f"result={result.state} run={spec.run_id} message={result.message}", flush=True)
         if result.state == "refused":
             sys.stderr.write(f"kfp-elastic master: error: {result.message}\n")

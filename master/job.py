@@ -46,6 +46,7 @@ from kfp_elastic.master.timeline import (
     LaunchFailed,
     MasterRecovered,
     MasterStarted,
+    MasterSteppedDown,
     WorkerCompleted,
     WorkerLaunched,
     WorkerLost,
@@ -112,6 +113,7 @@ class ElasticJob:
         self.metrics_host = metrics_host
         self.launcher: Launcher | None = None
         self._stop = threading.Event()  # ends the loop
+        self._stop_reason = ""
         self._cancel = False  # SIGINT: fail the job and stop the workers
         self._wake = threading.Event()
         self._events_stop = threading.Event()
@@ -123,8 +125,11 @@ class ElasticJob:
         self._forbidden: LauncherForbidden | None = None  # the event watch was refused
 
     # -- control from outside ----------------------------------------------------------------
-    def request_stop(self, cancel: bool) -> None:
-        """``cancel``: fail the job and stop its workers; otherwise step down and leave them."""
+    def request_stop(self, cancel: bool, reason: str = "SIGTERM") -> None:
+        """``cancel``: fail the job and stop its workers; otherwise step down and leave them.
+        ``reason``: what asked (SIGTERM, this master's pod being deleted), for the record."""
+        if not self._stop.is_set():
+            self._stop_reason = reason
         self._cancel = self._cancel or cancel
         self._stop.set()
         self._wake.set()
@@ -256,7 +261,7 @@ class ElasticJob:
             if self._stop.is_set():
                 if self._cancel:
                     return self._finish("failed", "cancelled (SIGINT)", observer)
-                return JobResult("stepped_down", "asked to stop (SIGTERM); workers left running")
+                return self._step_down(self._stop_reason)
             try:
                 if self._forbidden is not None:
                     raise self._forbidden
@@ -305,6 +310,24 @@ class ElasticJob:
                 self._wake.wait(1.0)
             self._wake.wait(spec.policy.reconcile_interval_s)
             self._wake.clear()
+
+    def _step_down(self, reason: str) -> JobResult:
+        """Hand the run over: record it, then release the leadership before anything else is
+        closed. A master whose pod is deleted may have well under a second left (KFP's launcher
+        dies on SIGTERM and the container ends with it: docs/master.md, "Signals")."""
+        state = self.state
+        try:
+            state.append_event(MasterSteppedDown(master=state.identity, reason=reason))
+        except TRANSIENT_ERRORS as error:  # the lease still goes: the next master need not wait
+            log.warning("step-down not recorded (etcd unavailable) error=%r", error)
+        state.release()
+        log.warning(
+            "stepped down run=%s master=%s reason=%s: workers left running for the next master",
+            self.spec.run_id,
+            state.identity,
+            reason,
+        )
+        return JobResult("stepped_down", f"asked to stop ({reason}); workers left running")
 
     def _lingering(self, live: list[WorkerStatus]) -> str:
         """What to say of workers still running ``finish_grace_s`` after the job completed (a

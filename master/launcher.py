@@ -43,11 +43,21 @@ class Reason(str, Enum):
     # Deleted by someone else without saying why. Clusters older than Kubernetes 1.26 preempt
     # and drain this way (no DisruptionTarget condition), so it counts as a disruption.
     DELETED_EXTERNALLY = "DeletedExternally"
+    # The worker stopped itself (after a snapshot) because its run had no master for
+    # orphan_timeout_s (exit code ORPHANED_EXIT_CODE, rendezvous/orphan.py): not its fault.
+    ORPHANED = "Orphaned"
 
 
 #: Reasons outside the worker's control: replace the worker, do not count a failure.
 DISRUPTIONS = frozenset(
-    {Reason.PREEMPTED, Reason.EVICTED, Reason.NODE_LOST, Reason.REJECTED, Reason.DELETED_EXTERNALLY}
+    {
+        Reason.PREEMPTED,
+        Reason.EVICTED,
+        Reason.NODE_LOST,
+        Reason.REJECTED,
+        Reason.DELETED_EXTERNALLY,
+        Reason.ORPHANED,
+    }
 )
 
 _ENDED = frozenset({WorkerPhase.SUCCEEDED, WorkerPhase.FAILED, WorkerPhase.DELETED})

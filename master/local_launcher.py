@@ -17,7 +17,9 @@ How an ended worker is classified:
 - agent exited 0: Succeeded/Completed; the master deleted it: Failed/Deleted;
 - SIGTERM to the tree's root (``preempt``, like a kubelet), the agent or the whole tree killed
   by a signal (``kill``, OOM killer), or gone while no master watched: Failed/Preempted;
-- agent exited non-zero: Failed/Error (the message ends with the log's last lines).
+- agent exited ``ORPHANED_EXIT_CODE`` (it stopped itself: no master for ``orphan_timeout_s``):
+  Failed/Orphaned, a disruption;
+- agent exited non-zero otherwise: Failed/Error (the message ends with the log's last lines).
 
 ``capacity`` simulates a cluster with room for that many workers: more stay Pending
 (Unschedulable) until a slot frees.
@@ -50,6 +52,7 @@ from kfp_elastic.master.launcher import (
 )
 from kfp_elastic.master.supervise import read_exit_file
 from kfp_elastic.rendezvous.local_agents import TAG_VAR, Agent
+from kfp_elastic.rendezvous.orphan import ORPHANED_EXIT_CODE
 
 log = logging.getLogger(__name__)
 
@@ -450,6 +453,13 @@ class LocalLauncher(Launcher):
                 None,
             )
         code = code if code is not None else root_code
+        if code == ORPHANED_EXIT_CODE:
+            return (
+                WorkerPhase.FAILED,
+                Reason.ORPHANED,
+                f"exit code {code}: stopped itself after a snapshot, its run had no master",
+                code,
+            )
         tail = _log_tail(worker.agent.log_path)
         return (
             WorkerPhase.FAILED,

@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kfp_elastic.etcd.settings import EtcdSettings
+from kfp_elastic.job_spec import DEFAULT_NODE_LOSS_TOLERATION_S
 from kfp_elastic.master.pod_spec_checks import (  # noqa: F401 - names callers import from here
     _FIXED_LABELS,
     ATTEMPT_LABEL,
     COMPONENT_LABEL,
     CONTAINER_NAME,
-    DEFAULT_PRIORITY_CLASS,
+    DEFAULT_GUARANTEED_PRIORITY_CLASS,
+    DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS,
     DEFAULT_SERVICE_ACCOUNT,
     ETCD_AUTH_MOUNT,
     ETCD_PASSWORD_KEY,
@@ -71,9 +73,15 @@ class WorkerPodSpec:
     # noisy neighbour
     gpu: int = 0
     gpu_resource: str = "nvidia.com/gpu"
-    priority_class: str | None = DEFAULT_PRIORITY_CLASS
+    # Worker indexes below min_nodes get the guaranteed class, the others the opportunistic one
+    # (``priority_class_of``); None: no class (priority 0, or the cluster's globalDefault).
+    guaranteed_priority_class: str | None = DEFAULT_GUARANTEED_PRIORITY_CLASS
+    opportunistic_priority_class: str | None = DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS
     service_account: str | None = DEFAULT_SERVICE_ACCOUNT
     tolerations: tuple[Mapping[str, Any], ...] = ()
+    # tolerationSeconds for the not-ready and unreachable NoExecute taints (a lost node); None
+    # leaves the cluster's default (300 s). A toleration of the user's for them wins.
+    node_loss_toleration_s: int | None = DEFAULT_NODE_LOSS_TOLERATION_S
     node_selector: Mapping[str, str] = field(default_factory=dict)
     affinity: Mapping[str, Any] | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -122,6 +130,22 @@ def etcd_pod_fields(
         "etcd_tls_secret": tls_secret if etcd.uses_tls else None,
         "etcd_password_secret": password_secret if etcd.user else None,
     }
+
+
+def is_guaranteed(worker_index: int, min_workers: int) -> bool:
+    """Whether slot ``worker_index`` is one of the job's guaranteed ones: the first MIN slots.
+    Slots are stable (master/scaling.py launches a lost worker's replacement in its slot), so
+    the job always has exactly MIN guaranteed slots, whichever workers are running."""
+    return worker_index < min_workers
+
+
+def priority_class_of(spec: WorkerPodSpec) -> str | None:
+    """The PriorityClass of the pod for ``spec.worker_index``: guaranteed for the first
+    ``min_nodes`` slots (may preempt opportunistic workers of any job), else opportunistic
+    (never preempts)."""
+    if is_guaranteed(spec.worker_index, spec.min_nodes):
+        return spec.guaranteed_priority_class
+    return spec.opportunistic_priority_class
 
 
 def pod_name(job_name: str, worker_index: int, attempt: int) -> str:
@@ -226,14 +250,16 @@ def build_pod(spec: WorkerPodSpec) -> dict[str, Any]:
         "securityContext": pod_security,
         "containers": [container],
     }
-    if spec.priority_class:
-        pod_spec["priorityClassName"] = spec.priority_class
+    priority_class = priority_class_of(spec)
+    if priority_class:
+        pod_spec["priorityClassName"] = priority_class
     if spec.service_account:
         pod_spec["serviceAccountName"] = spec.service_account
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
-    if spec.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
+    tolerations = [dict(t) for t in spec.tolerations] + node_loss_tolerations(spec)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
     if spec.affinity:
         pod_spec["affinity"] = dict(spec.affinity)
     if spec.image_pull_secrets:
@@ -241,6 +267,36 @@ def build_pod(spec: WorkerPodSpec) -> dict[str, Any]:
     if volumes:
         pod_spec["volumes"] = volumes
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+# The taints Kubernetes' node lifecycle controller puts on a node that stops answering.
+NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def node_loss_tolerations(spec: WorkerPodSpec) -> list[dict[str, Any]]:
+    """Tolerations that make Kubernetes evict a lost node's worker pod after
+    ``node_loss_toleration_s`` instead of the 300 s its DefaultTolerationSeconds admission
+    gives: the master replaces the worker on a node that runs only once its pod is gone. A
+    taint the user's tolerations already cover (its key or an empty key, effect NoExecute or
+    none: the admission plugin's test) is left to them."""
+    if spec.node_loss_toleration_s is None:
+        return []
+    out = []
+    for key in NODE_LOSS_TAINTS:
+        if any(
+            t.get("key", "") in (key, "") and t.get("effect", "") in ("NoExecute", "")
+            for t in spec.tolerations
+        ):
+            continue
+        out.append(
+            {
+                "key": key,
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": spec.node_loss_toleration_s,
+            }
+        )
+    return out
 
 
 def torchrun_args(spec: WorkerPodSpec) -> list[str]:

@@ -12,7 +12,12 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
-from kfp_elastic.job_spec import DEFAULT_PRIORITY_CLASS as DEFAULT_PRIORITY_CLASS
+from kfp_elastic.job_spec import (
+    DEFAULT_GUARANTEED_PRIORITY_CLASS as DEFAULT_GUARANTEED_PRIORITY_CLASS,
+)
+from kfp_elastic.job_spec import (
+    DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS as DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS,
+)
 from kfp_elastic.job_spec import DEFAULT_SERVICE_ACCOUNT as DEFAULT_SERVICE_ACCOUNT
 from kfp_elastic.job_spec import PASSWORD_SECRET_ENV as PASSWORD_SECRET_ENV
 from kfp_elastic.job_spec import TLS_SECRET_ENV as TLS_SECRET_ENV
@@ -26,7 +31,7 @@ from kfp_elastic.rendezvous.config import (
 if TYPE_CHECKING:
     from kfp_elastic.master.pod_spec import WorkerPodSpec
 
-# DEFAULT_PRIORITY_CLASS, DEFAULT_SERVICE_ACCOUNT: the names manifests/base creates (the job
+# DEFAULT_*_PRIORITY_CLASS, DEFAULT_SERVICE_ACCOUNT: the names manifests/base creates (the job
 # contract, kfp_elastic/job_spec.py, holds them; the ConfigMap kfp-elastic-config repeats them).
 CONTAINER_NAME = "worker"
 
@@ -128,7 +133,10 @@ def parse_quantity(text: str | int | float) -> Decimal:
 def validate(spec: WorkerPodSpec) -> None:
     """Raise ``ValueError`` naming the first field of ``spec`` a cluster would reject."""
     _dns_label("job_name", spec.job_name)
-    for key in ("worker_index", "attempt", "max_restarts", "termination_grace_period_s", "gpu"):
+    integers = ["worker_index", "attempt", "max_restarts", "termination_grace_period_s", "gpu"]
+    if spec.node_loss_toleration_s is not None:
+        integers.append("node_loss_toleration_s")
+    for key in integers:
         value = getattr(spec, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{key}={value!r} must be an integer >= 0")
@@ -166,7 +174,13 @@ def validate(spec: WorkerPodSpec) -> None:
         )
     _validate_rdzv(spec)
     _validate_resources(spec)
-    for key in ("priority_class", "service_account", "etcd_tls_secret", "etcd_password_secret"):
+    for key in (
+        "guaranteed_priority_class",
+        "opportunistic_priority_class",
+        "service_account",
+        "etcd_tls_secret",
+        "etcd_password_secret",
+    ):
         if getattr(spec, key) is not None:
             _dns_subdomain(key, getattr(spec, key))
     for name in (*spec.env_from_config_maps, *spec.image_pull_secrets):

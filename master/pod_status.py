@@ -13,6 +13,7 @@ from typing import Any
 from kfp_elastic.master.launcher import Reason, WorkerPhase
 from kfp_elastic.master.launcher import WorkerStatus as Status
 from kfp_elastic.master.pod_spec import ATTEMPT_LABEL, CONTAINER_NAME, INDEX_LABEL
+from kfp_elastic.rendezvous.orphan import ORPHANED_EXIT_CODE
 
 # DisruptionTarget condition reasons (Kubernetes >= 1.26; the scheduler's was renamed in 1.31).
 _DISRUPTION_REASONS = {
@@ -88,6 +89,9 @@ def classify(
         # A running pod that is deleted ends Failed with 137/143: not the worker's fault.
         reason = Reason.DELETED if deleted_by_us else Reason.DELETED_EXTERNALLY
         message = "deleted by the launcher" if deleted_by_us else "deleted (no reason given)"
+    elif phase == WorkerPhase.FAILED and exit_code == ORPHANED_EXIT_CODE:
+        reason = Reason.ORPHANED
+        message = f"exit code {exit_code}: stopped itself after a snapshot, its run had no master"
     elif phase == WorkerPhase.FAILED:
         reason, message = Reason.ERROR, f"exit code {exit_code} ({term_reason or 'Error'})"
     elif phase == WorkerPhase.PENDING and waiting in _START_ERRORS:

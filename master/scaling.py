@@ -38,6 +38,7 @@ CAUSES = {
     Reason.NODE_LOST: "node_lost",
     Reason.REJECTED: "rejected",
     Reason.DELETED_EXTERNALLY: "deleted_externally",
+    Reason.ORPHANED: "orphaned",
     Reason.DELETED: "deleted",
     Reason.ERROR: "failed",
 }

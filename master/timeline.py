@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 class EventKind(str, enum.Enum):
     MASTER_STARTED = "master_started"
     MASTER_RECOVERED = "master_recovered"
+    MASTER_STEPPED_DOWN = "master_stepped_down"
     WORKER_LAUNCHED = "worker_launched"
     LAUNCH_FAILED = "launch_failed"
     WORKER_LOST = "worker_lost"
@@ -91,6 +92,16 @@ class MasterRecovered(Event):
     master: str = ""
     workers: tuple[str, ...] = ()  # live workers the new master adopted
     failures: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class MasterSteppedDown(Event):
+    """The leader hands the run over (SIGTERM, or its pod being deleted): its last write before
+    it releases the leadership; the workers keep running for the next master."""
+
+    kind = EventKind.MASTER_STEPPED_DOWN
+    master: str = ""
+    reason: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,6 +211,7 @@ EVENT_TYPES: dict[EventKind, type[Event]] = {
     for cls in (
         MasterStarted,
         MasterRecovered,
+        MasterSteppedDown,
         WorkerLaunched,
         LaunchFailed,
         WorkerLost,

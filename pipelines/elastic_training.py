@@ -83,6 +83,8 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
         etcd_endpoint: str = "",
         image: str = "",
         priority_class: str = "",
+        guaranteed_priority_class: str = "",
+        opportunistic_priority_class: str = "",
         worker_cpu: str = "",
         worker_memory: str = "",
         worker_gpus: int = 0,
@@ -90,6 +92,7 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
         inject_faults: str = "",
         max_wait_s: float = 600.0,
         max_failures: int = 3,
+        orphan_timeout_s: float = 300.0,
     ) -> None:
         """Shard the dataset, train with min..max elastic workers, evaluate the model.
 
@@ -97,6 +100,14 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
             image: the worker pods' image; empty: the kfp-elastic-config ConfigMap's
                 KFP_ELASTIC_WORKER_IMAGE (kfp-elastic-worker:0.1.0 in manifests/base), else
                 kfp-elastic-worker:0.1.0. Set either without recompiling the pipeline.
+            guaranteed_priority_class: PriorityClass of workers 0..min_workers-1 (they may
+                preempt other jobs' opportunistic workers); empty: the ConfigMap's
+                KFP_ELASTIC_WORKER_GUARANTEED_PRIORITY_CLASS, else kfp-elastic-worker-guaranteed.
+            opportunistic_priority_class: PriorityClass of the other workers (never preempt);
+                empty: the ConfigMap's KFP_ELASTIC_WORKER_OPPORTUNISTIC_PRIORITY_CLASS, else
+                kfp-elastic-worker-opportunistic.
+            priority_class: one PriorityClass for every worker instead (no tiers); not
+                together with the two above.
         """
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         cleanup = stop_workers(run_id=run_id, launcher=launcher)
@@ -124,12 +135,15 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
                 etcd_endpoint=etcd_endpoint,
                 image=image,
                 priority_class=priority_class,
+                guaranteed_priority_class=guaranteed_priority_class,
+                opportunistic_priority_class=opportunistic_priority_class,
                 worker_cpu=worker_cpu,
                 worker_memory=worker_memory,
                 worker_gpus=worker_gpus,
                 inject_faults=inject_faults,
                 max_wait_s=max_wait_s,
                 max_failures=max_failures,
+                orphan_timeout_s=orphan_timeout_s,
                 run_id=run_id,
             )
             train.set_display_name("elastic training")

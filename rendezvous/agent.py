@@ -14,6 +14,10 @@ pages with it instead of copying them.
 
 Plain ``torchrun --rdzv-backend=elastic-etcd`` works as well; it only starts slower.
 
+Exit codes: torchrun's, except 0 for a node that finds its job already done, and
+``ORPHANED_EXIT_CODE`` (75) when it stopped because its run had no master for
+``--rdzv-conf orphan_timeout`` seconds (``rendezvous/orphan.py``).
+
 CUDA: the agent sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (unless set) before torch is imported.
 torchrun's ``LaunchConfig.__post_init__`` calls ``torch.cuda.is_available()`` (to choose a default
 NUMA binding) whatever ``--nproc-per-node`` is, and ``--nproc-per-node gpu|auto`` counts devices;
@@ -29,6 +33,8 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+
+from .orphan import ORPHANED_EXIT_CODE, stopped_after
 
 log = logging.getLogger("kfp_elastic.rendezvous.agent")
 _running = False
@@ -55,10 +61,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:
         from .handler import RunCompletedError
 
-        if not isinstance(error, RunCompletedError):
+        if isinstance(error, RunCompletedError):
+            # A replacement or spare that arrives after the job succeeded is not a failed worker.
+            log.info("nothing to do, exiting 0: %s", error)
+            return 0
+        gone_s = stopped_after()
+        if gone_s is None:
             raise
-        # A replacement or spare that arrives after the job succeeded is not a failed worker.
-        log.info("nothing to do, exiting 0: %s", error)
+        # Stopped by the master watch (the SIGTERM it sent itself), not by a failure.
+        log.error("no master for %.0f s: workers stopped, exiting %d", gone_s, ORPHANED_EXIT_CODE)
+        return ORPHANED_EXIT_CODE
     finally:
         _running = False
     return 0

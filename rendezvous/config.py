@@ -92,6 +92,10 @@ class RendezvousConfig:
     # Modules the zygote imports besides torch, torch.distributed, DDP, dynamo and torch.optim;
     # ':'-separated (e.g. ``transformers:worker.runner``).
     warm_start_preload: str | None = None
+    # Stop this node (a snapshot first, then exit ORPHANED_EXIT_CODE: rendezvous/orphan.py)
+    # once its run has had no master for this long. A master sets it for the workers it starts;
+    # unset (a plain torchrun job has no master): never.
+    orphan_timeout: float | None = None
 
     @property
     def endpoints(self) -> tuple[Endpoint, ...]:
@@ -177,6 +181,8 @@ class RendezvousConfig:
             raise ConfigError(
                 f"--rdzv-conf free_restart_window={self.free_restart_window} must be > 0"
             )
+        if self.orphan_timeout is not None and self.orphan_timeout <= 0:
+            raise ConfigError(f"--rdzv-conf orphan_timeout={self.orphan_timeout} must be > 0")
         if self.lease_ttl < 2:
             raise ConfigError(
                 f"--rdzv-conf lease_ttl={self.lease_ttl} is below etcd's minimum of 2 seconds"
@@ -202,6 +208,7 @@ _FLOAT_KEYS = {
     "store_timeout",
     "peer_failure_grace",
     "free_restart_window",
+    "orphan_timeout",
 }
 _INT_KEYS = {"probe_fanout", "max_free_restarts", "max_repeated_failures"}
 _BOOL_KEYS = {"peer_probe", "close_on_failure", "warm_start"}

@@ -37,7 +37,7 @@ from kfp_elastic.job_env import ROUND_ENV
 from kfp_elastic.worker.device import set_nccl_error_handling
 
 from . import leave as leave_hook
-from . import peer_failures, warm_start
+from . import orphan, peer_failures, warm_start
 from .config import RendezvousConfig, config_from_torch_params
 from .membership import Membership
 from .membership_view import Status
@@ -111,9 +111,18 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         self._waiting_memo: tuple[int, int, int] | None = None  # (revision, round, answer)
         self._left = threading.Event()
         self._lock = threading.Lock()
+        self._master_watch: orphan.MasterWatch | None = None
         leave_hook.register(self)
         peer_failures.install()
         atexit.register(self.leave, "process exit")
+        if config.orphan_timeout is not None:
+            # Workers a master started stop on their own once it has been gone for long.
+            self._master_watch = orphan.MasterWatch(
+                self._client,
+                self._keys.master.leader,
+                config.orphan_timeout,
+                where=f"node={self.node_id} run={config.run_id}",
+            ).start()
         log.info(
             "elastic-etcd handler ready node=%s run=%s endpoints=%s nnodes=%d:%d",
             self.node_id,
@@ -284,6 +293,8 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             if self._left.is_set():
                 return
             self._left.set()
+        if self._master_watch is not None:
+            self._master_watch.stop()
         log.info("leaving run node=%s run=%s reason=%s", self.node_id, self._config.run_id, reason)
         self._membership.leave()
         self._client.close()

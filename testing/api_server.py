@@ -4,22 +4,24 @@ The real ``kubernetes`` client runs against it unchanged. It keeps what a contro
 on: a monotonic resourceVersion on every object, list and event; create/get/list/delete/patch
 with the real Status errors (404 NotFound, 409 AlreadyExists/Conflict, 422 Invalid, 403 from
 the Priority and ServiceAccount admission plugins); pod specs checked with
-``kubernetes-validate --strict`` (422 with the validator's message); label selectors; graceful
-deletion of scheduled pods (deletionTimestamp, then the kubelet's terminal status, then DELETED);
-and watches that stream JSON lines from any retained resourceVersion (history bounded by count
-and, optionally, age), or one ERROR event with a 410 Status when asked for compacted history;
-they end at ``timeoutSeconds`` or the server's own limit and get BOOKMARKs when they ask.
+``kubernetes-validate --strict`` (422 with the validator's message); label selectors and the
+field selector ``metadata.name=NAME`` (no other field selector); graceful deletion of scheduled
+pods (deletionTimestamp, then the kubelet's terminal status, then DELETED); and watches that
+stream JSON lines from any retained resourceVersion (history bounded by count and, optionally,
+age), or one ERROR event with a 410 Status when asked for compacted history; they end at
+``timeoutSeconds`` or the server's own limit and get BOOKMARKs when they ask.
 
 Requests are authenticated (service-account tokens it issued; none or an admin token is the
 harness) and authorized by RBAC from the stored Roles and bindings (403 Forbidden); the eviction
 subresource honours PodDisruptionBudgets (429). The decisions are in ``api_rules``.
 
 Besides pods it stores PriorityClasses (``spec.priority`` and ``preemptionPolicy`` resolved on pod
-create), ConfigMaps, Secrets, Nodes, RBAC objects, PodDisruptionBudgets and StatefulSets
-(create/get/list/replace/delete, no watch), and garbage-collects: removing any object deletes
-the pods and objects whose ownerReferences name its uid. With ``tls`` it serves HTTPS (what
-``load_incluster_config()`` demands). Test hooks play scheduler,
-kubelet and node lifecycle by hand; ``testing/cluster/`` plays them for real.
+create; the DefaultTolerationSeconds admission adds 300 s not-ready/unreachable tolerations to
+pods without their own), ConfigMaps, Secrets, Nodes, RBAC objects, PodDisruptionBudgets and
+StatefulSets (create/get/list/replace/delete, no watch), and garbage-collects: removing any
+object deletes the pods and objects whose ownerReferences name its uid. With ``tls`` it serves
+HTTPS (what ``load_incluster_config()`` demands). Test hooks play scheduler, kubelet and node
+lifecycle by hand; ``testing/cluster/`` plays them for real.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from kfp_elastic.testing.api_wire import (
     labels_match,
     merge_patch,
     now_timestamp,
+    parse_field_selector,
     parse_label_selector,
 )
 
@@ -62,12 +65,18 @@ log = logging.getLogger(__name__)
 WATCH_TIMEOUT_S = 1800.0  # kube-apiserver --min-request-timeout
 BOOKMARK_S = 60.0  # about how often kube-apiserver sends a watch a BOOKMARK
 
+# manifests/base/priorityclasses.yaml's (tests/unit/deploy/test_manifests.py compares them).
 PRIORITY_CLASSES = {
+    "kfp-elastic-worker-guaranteed": (-3, "PreemptLowerPriority"),
+    "kfp-elastic-worker-opportunistic": (-5, "Never"),
     "kfp-elastic-worker-low": (-5, "Never"),
     "kfp-elastic-control": (100000, "PreemptLowerPriority"),
     "system-cluster-critical": (2000000000, "PreemptLowerPriority"),
 }
 SERVICE_ACCOUNTS = {"default", "kfp-elastic-worker", "kfp-elastic-master"}
+# kube-apiserver --default-not-ready-toleration-seconds / --default-unreachable-toleration-seconds
+DEFAULT_TOLERATION_SECONDS = 300
+NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -84,6 +93,7 @@ class FakeKubernetes:
         namespace: str = "default",
         validate_pods: bool = True,
         tls: tuple[str, str] | None = None,
+        default_toleration_seconds: int | None = DEFAULT_TOLERATION_SECONDS,
         admin_tokens: tuple[str, ...] = (),
         watch_timeout_s: float = WATCH_TIMEOUT_S,
         compaction_s: float | None = None,
@@ -91,9 +101,12 @@ class FakeKubernetes:
     ) -> None:
         """``kubelet=False``: deleted scheduled pods stay Terminating until a kubelet (a test
         hook or :mod:`kfp_elastic.testing.cluster.kubelet`) finishes them. ``tls``: (certificate,
-        key) PEM files to serve HTTPS with. ``admin_tokens``: bearer tokens that may do
-        anything, as a request without a token may (the harness); a token from
-        :meth:`service_account_token` is its service account, authorized by RBAC.
+        key) PEM files to serve HTTPS with. ``default_toleration_seconds``: what the
+        DefaultTolerationSeconds admission plugin gives a pod that does not tolerate the
+        not-ready and unreachable NoExecute taints itself (None: the plugin is off).
+        ``admin_tokens``: bearer tokens that may do anything, as a request without a token may
+        (the harness); a token from :meth:`service_account_token` is its service account,
+        authorized by RBAC.
 
         Watches: ``watch_timeout_s`` ends a watch that asked for no ``timeoutSeconds`` (the API
         server's ``--min-request-timeout``, 1800 s) and caps those that did (what an API server
@@ -128,6 +141,7 @@ class FakeKubernetes:
                 {"metadata": {"name": name}, "value": value, "preemptionPolicy": policy},
             )
         self.validate_pods = validate_pods
+        self.default_toleration_seconds = default_toleration_seconds
         self.service_accounts = SERVICE_ACCOUNTS if service_accounts is None else service_accounts
         self.namespace = namespace  # what the test hooks act on by default
         self.kubelet = kubelet  # False: deleted scheduled pods stay Terminating until finished
@@ -479,6 +493,8 @@ class FakeKubernetes:
         else:  # no class and no globalDefault class: priority 0
             spec.setdefault("priority", 0)
             spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+        if self.default_toleration_seconds is not None:
+            add_default_tolerations(spec, self.default_toleration_seconds)
         spec.setdefault("restartPolicy", "Always")
         spec.setdefault("terminationGracePeriodSeconds", 30)
         spec.setdefault("dnsPolicy", "ClusterFirst")
@@ -577,13 +593,16 @@ class FakeKubernetes:
                 new["metadata"][key] = old["metadata"][key]
             return self._record(ns, "MODIFIED", old, new)
 
-    def list(self, ns: str, labels: str = "") -> dict[str, Any]:
+    def list(self, ns: str, labels: str = "", name: str | None = None) -> dict[str, Any]:
+        """Pods of ``ns`` matching the label selector ``labels`` (and called ``name``)."""
         selector = parse_label_selector(labels)
         with self._cond:
             items = [
                 copy.deepcopy(p)
-                for (n, _), p in sorted(self._pods.items())
-                if n == ns and labels_match(selector, p["metadata"].get("labels") or {})
+                for (n, pod_name), p in sorted(self._pods.items())
+                if n == ns
+                and name in (None, pod_name)
+                and labels_match(selector, p["metadata"].get("labels") or {})
             ]
             rv = str(self._rv)
         for item in items:  # items of a typed list carry no kind/apiVersion
@@ -760,8 +779,10 @@ class FakeKubernetes:
         )
 
     def lose_node(self, name: str, ns: str | None = None) -> None:
-        """The node stops responding: the taint manager deletes the pod; no kubelet confirms,
-        so pod GC marks it Failed and force-deletes it."""
+        """The taint manager evicts the pod from a lost node (a NoExecute taint it tolerates no
+        longer): ``DisruptionTarget`` (``DeletionByTaintManager``), then deleted. No kubelet
+        confirms, so it is marked Failed and removed at once (in Kubernetes it stays
+        Terminating until pod GC force-deletes it, once the Node object is gone)."""
         ns = ns or self.namespace
         self._disrupt(
             name, "DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint", ns
@@ -816,6 +837,7 @@ class FakeKubernetes:
 
     def watch(self, handler: Handler, ns: str, query: dict[str, str]) -> None:
         selector = parse_label_selector(query.get("labelSelector", ""))
+        by_name = parse_field_selector(query.get("fieldSelector", ""))
         rv = query.get("resourceVersion", "")
         now = time.monotonic()
         end = now + min(float(query.get("timeoutSeconds") or "inf"), self.watch_timeout_s)
@@ -827,6 +849,7 @@ class FakeKubernetes:
             return (
                 pod is not None
                 and pod["metadata"]["namespace"] == ns
+                and by_name in (None, pod["metadata"]["name"])
                 and labels_match(selector, pod["metadata"].get("labels") or {})
             )
 
@@ -959,6 +982,24 @@ def _validate_object(resource: str, kind: str, name: str, obj: dict[str, Any]) -
                 )
     if problems:
         raise ApiError(422, "Invalid", f'{kind} "{name}" is invalid: ' + ", ".join(problems))
+
+
+def add_default_tolerations(spec: dict[str, Any], seconds: int) -> None:
+    """The DefaultTolerationSeconds admission plugin: a pod with no toleration of its own for
+    the not-ready or the unreachable NoExecute taint gets one for ``seconds`` (the plugin's
+    test: the taint's key or an empty key, effect NoExecute or empty)."""
+    tolerations = spec.get("tolerations") or []
+    for key in NODE_LOSS_TAINTS:
+        if any(
+            t.get("key", "") in (key, "") and t.get("effect", "") in ("NoExecute", "")
+            for t in tolerations
+        ):
+            continue
+        tolerations.append(
+            {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
+        )
+    if tolerations:
+        spec["tolerations"] = tolerations
 
 
 def _validate_strict(pod: dict[str, Any]) -> None:

@@ -106,6 +106,19 @@ def parse_label_selector(text: str) -> list[tuple[str, str, set[str]]]:
     return out
 
 
+def parse_field_selector(text: str) -> str | None:
+    """The pod name of a ``metadata.name=NAME`` field selector (None: no selector); other
+    field selectors are refused, as this fake does not implement them."""
+    if not text:
+        return None
+    m = re.fullmatch(r"metadata\.name==?([a-z0-9.-]+)", text)
+    if not m:
+        raise ApiError(
+            400, "BadRequest", f"fieldSelector {text!r}: only metadata.name=NAME is implemented"
+        )
+    return m[1]
+
+
 def labels_match(selector: list[tuple[str, str, set[str]]], labels: dict[str, str]) -> bool:
     for key, op, values in selector:
         value = labels.get(key)
@@ -240,8 +253,7 @@ class Handler(BaseHTTPRequestHandler):
             if call.group or call.resource != "pods" or not call.namespace:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             ns, name, sub = call.namespace, call.name or None, call.subresource
-            if query.get("fieldSelector"):
-                raise ApiError(400, "BadRequest", "fieldSelector is not implemented by the fake")
+            by_name = parse_field_selector(query.get("fieldSelector", ""))
             body = json.loads(raw) if raw else None
             if method == "GET" and name is None and query.get("watch", "").lower() in ("true", "1"):
                 try:
@@ -250,7 +262,7 @@ class Handler(BaseHTTPRequestHandler):
                     self.close_connection = True
                     return
             if method == "GET" and name is None:
-                return self._send(200, fake.list(ns, query.get("labelSelector", "")))
+                return self._send(200, fake.list(ns, query.get("labelSelector", ""), by_name))
             if method == "POST" and name is None:
                 dry = query.get("dryRun") == "All"
                 return self._send(200 if dry else 201, fake.create(ns, body or {}, dry))

@@ -19,7 +19,7 @@ from kfp_elastic.pipelines.run_local import SESSION_ENV
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.rendezvous.handler import ElasticEtcdRendezvousHandler, create_handler
 from kfp_elastic.rendezvous.testing_pki import generate_test_pki
-from kfp_elastic.testing.cluster import TestCluster
+from kfp_elastic.testing.cluster import FAST_NODE_LIFECYCLE, TestCluster
 
 logging.getLogger("kfp_elastic.rendezvous").setLevel(logging.INFO)
 
@@ -130,10 +130,12 @@ def make_handler(etcd: EmbeddedEtcd, run_id: str) -> Iterator[HandlerFactory]:
 
 @pytest.fixture
 def test_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
-    """One node (2 CPUs, 4 GiB); tests add, resize and remove nodes. Nothing any pod started
-    may outlive it."""
+    """One node (2 CPUs, 4 GiB); tests add, resize and remove nodes (a lost node's pods go within
+    seconds: ``FAST_NODE_LIFECYCLE``). Nothing any pod started may outlive it."""
     with TestCluster(
-        tmp_path_factory.mktemp("cluster"), nodes={"node-1": {"cpu": "2", "memory": "4Gi"}}
+        tmp_path_factory.mktemp("cluster"),
+        nodes={"node-1": {"cpu": "2", "memory": "4Gi"}},
+        node_lifecycle=FAST_NODE_LIFECYCLE,
     ) as cluster:
         yield cluster
     left = cluster.leftover_processes()

@@ -43,6 +43,8 @@ def elastic_train(
     etcd_endpoint: str = "",
     image: str = "",
     priority_class: str = "",
+    guaranteed_priority_class: str = "",
+    opportunistic_priority_class: str = "",
     service_account: str = "",
     namespace: str = "",
     worker_cpu: str = "",
@@ -52,6 +54,7 @@ def elastic_train(
     inject_faults: str = "",
     max_wait_s: float = 600.0,
     max_failures: int = 3,
+    orphan_timeout_s: float = 300.0,
     run_id: str = "",
     log_level: str = "WARNING",
 ) -> NamedTuple(
@@ -61,9 +64,11 @@ def elastic_train(
 
     The master runs in this task: under kfp.local (or ``launcher="local"``) the workers are
     local torchrun processes and etcd is embedded unless ``etcd_endpoint`` is given; in a
-    cluster (``launcher="auto"`` inside a pod) they are pods with a low PriorityClass that
-    the master replaces when they are preempted. Settings not given fall back to the
-    ``kfp-elastic-config`` ConfigMap's variables when the pipeline maps them into the task.
+    cluster (``launcher="auto"`` inside a pod) they are pods below the default priority that
+    the master replaces when they are preempted: workers 0..min_workers-1 guaranteed (they may
+    preempt other jobs' opportunistic workers), the others opportunistic (never preempt).
+    Settings not given fall back to the ``kfp-elastic-config`` ConfigMap's variables when the
+    pipeline maps them into the task.
 
     Args:
         shard_manifest: the output of ``shard_dataset``.
@@ -91,11 +96,21 @@ def elastic_train(
             TLS files, user and password file come from the KFP_ELASTIC_ETCD_* variables
             (docs/security.md); the workers get the same settings.
         image: worker image (default $KFP_ELASTIC_WORKER_IMAGE, else this component's image).
+        guaranteed_priority_class: PriorityClass of workers 0..min_workers-1; empty:
+            $KFP_ELASTIC_WORKER_GUARANTEED_PRIORITY_CLASS, else kfp-elastic-worker-guaranteed.
+        opportunistic_priority_class: PriorityClass of the other workers; empty:
+            $KFP_ELASTIC_WORKER_OPPORTUNISTIC_PRIORITY_CLASS, else
+            kfp-elastic-worker-opportunistic.
+        priority_class: one PriorityClass for every worker instead (no tiers); not together
+            with the two above.
         snapshot_dir: shared directory for snapshots; empty: the task's first mounted volume
             (cluster) or a local directory next to the outputs.
         inject_faults: e.g. ``preempt:worker-1@step10,kill:worker-0@40s`` (demos, tests).
         max_wait_s: seconds below min_workers before the job fails.
         max_failures: worker errors tolerated (preemptions do not count).
+        orphan_timeout_s: seconds the workers go on without a master (the run terminated,
+            the task's pod gone and not retried) before they snapshot and stop on their own;
+            longer than a KFP retry of this task takes to start (docs/master.md).
         run_id: names the job in etcd and its pods; the pipeline passes the KFP run id.
         log_level: level of the master's own logs (progress lines are always printed).
     """
@@ -137,6 +152,8 @@ def elastic_train(
             "seed": seed,
             "image": image,
             "priority_class": priority_class,
+            "guaranteed_priority_class": guaranteed_priority_class,
+            "opportunistic_priority_class": opportunistic_priority_class,
             "service_account": service_account,
             "namespace": namespace,
             "worker_cpu": worker_cpu,
@@ -144,6 +161,7 @@ def elastic_train(
             "worker_gpus": worker_gpus,
             "max_wait_s": max_wait_s,
             "max_failures": max_failures,
+            "orphan_timeout_s": orphan_timeout_s,
         },
         run_id=rid,
         launcher=launcher,

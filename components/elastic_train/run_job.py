@@ -32,6 +32,8 @@ from kfp_elastic.job_spec import (
     spec_from_params,
 )
 from kfp_elastic.master.job import LauncherFactory
+from kfp_elastic.master.own_pod import REASON as OWN_POD_REASON
+from kfp_elastic.master.own_pod import OwnPodWatch, watch_own_pod
 from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import Event, TimelineTail, read_timeline
 from kfp_elastic.master.wiring import launcher_factory
@@ -195,6 +197,7 @@ def run(spec: JobSpec, inject_faults: str = "", say: Say = print) -> TrainResult
     watcher: threading.Thread | None = None
     restore: dict[int, Any] = {}
     injector: FaultInjector | None = None
+    own_pod: OwnPodWatch | None = None
     try:
         if embedded:
             spec = replace(spec, etcd=embedded.client_settings())
@@ -228,6 +231,9 @@ def run(spec: JobSpec, inject_faults: str = "", say: Say = print) -> TrainResult
                     (signal.SIGTERM, lambda *_: job.request_stop(cancel=term)),
                 )
             }
+            # The task's pod being deleted acts as SIGTERM, which KFP's launcher does not
+            # pass on (master/own_pod.py).
+            own_pod = watch_own_pod(lambda: job.request_stop(cancel=term, reason=OWN_POD_REASON))
         result = job.run()
         stop.set()
         watcher.join(10)
@@ -247,6 +253,8 @@ def run(spec: JobSpec, inject_faults: str = "", say: Say = print) -> TrainResult
         )
     finally:
         stop.set()
+        if own_pod is not None:
+            own_pod.stop()
         if watcher is not None:
             watcher.join(10)
         for sig, handler in restore.items():

@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kfp_elastic.master.launcher import DISRUPTIONS as DISRUPTION_REASONS
 from kfp_elastic.master.metrics import TimelineStats
+from kfp_elastic.master.scaling import CAUSES
 from kfp_elastic.master.timeline import (
     Committed,
     EpochEnd,
@@ -29,13 +31,15 @@ from kfp_elastic.master.timeline import (
     LaunchFailed,
     MasterRecovered,
     MasterStarted,
+    MasterSteppedDown,
     RoundFormed,
     WorkerCompleted,
     WorkerLaunched,
     WorkerLost,
 )
 
-DISRUPTIONS = {"preempted", "evicted", "node_lost", "rejected", "deleted_externally"}
+# The causes of master.scaling that do not count as failures (a worker taken away).
+DISRUPTIONS = frozenset(CAUSES[reason] for reason in DISRUPTION_REASONS)
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,8 @@ def _line(event: Event) -> str | None:  # noqa: PLR0911 - one return per event t
         )
     if isinstance(event, MasterRecovered):
         return f"master recovered, adopted {list(event.workers)}"
+    if isinstance(event, MasterSteppedDown):
+        return f"master stepped down ({event.reason}), workers left running"
     if isinstance(event, WorkerLaunched):
         return f"{event.name} launched"
     if isinstance(event, WorkerLost):

@@ -38,6 +38,10 @@ that no two share one), so ``etcdctl get --prefix {run}/<part>/`` shows exactly 
 Written by the module in *italics*. Lease: ``run`` = the run lease; ``node's``,
 ``leader's``, ``master's`` = that process's own lease; ``-`` = none.
 
+``master/leader`` is also the master's liveness record: the agents of a job a master started
+read it (``rendezvous/orphan.py``) and stop their workers once it has been absent for the job's
+``orphan_timeout_s``.
+
 The run lease (TTL ``close_timeout``) is created by the leader of the first round and kept alive
 by every live node; once the last node has left it expires and takes the rendezvous keys and
 the store with it. Master, timeline, progress and shard keys have no lease: they outlive every

@@ -1,7 +1,9 @@
 """The test cluster: the fake API server (``testing/api_server.py``, over HTTPS), a scheduler
-(``scheduler.py``) and one kubelet per node (``kubelet.py``) that runs pods as local processes.
-See docs/kubernetes-launcher.md, "The test cluster"."""
+(``scheduler.py``), one kubelet per node (``kubelet.py``) that runs pods as local processes, and
+the node lifecycle controller (``node_lifecycle.py``). See docs/kubernetes-launcher.md, "The test
+cluster"."""
 
 from kfp_elastic.testing.cluster.cluster import TestCluster
+from kfp_elastic.testing.cluster.node_lifecycle import FAST_NODE_LIFECYCLE, NodeLifecycleSettings
 
-__all__ = ["TestCluster"]
+__all__ = ["FAST_NODE_LIFECYCLE", "NodeLifecycleSettings", "TestCluster"]

@@ -14,6 +14,7 @@ from kfp_elastic.rendezvous.testing_pki import generate_test_pki
 from kfp_elastic.testing.api_server import CLUSTER_SCOPED, OBJECT_KINDS, FakeKubernetes
 from kfp_elastic.testing.api_wire import ApiError
 from kfp_elastic.testing.cluster.kubelet import CLUSTER_ENV, ClusterAccess, Kubelet
+from kfp_elastic.testing.cluster.node_lifecycle import NodeLifecycle, NodeLifecycleSettings
 from kfp_elastic.testing.cluster.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,11 @@ class TestCluster:
 
     ``cluster.api`` is the API server (its test hooks too), ``cluster.client()`` a real
     ``kubernetes`` ApiClient for it. Nodes come and go at run time (:meth:`add_node`,
-    :meth:`remove_node`, :meth:`set_capacity`). On exit every pod process is killed, every
-    thread joined and the server closed; :meth:`leftover_processes` says whether any escaped.
+    :meth:`remove_node`, :meth:`hang_node`, :meth:`set_capacity`); a lost node's API objects
+    change on Kubernetes' timeline, as fast as ``node_lifecycle`` says (Kubernetes' defaults
+    unless given; tests pass ``FAST_NODE_LIFECYCLE``). On exit every pod process is killed,
+    every thread joined and the server closed; :meth:`leftover_processes` says whether any
+    escaped.
     """
 
     __test__ = False  # not a pytest test class
@@ -45,6 +49,7 @@ class TestCluster:
         nodes: dict[str, dict[str, str | int]] | None = None,
         namespace: str = "default",
         rbac: list[dict[str, Any]] | None = None,
+        node_lifecycle: NodeLifecycleSettings | None = None,
         **api_options: Any,
     ) -> None:
         """``rbac``: the Roles, ClusterRoles and bindings installed at start (None: the master's
@@ -55,6 +60,10 @@ class TestCluster:
         pki = generate_test_pki(self.root / "pki")
         self.ca_file = pki.ca
         self.id = uuid.uuid4().hex
+        self.node_lifecycle = node_lifecycle or NodeLifecycleSettings()
+        api_options.setdefault(
+            "default_toleration_seconds", self.node_lifecycle.default_toleration_s
+        )
         admin_token = f"test-cluster-{uuid.uuid4().hex}"
         self.api = FakeKubernetes(
             namespace=namespace,
@@ -72,8 +81,10 @@ class TestCluster:
         )
         for obj in MASTER_RBAC if rbac is None else rbac:
             self.apply(obj)
-        self.kubelets: dict[str, Kubelet] = {}
+        self.kubelets: dict[str, Kubelet] = {}  # the nodes that run
+        self.lost: dict[str, Kubelet] = {}  # powered off or hung: silent, logs kept
         self.scheduler = Scheduler(self.api)
+        self.lifecycle = NodeLifecycle(self.api, self._heartbeat, self.node_lifecycle)
         for name, capacity in (nodes or {"node-1": {"cpu": "4", "memory": "8Gi"}}).items():
             self.add_node(name, **capacity)
 
@@ -116,6 +127,10 @@ class TestCluster:
 
     # -- nodes -------------------------------------------------------------------------
 
+    def _heartbeat(self, name: str) -> float | None:
+        kubelet = self.kubelets.get(name) or self.lost.get(name)
+        return None if kubelet is None else kubelet.last_heartbeat()
+
     @staticmethod
     def _node(name: str, capacity: dict[str, str | int]) -> dict[str, Any]:
         resources = {
@@ -133,41 +148,56 @@ class TestCluster:
             },
         }
 
-    def add_node(self, name: str, **capacity: str | int) -> None:
+    def add_node(self, name: str, start_delay_s: float = 0.0, **capacity: str | int) -> None:
         """A node with ``capacity`` (``cpu``, ``memory``, ``gpu`` for ``nvidia.com/gpu``) and a
-        kubelet that starts running what the scheduler binds to it."""
-        self.kubelets[name] = Kubelet(self.api, name, self.root, self.access)
+        kubelet that starts running what the scheduler binds to it, each pod ``start_delay_s``
+        after it came (the image pull: seconds to minutes on a real cluster)."""
+        if name in self.kubelets or name in self.lost:
+            raise ValueError(f"node {name!r} exists already (a lost node's Node object stays)")
+        self.kubelets[name] = Kubelet(
+            self.api, name, self.root, self.access, start_delay_s=start_delay_s
+        )
         self.api.create_object("nodes", "", self._node(name, capacity))
-        log.info("event=node_added node=%s capacity=%s", name, capacity)
+        log.info(
+            "event=node_added node=%s capacity=%s start_delay_s=%s", name, capacity, start_delay_s
+        )
 
     def set_capacity(self, name: str, **capacity: str | int) -> None:
-        """Change what a node can hold (pods already on it stay)."""
-        self.api.replace_object("nodes", "", self._node(name, capacity))
+        """Change what a node can hold (pods already on it stay; its taints and conditions
+        too)."""
+        node = self._node(name, capacity)
+        old = self.api.get_object("nodes", "", name)
+        node["spec"] = old.get("spec") or {}
+        node["status"]["conditions"] = old["status"]["conditions"]
+        self.api.replace_object("nodes", "", node)
         log.info("event=node_resized node=%s capacity=%s", name, capacity)
 
     def remove_node(self, name: str) -> None:
-        """The node is gone: its processes die at once (SIGKILL), its pods get
-        ``DisruptionTarget`` (DeletionByTaintManager), turn Failed and are deleted."""
-        self.api.delete_object("nodes", "", name)
-        for ns, pod in self.kubelets.pop(name).lose():
-            try:
-                self.api.lose_node(pod, ns=ns)
-            except ApiError:
-                pass  # already deleted
-        for pod in self.api.pods_snapshot():  # bound but never started there
-            if pod["spec"].get("nodeName") == name:
-                try:
-                    self.api.lose_node(pod["metadata"]["name"], ns=pod["metadata"]["namespace"])
-                except ApiError:
-                    pass
+        """The node is lost (powered off): its processes die at once (SIGKILL) and it stops
+        heartbeating. Its API objects change as in Kubernetes: after the node monitor grace
+        the Node is ``Ready=Unknown`` and tainted unreachable (NoSchedule, NoExecute), and
+        each of its pods is evicted once its toleration of that runs out (``DisruptionTarget``
+        ``DeletionByTaintManager``, then deleted). The Node object stays, NotReady."""
+        kubelet = self.kubelets.pop(name)
+        self.lost[name] = kubelet
+        kubelet.power_off()
         log.info("event=node_removed node=%s", name)
+
+    def hang_node(self, name: str) -> None:
+        """The node hangs or is cut off: its pods' processes are stopped (SIGSTOP; their
+        sockets stay open, nothing answers) and it stops heartbeating; the API side goes as
+        in :meth:`remove_node`. The processes are killed when the cluster stops."""
+        kubelet = self.kubelets.pop(name)
+        self.lost[name] = kubelet
+        kubelet.hang()
+        log.info("event=node_hung node=%s", name)
 
     # -- inspection --------------------------------------------------------------------
 
     def log(self, name: str, container: str | None = None, ns: str | None = None) -> str:
         """What a pod's container wrote (stdout and stderr), from the node that ran it."""
         ns = ns or self.namespace
-        for kubelet in self.kubelets.values():
+        for kubelet in [*self.kubelets.values(), *self.lost.values()]:
             path = kubelet.log_path(ns, name, container or "*")
             if path is not None:
                 return path.read_text()
@@ -182,7 +212,9 @@ class TestCluster:
         return run_pids(self.id, CLUSTER_ENV)
 
     def stop(self) -> None:
+        self.lifecycle.stop()
         self.scheduler.stop()
-        for name in list(self.kubelets):
-            self.kubelets.pop(name).stop()
+        for kubelets in (self.kubelets, self.lost):
+            for name in list(kubelets):
+                kubelets.pop(name).stop()
         self.api.stop()

@@ -10,6 +10,10 @@ tolerations). The executor input is made by kfp.local's own functions (``constru
 (URIs are host paths, as under kfp.local). ``dsl.TaskConfig`` gets the task's PVC volumes,
 tolerations, node selector and affinity, as the backend's ``taskConfigPassthroughs`` do.
 
+The process chain is the backend's: the compiled command runs under stand-ins of Argo's emissary
+(PID 1) and KFP's launcher (``testing/cluster/kfp_launcher.py``), so a pod deletion reaches it
+as it does there.
+
 One deviation: a PVC is mounted at its claim's host directory instead of the compiled mountPath
 (``/mnt/kfp-elastic``). The kubelet rewrites mount paths in command, args and env, but the
 component derives its snapshot directory from the mount path inside its own process, where no
@@ -35,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from kfp_elastic.testing.cluster import kfp_launcher
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PIPELINE_YAML = REPO_ROOT / "pipelines" / "elastic_training.yaml"
@@ -243,7 +249,8 @@ def task_pod(
     pod_container: dict[str, Any] = {
         "name": "main",
         "image": container["image"],
-        "command": command[:split],
+        # PID 1 and its child as on the KFP backend: Argo's emissary, then KFP's launcher.
+        "command": kfp_launcher.wrap(command[:split]),
         "args": command[split:],
         "env": env,
     }

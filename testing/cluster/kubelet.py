@@ -6,9 +6,11 @@ host directories (emptyDir: one per pod, persistentVolumeClaim: one per claim, s
 ConfigMap: files written from the objects, honoring ``items``); the service-account volume (token,
 ca.crt, namespace) and ``KUBERNETES_SERVICE_HOST/PORT`` lead to the API server; status is real
 (Running with containerStatuses, then Succeeded/Failed with the exit code and reason ``Completed``
-or ``Error``); deletion is graceful (SIGTERM to each container's process group, then SIGKILL of
-everything the pod started once ``terminationGracePeriodSeconds`` passed); output goes to one log
-file per container.
+or ``Error``); deletion is graceful as a container runtime makes it: SIGTERM to each container's
+main process only (the process the kubelet started: PID 1 of the container), then SIGKILL of
+everything the pod started once ``terminationGracePeriodSeconds`` passed; once the main processes
+have ended, every process they left behind is SIGKILLed at once, as a container's PID namespace
+ends with its init (per pod here, not per container); output goes to one log file per container.
 
 Mounts: a process cannot see a host directory at a container path such as /etc/etcd-tls, so the
 kubelet rewrites every mountPath it finds (at a path boundary) in ``command``, ``args``,
@@ -16,9 +18,19 @@ kubelet rewrites every mountPath it finds (at a path boundary) in ``command``, `
 ``KFP_ELASTIC_TEST_CLUSTER_MOUNTS``. Fixed paths read by code that takes no setting (the
 kubernetes client's in-cluster token and CA) are repointed by ``pod_python/sitecustomize.py``.
 
+Before a pod's processes start, the node may take ``start_delay_s`` (an image pull: seconds to
+minutes on a real cluster, 0 by default here) during which the pod is Pending on the node with
+its containers ``waiting`` (reason ``ContainerCreating``).
+
+Node loss: :meth:`Kubelet.power_off` kills every process of the node's pods at once (the machine
+is off), :meth:`Kubelet.hang` stops them (SIGSTOP: sockets stay open, nothing answers); either way
+the kubelet stops syncing and heartbeating, and the API objects change only on the Kubernetes
+timeline of ``node_lifecycle.py``. A kubelet that runs counts as heartbeating (its Lease is not
+an API object here).
+
 Not simulated: container restarts (every restartPolicy behaves as Never), init containers,
-probes, images (the host's Python runs the command), resource limits, network isolation (every
-pod's IP is 127.0.0.1).
+probes, images (the host's Python runs the command; a pull is only the delay above), resource
+limits, network isolation (every pod's IP is 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -266,11 +278,17 @@ class Kubelet:
         root: Path,
         access: ClusterAccess,
         poll_s: float = 0.1,
+        start_delay_s: float = 0.0,
     ) -> None:
+        if start_delay_s < 0:
+            raise ValueError(f"start_delay_s must be >= 0, got {start_delay_s}")
         self.api, self.node, self.access, self.poll_s = api, node, access, poll_s
+        self.start_delay_s = start_delay_s
         self.root = root / "nodes" / node
         self.claims_dir = root / "claims"
         self._pods: dict[str, _RunningPod] = {}  # by uid
+        self._creating: dict[str, float] = {}  # uid -> when its containers may start
+        self._silent_since: float | None = None  # powered off or hung at this monotonic time
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"kubelet-{node}")
         self._thread.start()
@@ -288,11 +306,18 @@ class Kubelet:
             except Exception:  # one bad pass must not stop the node
                 log.exception("event=kubelet_sync_failed node=%s", self.node)
 
+    def last_heartbeat(self) -> float:
+        """When the node last heartbeated (monotonic): now while it runs, else the moment it
+        was powered off or hung."""
+        return time.monotonic() if self._silent_since is None else self._silent_since
+
     def sync(self) -> None:
         pods = [p for p in self.api.pods_snapshot() if p["spec"].get("nodeName") == self.node]
         present = {p["metadata"]["uid"] for p in pods}
         for uid in [u for u in self._pods if u not in present]:
             self._force_stop(self._pods[uid])  # force-deleted (grace 0) or garbage: kill now
+        for uid in [u for u in self._creating if u not in present]:
+            del self._creating[uid]
         for pod in pods:
             meta = pod["metadata"]
             ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
@@ -300,7 +325,8 @@ class Kubelet:
             if running is None:
                 if meta.get("deletionTimestamp"):
                     self._api(self.api.remove_pod, ns, name)
-                elif pod["status"].get("phase") == "Pending":
+                elif pod["status"].get("phase") == "Pending" and not self._pulling(pod):
+                    self._creating.pop(uid, None)
                     self._start(pod)
                 continue
             if meta.get("deletionTimestamp") and not running.terminating:
@@ -319,6 +345,58 @@ class Kubelet:
                 self._forget(running)
 
     # -- start -------------------------------------------------------------------------
+
+    def _pulling(self, pod: dict[str, Any]) -> bool:
+        """Whether the node is still getting the pod's images (``start_delay_s``); the first
+        time, the pod's containers are reported ``waiting``/``ContainerCreating``."""
+        if self.start_delay_s <= 0:
+            return False
+        meta, spec = pod["metadata"], pod["spec"]
+        uid = meta["uid"]
+        if uid not in self._creating:
+            self._creating[uid] = time.monotonic() + self.start_delay_s
+            now = now_timestamp()
+            self._api(
+                self.api.update_status,
+                meta["namespace"],
+                meta["name"],
+                {
+                    "hostIP": "127.0.0.1",
+                    "startTime": now,
+                    "conditions": [
+                        {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+                        *(
+                            {
+                                "type": kind,
+                                "status": "False",
+                                "reason": "ContainersNotReady",
+                                "lastTransitionTime": now,
+                            }
+                            for kind in ("ContainersReady", "Ready")
+                        ),
+                    ],
+                    "containerStatuses": [
+                        {
+                            "name": c["name"],
+                            "state": {"waiting": {"reason": "ContainerCreating"}},
+                            "ready": False,
+                            "started": False,
+                            "restartCount": 0,
+                            "image": c["image"],
+                            "imageID": "",
+                        }
+                        for c in spec["containers"]
+                    ],
+                },
+            )
+            log.info(
+                "event=pod_container_creating pod=%s/%s node=%s start_delay_s=%s",
+                meta["namespace"],
+                meta["name"],
+                self.node,
+                self.start_delay_s,
+            )
+        return time.monotonic() < self._creating[uid]
 
     def _lookup(self, ns: str) -> Lookup:
         def lookup(resource: str, name: str) -> dict[str, Any] | None:
@@ -483,11 +561,12 @@ class Kubelet:
     # -- stop --------------------------------------------------------------------------
 
     def _sigterm(self, running: _RunningPod) -> None:
-        """What the container runtime does first: SIGTERM to each container's processes."""
+        """What the container runtime does first: SIGTERM to each container's main process
+        (PID 1 of the container), not to its children: passing it on is that process's job."""
         running.sigterm_at = time.monotonic()
         for c in running.containers:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(c.process.pid, signal.SIGTERM)
+                os.kill(c.process.pid, signal.SIGTERM)
         log.info("event=pod_sigterm pod=%s/%s grace_s=%s", *running.key, running.grace_s)
 
     def _kill_all(self, running: _RunningPod) -> None:
@@ -576,21 +655,39 @@ class Kubelet:
 
     # -- node lifecycle ------------------------------------------------------------------
 
-    def lose(self) -> list[tuple[str, str]]:
-        """The node dies: every process of its pods is SIGKILLed at once; the pods it ran
-        (the caller marks them Failed and deletes them, as pod GC does)."""
+    def _silence(self) -> None:
+        """No more syncs and no more heartbeats."""
+        if self._silent_since is None:
+            self._silent_since = time.monotonic()
         self._stop.set()
         self._thread.join()
-        keys = []
+
+    def power_off(self) -> None:
+        """The machine goes off: every process of its pods is SIGKILLed at once; the API
+        objects are left to the node lifecycle controller."""
+        self._silence()
         for running in list(self._pods.values()):
             self._kill_all(running)
             self._forget(running)
-            keys.append(running.key)
-        return keys
+        log.info("event=node_powered_off node=%s", self.node)
+
+    def hang(self) -> None:
+        """The host hangs (or is cut off): every process of its pods is stopped (SIGSTOP; their
+        sockets stay open but nothing answers) and the kubelet goes silent."""
+        self._silence()
+        for running in self._pods.values():
+            for c in running.containers:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(c.process.pid, signal.SIGSTOP)
+            for pid in run_pids(running.uid, POD_UID_ENV):  # those in sessions of their own
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGSTOP)
+        log.info("event=node_hung node=%s pods=%d", self.node, len(self._pods))
 
     def stop(self) -> None:
-        """Stop the agent; pods still running are killed (the end of the test cluster)."""
-        self.lose()
+        """Stop the agent; pods still running (or stopped) are killed (the end of the test
+        cluster)."""
+        self.power_off()
 
     def log_path(self, ns: str, name: str, container: str) -> Path | None:
         """The log file of a pod's container on this node (it stays after the pod ends)."""

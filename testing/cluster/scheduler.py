@@ -1,6 +1,7 @@
-"""The test cluster's scheduler: binds Pending pods to nodes that fit their resource requests,
-marks the others ``PodScheduled=False``/``Unschedulable``, and preempts lower-priority pods the
-way kube-scheduler does (``DisruptionTarget``, then a graceful delete the kubelet carries out).
+"""The test cluster's scheduler: binds Pending pods to nodes that fit their resource requests
+and whose taints they tolerate, marks the others ``PodScheduled=False``/``Unschedulable``, and
+preempts lower-priority pods the way kube-scheduler does (``DisruptionTarget``, then a graceful
+delete the kubelet carries out), keeping the room it freed for the pod it nominated.
 
 :func:`plan` is the pure decision over a snapshot of nodes and pods; :class:`Scheduler` runs it
 whenever anything in the API server changed and applies what it decided.
@@ -103,21 +104,64 @@ def _selects(pod: dict[str, Any], node_labels: dict[str, str]) -> bool:
     return all(node_labels.get(key) == value for key, value in wanted.items())
 
 
+# -- taints and tolerations -----------------------------------------------------------------
+
+# The effects that keep a pod off a node (PreferNoSchedule is only a preference).
+REPELLING_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+def tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
+    """Kubernetes' ``Toleration.ToleratesTaint``: an empty effect matches every effect, an empty
+    key with ``Exists`` every key; ``Equal`` (the default operator) also compares the value."""
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    if key and key != taint.get("key"):
+        return False
+    operator = toleration.get("operator") or "Equal"
+    if operator == "Exists":
+        return True
+    return (
+        bool(key)
+        and operator == "Equal"
+        and (toleration.get("value") or "") == (taint.get("value") or "")
+    )
+
+
+def untolerated(
+    pod: dict[str, Any], taints: list[dict[str, Any]], effects: tuple[str, ...] = REPELLING_EFFECTS
+) -> list[dict[str, Any]]:
+    """The taints with one of ``effects`` that none of the pod's tolerations tolerates."""
+    tolerations = pod["spec"].get("tolerations") or []
+    return [
+        taint
+        for taint in taints
+        if taint.get("effect") in effects and not any(tolerates(t, taint) for t in tolerations)
+    ]
+
+
 def plan(
     nodes: dict[str, Resources],
     pods: list[dict[str, Any]],
     labels: dict[str, dict[str, str]] | None = None,
+    taints: dict[str, list[dict[str, Any]]] | None = None,
 ) -> Plan:
     """One pass of the scheduler over ``nodes`` (name -> allocatable) and every pod.
 
     Pods bound to a node use its capacity until they are terminal (terminating ones too, as in
     Kubernetes). A pending pod considers only the nodes whose ``labels`` (name -> labels) match
-    its ``nodeSelector``, for binding and for preemption alike. Pending pods go highest priority
-    first, then oldest; each binds to the first node (by name) it fits on. One that fits nowhere
-    is Unschedulable and, unless its ``preemptionPolicy`` is ``Never``, preempts: if pods already
+    its ``nodeSelector`` and whose NoSchedule/NoExecute ``taints`` (name -> taints) it
+    tolerates, for binding and for preemption alike. Pending pods go highest priority first,
+    then oldest; each binds to the first node (by name) it fits on. One that fits nowhere is
+    Unschedulable and, unless its ``preemptionPolicy`` is ``Never``, preempts: if pods already
     terminating would make room it waits for them, otherwise it picks the node needing the
     fewest victims (then the lowest highest-victim priority) among pods of lower priority,
     lowest priority first, and reprieves any victim it can do without.
+
+    A nominated pod's requests count as used on its node for every pod considered after it
+    (all of them of lower or equal priority), as kube-scheduler's filter does
+    (``addNominatedPods``): room freed for a preemptor is not given to a lower-priority pod
+    meanwhile, which would be preempted again once the preemptor needs it.
     """
     out = Plan()
     free = dict(nodes)
@@ -143,21 +187,27 @@ def plan(
     pending.sort(key=lambda p: (-_priority(p), int(p["metadata"].get("resourceVersion") or 0)))
     for pod in pending:
         need = pod_requests(pod)
-        allowed = [n for n in sorted(free) if _selects(pod, (labels or {}).get(n, {}))]
+        allowed = [
+            n
+            for n in sorted(free)
+            if _selects(pod, (labels or {}).get(n, {}))
+            and not untolerated(pod, (taints or {}).get(n, []))
+        ]
         node = next((n for n in allowed if _fits(need, free[n])), None)
         if node is not None:
             out.binds.append((_key(pod), node))
             free[node] = _minus(free[node], need)
             continue
-        out.unschedulable.append(
-            (_key(pod), f"0/{len(nodes)} nodes are available: insufficient resources.")
-        )
+        out.unschedulable.append((_key(pod), _unschedulable_message(len(nodes), len(allowed))))
         if pod["spec"].get("preemptionPolicy") == "Never":
             continue
-        waiting = next((n for n in allowed if _fits(need, _plus(free[n], terminating[n]))), None)
+        # The node it was nominated to before, if that still works: a nomination is kept.
+        earlier = pod["status"].get("nominatedNodeName")
+        order = sorted(allowed, key=lambda n: n != earlier)
+        waiting = next((n for n in order if _fits(need, _plus(free[n], terminating[n]))), None)
         if waiting is not None:
             out.nominated.append((_key(pod), waiting))
-            terminating[waiting] = _minus(terminating[waiting], need)  # claimed by this pod
+            free[waiting] = _minus(free[waiting], need)  # reserved: addNominatedPods
             continue
         best: tuple[tuple[int, int], str, list[dict[str, Any]]] | None = None
         for node in allowed:
@@ -175,8 +225,18 @@ def plan(
             out.victims.append(_key(victim))
             running[node].remove(victim)
             terminating[node] = _plus(terminating[node], pod_requests(victim))
-        terminating[node] = _minus(terminating[node], need)
+        free[node] = _minus(free[node], need)  # reserved: addNominatedPods
     return out
+
+
+def _unschedulable_message(nodes: int, allowed: int) -> str:
+    if allowed < nodes:  # kube-scheduler's wording names each reason; one summary suffices
+        return (
+            f"0/{nodes} nodes are available: {nodes - allowed} node(s) had untolerated taints "
+            "or did not match the Pod's node affinity/selector, the others: insufficient "
+            "resources."
+        )
+    return f"0/{nodes} nodes are available: insufficient resources."
 
 
 def _victims(
@@ -235,9 +295,13 @@ class Scheduler:
         labels = {
             node["metadata"]["name"]: node["metadata"].get("labels") or {} for node in schedulable
         }
+        taints = {
+            node["metadata"]["name"]: (node.get("spec") or {}).get("taints") or []
+            for node in schedulable
+        }
         pods = self.api.pods_snapshot()
         by_key = {_key(p): p for p in pods}
-        decided = plan(nodes, pods, labels)
+        decided = plan(nodes, pods, labels, taints)
         for (ns, name), node in decided.binds:
             self._apply(self.api.bind, ns, name, node)
             log.info("event=pod_bound pod=%s/%s node=%s", ns, name, node)

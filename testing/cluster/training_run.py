@@ -39,7 +39,7 @@ from kfp_elastic.master.pod_spec import run_selector
 from kfp_elastic.master.timeline import Event, read_timeline
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.rendezvous.testing_pki import generate_test_pki
-from kfp_elastic.testing.cluster import TestCluster
+from kfp_elastic.testing.cluster import FAST_NODE_LIFECYCLE, TestCluster
 from kfp_elastic.testing.cluster.kfp_task import (
     CompiledPipeline,
     TaskPod,
@@ -136,7 +136,12 @@ class TrainingRun:
             EmbeddedEtcd(data_dir=self.root / "etcd", tls=self.pki.server)
         )
         self.cluster = self._stack.enter_context(
-            TestCluster(self.root / "cluster", nodes=self._nodes, namespace=self._namespace)
+            TestCluster(
+                self.root / "cluster",
+                nodes=self._nodes,
+                namespace=self._namespace,
+                node_lifecycle=FAST_NODE_LIFECYCLE,
+            )
         )
         self.ns = self.cluster.namespace
         self.api_client = self.cluster.client()
@@ -268,12 +273,16 @@ class TrainingRun:
         return {p.metadata.name: p.status.phase for p in pods.items}
 
     def running_workers(self) -> dict[str, str]:
-        """Running worker pods that are not being deleted: name -> node."""
+        """Running worker pods that are not being deleted, on nodes that run: name -> node. (A
+        lost node's pods read Running until the taint manager evicts them; their processes
+        are gone or stopped.)"""
         pods = self.core.list_namespaced_pod(self.ns, label_selector=run_selector(self.run_id))
         return {
             p.metadata.name: p.spec.node_name
             for p in pods.items
-            if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+            if p.status.phase == "Running"
+            and not p.metadata.deletion_timestamp
+            and p.spec.node_name in self.cluster.kubelets
         }
 
     def nodes(self) -> list[str]:

@@ -9,6 +9,8 @@ Pending; a serving pod preempts one worker (SIGTERM, no step lost); the serving 
 comes → the world grows to 3; the master's pod is deleted and created again (a KFP retry) → the
 new master adopts the running workers; the job completes with every sample of every epoch counted
 once, writes model, metrics and report; the exit handler's pod finds nothing left to delete.
+The master pod runs the compiled command under stand-ins of Argo's emissary and KFP's launcher
+(``testing/cluster/kfp_launcher.py``), so its deletion goes as on the KFP backend.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from kfp_elastic.master.timeline import EventKind, MasterRecovered, WorkerLost
+from kfp_elastic.master.timeline import EventKind, MasterRecovered, MasterSteppedDown, WorkerLost
 from kfp_elastic.testing.cluster.training_run import TrainingRun
 from tests.helpers import REPO_ROOT, wait_for
 
@@ -53,7 +55,9 @@ def test_training_task_as_master_pod_through_preemption_growth_and_a_retry(
         run.wait_committed(3, world=2, what="training with 2 workers")
         assert sorted(run.workers().values()) == ["Pending", "Running", "Running"], run.log_tail()
 
-        # 2. a serving pod (priority 0 > the workers' -5) preempts one worker gracefully
+        # 2. a serving pod (priority 0 > the workers' -3 and -5) preempts one worker gracefully:
+        # the opportunistic one (-5, the lowest priority on the node); its replacement is
+        # opportunistic too and waits Pending without preempting anyone
         serving = run.preempt_worker(sorted(run.running_workers())[0])
         run.wait_committed(run.step() + 1, world=1, timeout=60, what="training with 1 worker")
 
@@ -93,6 +97,14 @@ def test_training_task_as_master_pod_through_preemption_growth_and_a_retry(
         events = run.timeline()
         recovered = [e for e in events if isinstance(e, MasterRecovered)]
         assert len(recovered) == 1 and running <= set(recovered[0].workers)
+        # The deleted master learned of its deletion (SIGTERM through the emissary stand-in's
+        # process-group signal, or its pod's deletionTimestamp) and had until the emissary
+        # noticed its launcher's end (0-1 s) to hand over: when it did, the record is its own and
+        # comes before the retry's recovery; otherwise its lease expired (docs/master.md).
+        stepped = [e for e in events if isinstance(e, MasterSteppedDown)]
+        assert len(stepped) <= 1 and all(e.master != recovered[0].master for e in stepped)
+        assert all(events.index(e) < events.index(recovered[0]) for e in stepped)
+        print("the deleted master stepped down" if stepped else "the deleted master was killed")
         after_retry = events[events.index(recovered[0]) :]
         assert not [e for e in after_retry if e.kind is EventKind.WORKER_LAUNCHED]
         lost = [e for e in events if isinstance(e, WorkerLost)]

@@ -67,7 +67,18 @@ def python_pod(name: str, command: list[str], **labels: str) -> dict[str, Any]:
             "restartPolicy": "Never",
             "serviceAccountName": MASTER_SA,
             "containers": [
-                {"name": "main", "image": "kfp-elastic-master:test", "command": command}
+                {
+                    "name": "main",
+                    "image": "kfp-elastic-master:test",
+                    "command": command,
+                    # As the KFP backend sets it: the master watches its own pod by this name.
+                    "env": [
+                        {
+                            "name": "KFP_POD_NAME",
+                            "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                        }
+                    ],
+                }
             ],
         },
     }

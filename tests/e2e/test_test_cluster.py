@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kfp_elastic.master.pod_spec import WorkerPodSpec, build_pod
 from kfp_elastic.testing.cluster import TestCluster
 from tests.helpers import eventually
 
@@ -277,6 +279,32 @@ def test_higher_priority_pod_preempts_a_lower_one_gracefully(
     assert eventually(lambda: gone(core, "serving"))
 
 
+# Runs ON_SIGTERM as its child (same process group) and keeps SIGTERM's default: it dies of it.
+PARENT = """
+import os, subprocess, sys, time
+env = {**os.environ, 'POD': os.environ['POD'] + '-child'}
+subprocess.Popen([sys.executable, '-c', os.environ['CHILD']], env=env)
+while True: time.sleep(0.1)
+"""
+
+
+def test_graceful_deletion_signals_the_main_process_only_and_its_end_ends_the_rest(
+    test_cluster: TestCluster, core: client.CoreV1Api
+) -> None:
+    """As a container runtime does: SIGTERM goes to PID 1 of the container, not to its process
+    group; when PID 1 ends, the processes it left are SIGKILLed (its PID namespace ends)."""
+    flags = test_cluster.root / "claims" / NS / "flags"
+    body = flagging_pod("parent", "1")
+    body["spec"]["containers"][0]["command"] = ["python", "-c", PARENT]
+    body["spec"]["containers"][0]["env"].append({"name": "CHILD", "value": ON_SIGTERM})
+    core.create_namespaced_pod(NS, body)
+    assert eventually(lambda: (flags / "parent-child.ready").exists())
+    core.delete_namespaced_pod("parent", NS)  # graceful (20 s), but the parent dies at once
+    assert eventually(lambda: gone(core, "parent"), timeout=15)
+    assert not (flags / "parent-child").exists(), "the child got SIGTERM: only PID 1 should"
+    assert not test_cluster.leftover_processes()
+
+
 def test_priority_class_with_preemption_policy_never_does_not_preempt(
     test_cluster: TestCluster, core: client.CoreV1Api
 ) -> None:
@@ -309,6 +337,62 @@ def test_priority_class_with_preemption_policy_never_does_not_preempt(
     assert eventually(lambda: phase(core, "polite") == "Running")
     core.delete_namespaced_pod("polite", NS, grace_period_seconds=0)
     assert eventually(lambda: gone(core, "polite"))
+
+
+def elastic_worker_pods(job: str, min_workers: int, max_workers: int) -> list[dict[str, Any]]:
+    """Job ``job``'s worker pods as the master builds them (``master/pod_spec.py``, so with the
+    class each index gets), running ``sleep`` instead of an agent; half a CPU each."""
+    template = WorkerPodSpec(
+        job_name=job,
+        image="kfp-elastic-worker:0.1.0",
+        entrypoint="train.py",
+        rdzv_endpoint="etcd:2379",
+        min_nodes=min_workers,
+        max_nodes=max_workers,
+        command=("/bin/sh", "-c", "exec sleep 600"),  # the torchrun args land in $0, $1, ...
+        cpu="500m",
+        namespace=NS,
+    )
+    return [build_pod(replace(template, worker_index=i)) for i in range(max_workers)]
+
+
+def test_a_new_jobs_guaranteed_workers_preempt_only_opportunistic_ones(
+    test_cluster: TestCluster, core: client.CoreV1Api
+) -> None:
+    """Job A fills the node (2 guaranteed + 2 opportunistic workers); job B (MIN=2, MAX=4)
+    arrives: its 2 guaranteed workers take A's opportunistic places, its opportunistic ones wait
+    Pending, A's guaranteed ones stay. Job C's guaranteed worker then finds nothing below it
+    to preempt and waits: equal priority never preempts."""
+    a, b, c = (elastic_worker_pods(*job) for job in (("a", 2, 4), ("b", 2, 4), ("c", 1, 1)))
+    for pod in a:
+        core.create_namespaced_pod(NS, pod)
+    a_names = [p["metadata"]["name"] for p in a]
+    assert eventually(lambda: all(phase(core, n) == "Running" for n in a_names))
+    a_kept, a_lost = a_names[:2], a_names[2:]
+    b_names = [p["metadata"]["name"] for p in b]
+    b_run, b_wait = b_names[:2], b_names[2:]
+    for pod in b:
+        core.create_namespaced_pod(NS, pod)
+    assert core.read_namespaced_pod(b_run[0], NS).spec.priority == -3  # resolved from its class
+
+    assert eventually(lambda: all(phase(core, n) == "Running" for n in b_run), timeout=20)
+    assert eventually(lambda: all(gone(core, n) for n in a_lost))  # preempted, then deleted
+    assert all(phase(core, n) == "Running" for n in a_kept)
+    for name in b_wait:
+        scheduled = condition(core, name, "PodScheduled")
+        assert phase(core, name) == "Pending" and scheduled.reason == "Unschedulable"
+
+    (c_pod,) = c
+    core.create_namespaced_pod(NS, c_pod)
+    c_name = c_pod["metadata"]["name"]
+    assert eventually(lambda: condition(core, c_name, "PodScheduled") is not None)
+    assert condition(core, c_name, "PodScheduled").reason == "Unschedulable"
+    for name in (*a_kept, *b_run):
+        assert condition(core, name, "DisruptionTarget") is None, name
+        assert phase(core, name) == "Running", name
+    for name in (*a_kept, *b_names, c_name):
+        core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+    assert eventually(lambda: not core.list_namespaced_pod(NS).items)
 
 
 def test_deleting_an_owner_deletes_its_dependents(
@@ -370,34 +454,142 @@ def test_pod_spec_failing_strict_validation_is_rejected(core: client.CoreV1Api) 
     assert "imagePullPolicey" in json.loads(rejected.value.body)["message"]
 
 
-def test_removing_a_node_kills_its_pods(test_cluster: TestCluster, core: client.CoreV1Api) -> None:
+# A pod that starts a child in a session of its own, as torchrun does with its workers.
+WITH_CHILD = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
+    " start_new_session=True)\n"
+    "print('child', child.pid, flush=True)\n"
+    "while True: time.sleep(0.1)"
+)
+UNREACHABLE = "node.kubernetes.io/unreachable"
+
+
+def node_ready(core: client.CoreV1Api, name: str) -> str:
+    node = core.read_node(name)
+    return next(c.status for c in node.status.conditions if c.type == "Ready")
+
+
+def process_state(pid: int) -> str:
+    """The state letter of /proc/PID/stat (R, S, T, Z...); X for a process that is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "X"
+
+
+@pytest.mark.parametrize("how", ["remove", "hang"])
+def test_a_lost_node_goes_not_ready_and_its_pods_are_evicted_after_their_tolerations(
+    test_cluster: TestCluster, core: client.CoreV1Api, how: str
+) -> None:
+    # The fixture's FAST_NODE_LIFECYCLE: 1 s of monitor grace, 2 s of default toleration.
     test_cluster.set_capacity("node-1", cpu="0", memory="4Gi")
     test_cluster.add_node("node-2", cpu="2", memory="4Gi")
-    # the pod starts a child in a session of its own, as torchrun does with its workers
-    code = (
-        "import subprocess, sys, time\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
-        " start_new_session=True)\n"
-        "print('child', child.pid, flush=True)\n"
-        "while True: time.sleep(0.1)"
+    one_cpu = {"resources": {"requests": {"cpu": "1"}}}
+    forever = [{"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute"}]
+    core.create_namespaced_pod(NS, python_pod("evicted", WITH_CHILD, container=one_cpu))
+    core.create_namespaced_pod(
+        NS, python_pod("tolerant", SLEEP, container=one_cpu, tolerations=forever)
     )
-    requests = {"resources": {"requests": {"cpu": "1"}}}
-    core.create_namespaced_pod(NS, python_pod("on-node-2", code, container=requests))
-    assert eventually(lambda: "child" in test_cluster.log("on-node-2"), timeout=15)
-    child = int(test_cluster.log("on-node-2").split()[1])
-    assert core.read_namespaced_pod("on-node-2", NS).spec.node_name == "node-2"
-    test_cluster.remove_node("node-2")
-    assert gone(core, "on-node-2")
-    assert eventually(lambda: not Path(f"/proc/{child}").exists() or _zombie(child))
-    assert not test_cluster.leftover_processes()
-    assert [n.metadata.name for n in core.list_node().items] == ["node-1"]
+    assert eventually(lambda: "child" in test_cluster.log("evicted"), timeout=15)
+    assert eventually(lambda: phase(core, "tolerant") == "Running", timeout=15)
+    child = int(test_cluster.log("evicted").split()[1])
+    assert core.read_namespaced_pod("evicted", NS).spec.node_name == "node-2"
+    if how == "remove":
+        test_cluster.remove_node("node-2")  # powered off: its processes die with it
+        assert eventually(lambda: process_state(child) in "ZX")
+    else:
+        test_cluster.hang_node("node-2")  # its processes stopped, their sockets open
+        assert process_state(child) == "T"
+    # The API objects do not know yet: nothing tells the API server at once.
+    assert phase(core, "evicted") == "Running" and node_ready(core, "node-2") == "True"
+    assert eventually(lambda: node_ready(core, "node-2") == "Unknown", timeout=10)
+    taints = {(t.key, t.effect) for t in core.read_node("node-2").spec.taints}
+    assert taints == {(UNREACHABLE, "NoSchedule"), (UNREACHABLE, "NoExecute")}
+    # Evicted once the admission's default toleration ran out; the tolerant pod stays.
+    assert eventually(lambda: gone(core, "evicted"), timeout=15)
+    assert phase(core, "tolerant") == "Running"
+    # Nothing new lands on the tainted node.
+    core.create_namespaced_pod(NS, python_pod("after", SLEEP, container=one_cpu))
+    assert eventually(lambda: condition(core, "after", "PodScheduled") is not None)
+    assert core.read_namespaced_pod("after", NS).spec.node_name is None
+    if how == "hang":
+        assert process_state(child) == "T"  # a hung node's processes stay until it is gone
+    for name in ("tolerant", "after"):
+        core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+    assert eventually(lambda: gone(core, "tolerant") and gone(core, "after"))
+    assert [n.metadata.name for n in core.list_node().items] == ["node-1", "node-2"]
+    if how == "remove":
+        assert not test_cluster.leftover_processes()
 
 
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
-    except OSError:
-        return True
+def test_a_node_with_a_start_delay_holds_pods_in_container_creating(
+    test_cluster: TestCluster, core: client.CoreV1Api
+) -> None:
+    test_cluster.set_capacity("node-1", cpu="0", memory="4Gi")
+    test_cluster.add_node("pulling", start_delay_s=1.5, cpu="1", memory="4Gi")
+    one_cpu = {"resources": {"requests": {"cpu": "1"}}}
+    core.create_namespaced_pod(NS, python_pod("late", "print('started')", container=one_cpu))
+
+    def waiting_reason() -> str | None:
+        statuses = core.read_namespaced_pod("late", NS).status.container_statuses or []
+        return statuses[0].state.waiting.reason if statuses and statuses[0].state.waiting else None
+
+    assert eventually(lambda: waiting_reason() == "ContainerCreating")
+    pod = core.read_namespaced_pod("late", NS)
+    assert (pod.status.phase, pod.spec.node_name) == ("Pending", "pulling")
+    assert "started" not in test_cluster.log("late")
+    assert eventually(lambda: phase(core, "late") == "Succeeded", timeout=15)
+    assert "started" in test_cluster.log("late")
+
+
+# Exits STOP_AFTER seconds after SIGTERM; prints "ready" once the handler is in place.
+SLOW_STOP = """
+import os, signal, sys, time
+def stop(*_):
+    time.sleep(float(os.environ['STOP_AFTER']))
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+print('ready', flush=True)
+while True: time.sleep(0.1)
+"""
+
+
+def test_room_freed_for_a_preemptor_is_not_given_to_lower_priority_pods(
+    test_cluster: TestCluster, core: client.CoreV1Api
+) -> None:
+    # 4 slots held by 4 low-priority workers; a serving pod needs 2. Its victims stop one fast
+    # and one slowly: between the two, the freed slot is the serving pod's (nominated), not a
+    # Pending replacement worker's, which would otherwise be bound and preempted again.
+    test_cluster.set_capacity("node-1", cpu="4", memory="4Gi")
+    one_cpu = {"resources": {"requests": {"cpu": "1"}}}
+    for index, stop_after in enumerate(["0", "2", "0", "2"]):
+        worker = python_pod(
+            f"w{index}",
+            SLOW_STOP,
+            priorityClassName="kfp-elastic-worker-low",
+            terminationGracePeriodSeconds=20,
+            container={**one_cpu, "env": [{"name": "STOP_AFTER", "value": stop_after}]},
+        )
+        core.create_namespaced_pod(NS, worker)
+    for index in range(4):
+        assert eventually(lambda i=index: "ready" in test_cluster.log(f"w{i}"), timeout=20)
+    for name in ("r1", "r2"):  # what the master creates for lost workers
+        body = python_pod(
+            name, SLEEP, priorityClassName="kfp-elastic-worker-low", container=one_cpu
+        )
+        core.create_namespaced_pod(NS, body)
+    serving = python_pod("serving", SLEEP, container={"resources": {"requests": {"cpu": "2"}}})
+    core.create_namespaced_pod(NS, serving)
+    assert eventually(lambda: phase(core, "serving") == "Running", timeout=20)
+    survivors = [f"w{i}" for i in range(4) if phase(core, f"w{i}") == "Running"]
+    assert len(survivors) == 2
+    for name in ("r1", "r2"):  # never bound, so never preempted
+        assert core.read_namespaced_pod(name, NS).spec.node_name is None
+        assert condition(core, name, "DisruptionTarget") is None
+    for name in ("serving", "r1", "r2", *survivors):
+        core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+    assert eventually(lambda: all(gone(core, n) for n in ("serving", "r1", "r2", *survivors)))
 
 
 def test_stopping_the_cluster_leaves_no_process_or_port(tmp_path: Path) -> None:

@@ -1,12 +1,16 @@
 """Real torchrun agents (gloo, one worker each) on the elastic-etcd backend.
 
-Each test runs a tiny DDP job, disturbs it as a cluster would (SIGKILL of a whole node,
-SIGTERM as a preemption notice, a node joining) and checks the job trains on and finishes.
+Each test runs a tiny DDP job, disturbs it as a cluster would (SIGKILL of a whole node, a
+hung node (SIGSTOP), SIGTERM as a preemption notice, a node joining) and checks the job trains
+on and finishes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -75,25 +79,44 @@ def finished_ok(group: AgentGroup, agents: list[Agent], timeout: float = 120) ->
     assert codes == [0] * len(agents), group.logs()
 
 
-@pytest.mark.parametrize("victim", [1, 0], ids=["non-first-node", "first-node"])
-def test_sigkill_of_a_node_leaves_survivors_training(tmp_path: Path, etcd, victim: int) -> None:
+def stop_tree(agent: Agent) -> float:
+    """SIGSTOP the agent and every process below it (a hung or cut-off host: sockets stay open,
+    nothing answers, no lease refresh); returns time.time()."""
+    stopped_at = time.time()
+    for pid in [agent.pid, *agent.tree_pids()]:  # the agent first: it starts no new workers
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGSTOP)
+    return stopped_at
+
+
+@pytest.mark.parametrize(
+    ("victim", "how"),
+    [(1, "sigkill"), (0, "sigkill"), (1, "hang")],
+    ids=["non-first-node", "first-node", "hung-node"],
+)
+def test_a_lost_node_leaves_survivors_training(tmp_path: Path, etcd, victim: int, how: str) -> None:
     events = tmp_path / "events.jsonl"
+    # A hung host closes no connection: only its lease running out (lease_ttl) tells the others.
+    conf = {"lease_ttl": 3} if how == "hang" else {}
     with AgentGroup(tmp_path) as group:
-        agents = start_agents(group, etcd, new_run_id(), events, 3, "2:3", steps=120)
+        agents = start_agents(group, etcd, new_run_id(), events, 3, "2:3", steps=120, **conf)
         world_reached(events, 3)
-        killed_at = agents[victim].sigkill_tree()
+        lost_at = agents[victim].sigkill_tree() if how == "sigkill" else stop_tree(agents[victim])
         step = wait_for_events(
             events,
-            lambda ev: first_step_with_world(ev, 2, killed_at),
+            lambda ev: first_step_with_world(ev, 2, lost_at),
             RECOVER_TIMEOUT,
             what="a step of the 2-node world",
         )
-        assert step["t"] > killed_at
+        assert step["t"] > lost_at
         survivors = [a for i, a in enumerate(agents) if i != victim]
+        if how == "hang":  # found by lease expiry, not by a probe connection ending
+            logs = "".join(a.log_text() for a in survivors)
+            assert "probe closed" not in logs and "probe refused" not in logs, group.logs()
         finished_ok(group, survivors)
     done = [e for e in read_events(events) if e["event"] == "done"]
     assert {e["world_size"] for e in done} == {2}
-    restarted = [e for e in read_events(events) if e["event"] == "start" and e["t"] > killed_at]
+    restarted = [e for e in read_events(events) if e["event"] == "start" and e["t"] > lost_at]
     assert restarted and all(e["warm"] for e in restarted), "restarts are forked by the zygote"
 
 

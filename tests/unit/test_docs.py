@@ -69,7 +69,7 @@ DEPLOY_MUST_RUN = (
 )
 # The repository's top-level folders are installed as kfp_elastic.<folder>; under their own
 # names they import only from the repository root.
-CHECKOUT_ONLY = r"(?:rendezvous|master|worker|components|pipelines)"
+CHECKOUT_ONLY = r"(?:rendezvous|master|worker|components|pipelines|testing)"
 CHECKOUT_ONLY_USES = (
     re.compile(rf"\bfrom\s+{CHECKOUT_ONLY}(?:\.\w+)*\s+import\b"),
     re.compile(rf"^\s*import\s+{CHECKOUT_ONLY}\b", re.MULTILINE),

@@ -196,6 +196,57 @@ def test_errors_name_the_field_its_flag_and_its_parameter(spec: JobSpec, message
         spec.validate()
 
 
+G, OPP, ONE = (
+    contract.GUARANTEED_PRIORITY_CLASS_ENV,
+    contract.OPPORTUNISTIC_PRIORITY_CLASS_ENV,
+    contract.PRIORITY_CLASS_ENV,
+)
+
+
+@pytest.mark.parametrize(
+    ("settings", "env", "expected"),
+    [
+        (
+            {},
+            {},
+            (
+                contract.DEFAULT_GUARANTEED_PRIORITY_CLASS,
+                contract.DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS,
+            ),
+        ),
+        ({}, {G: "g", OPP: "o"}, ("g", "o")),
+        # a ConfigMap from before the tiers: its one class for every worker
+        ({}, {ONE: "low"}, ("low", "low")),
+        ({}, {ONE: "low", G: "g"}, ("g", "low")),  # each tier's own variable first
+        ({"guaranteed_priority_class": "mine"}, {G: "g", OPP: "o"}, ("mine", "o")),
+        (
+            {"opportunistic_priority_class": "mine"},
+            {},
+            (contract.DEFAULT_GUARANTEED_PRIORITY_CLASS, "mine"),
+        ),
+        # the job's single class: every worker, whatever the ConfigMap says
+        ({"priority_class": "one"}, {G: "g", OPP: "o"}, ("one", "one")),
+    ],
+)
+def test_the_worker_classes_resolve_job_then_configmap_then_default(
+    settings: dict[str, str], env: dict[str, str], expected: tuple[str, str]
+) -> None:
+    k8s = KubernetesSettings(**settings).resolved(env)
+    assert (k8s.guaranteed_priority_class, k8s.opportunistic_priority_class) == expected
+
+
+@pytest.mark.parametrize("tier", ["guaranteed_priority_class", "opportunistic_priority_class"])
+def test_one_class_for_all_and_a_tier_class_together_are_refused(tier: str) -> None:
+    k8s = KubernetesSettings(priority_class="low", **{tier: "x"})
+    message = (
+        "priority_class (--priority-class / priority_class) puts every worker in one class "
+        f"('low') and cannot be combined with {tier}='x': give priority_class alone"
+    )
+    for refuse in (job(launch=Launch(kubernetes=k8s)).validate, lambda: k8s.resolved({})):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            refuse()
+
+
 def test_the_defaults_validate() -> None:
     job().validate()
     JobSpec(run_id="r", entry=Entry(command=("train.py",)), etcd=ETCD).validate()
@@ -293,7 +344,8 @@ def test_the_local_launcher_gets_the_whole_spec(
     )
     launcher = launcher_factory(spec)(None)  # type: ignore[arg-type]
     assert isinstance(launcher, LocalLauncher)
-    assert launcher.rdzv_conf == {"last_call_timeout": "1"} and launcher.capacity == 1
+    assert launcher.rdzv_conf == {"last_call_timeout": "1", "orphan_timeout": "300"}
+    assert launcher.capacity == 1
     assert launcher.max_restarts == 7 and launcher.nnodes == "1:3"
     assert launcher.nproc_per_worker == 2 and launcher.workdir == tmp_path.resolve()
     assert launcher.env["KFP_ELASTIC_ETCD_ENDPOINTS"] == "127.0.0.1:2379"
@@ -301,7 +353,9 @@ def test_the_local_launcher_gets_the_whole_spec(
 
 
 def test_the_worker_pods_get_the_same_spec(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KFP_ELASTIC_WORKER_PRIORITY_CLASS", "from-configmap")
+    monkeypatch.setenv("KFP_ELASTIC_WORKER_GUARANTEED_PRIORITY_CLASS", "from-configmap")
+    monkeypatch.delenv("KFP_ELASTIC_WORKER_OPPORTUNISTIC_PRIORITY_CLASS", raising=False)
+    monkeypatch.delenv("KFP_ELASTIC_WORKER_PRIORITY_CLASS", raising=False)
     monkeypatch.delenv("KFP_ELASTIC_WORKER_IMAGE", raising=False)
     spec = JobSpec(
         run_id="r",
@@ -319,7 +373,8 @@ def test_the_worker_pods_get_the_same_spec(monkeypatch: pytest.MonkeyPatch) -> N
     template = worker_pod_template(spec)
     assert template.rdzv_conf == spec.worker_rdzv_conf() and template.max_restarts == 7
     assert template.rdzv_conf["last_call_timeout"] == "1"
-    assert template.priority_class == "from-configmap"
+    assert template.guaranteed_priority_class == "from-configmap"
+    assert template.opportunistic_priority_class == contract.DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS
     assert template.service_account == contract.DEFAULT_SERVICE_ACCOUNT
     assert template.image == contract.DEFAULT_WORKER_IMAGE and template.gpu == 1
     assert (template.min_nodes, template.max_nodes, template.namespace) == (1, 3, "ml")
@@ -395,6 +450,7 @@ def test_the_builtin_runtime_is_preloaded_by_the_zygotes() -> None:
     assert conf == {
         "last_call_timeout": "1",
         "warm_start_preload": "kfp_elastic.worker.runner",
+        "orphan_timeout": "300",
     }
     agent = RendezvousConfig.from_params("127.0.0.1:2379", "r", 1, 2, None, conf, env={})
     assert agent.preload_modules == ("kfp_elastic.worker.runner",)
@@ -403,4 +459,4 @@ def test_the_builtin_runtime_is_preloaded_by_the_zygotes() -> None:
     command = JobSpec(run_id="r", entry=Entry(command=("train.py",)))
     assert "warm_start_preload" not in command.worker_rdzv_conf()
     own = job(launch=Launch(rdzv_conf={"warm_start_preload": "transformers"}))
-    assert own.worker_rdzv_conf() == {"warm_start_preload": "transformers"}
+    assert own.worker_rdzv_conf()["warm_start_preload"] == "transformers"

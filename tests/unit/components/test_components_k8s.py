@@ -67,7 +67,7 @@ def request(env: dict[str, str] | None = None, **changes: Any) -> JobSpec:
         "namespace": NS,
         "worker_cpu": "1",
         "worker_memory": "2Gi",
-        "priority_class": "kfp-elastic-worker-low",
+        "opportunistic_priority_class": "kfp-elastic-worker-low",  # not the default
         "service_account": "kfp-elastic-worker",
         "image": "registry.example/worker:1",
     }
@@ -99,9 +99,14 @@ def test_worker_pods_carry_the_forwarded_task_settings(k8s: FakeKubernetes, tmp_
     spec, container = pod["spec"], pod["spec"]["containers"][0]
     assert pod["metadata"]["labels"]["kfp-elastic.io/run-id"] == RUN
     assert "ownerReferences" not in pod["metadata"]  # a retried master must find them alive
-    assert spec["tolerations"] == [TOLERATION] and spec["nodeSelector"] == {"pool": "gpu"}
+    assert spec["tolerations"][0] == TOLERATION and spec["nodeSelector"] == {"pool": "gpu"}
+    # ...and the job's node-loss tolerations (a lost node's worker replaced after 10 s)
+    assert {(t["key"], t["tolerationSeconds"]) for t in spec["tolerations"][1:]} == {
+        ("node.kubernetes.io/not-ready", 10),
+        ("node.kubernetes.io/unreachable", 10),
+    }
     assert spec["volumes"] == [VOLUME] and container["volumeMounts"] == [MOUNT]
-    assert spec["priorityClassName"] == "kfp-elastic-worker-low"
+    assert spec["priorityClassName"] == "kfp-elastic-worker-low"  # worker 1 of min_workers=1
     assert container["image"] == "registry.example/worker:1"
     assert container["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}
     args = container["args"]

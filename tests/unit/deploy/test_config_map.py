@@ -5,6 +5,7 @@ production overlay's values the master builds worker pods that get the etcd clie
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,11 @@ def test_production_values_reach_the_worker_pods(
         assert env[key] == data[key] and data[key].startswith(ETCD_TLS_MOUNT + "/")
     assert env["KFP_ELASTIC_ETCD_ENDPOINTS"] == data["KFP_ELASTIC_ETCD_ENDPOINTS"]
     assert container["image"] == data["KFP_ELASTIC_WORKER_IMAGE"]
-    assert pod["spec"]["priorityClassName"] == data["KFP_ELASTIC_WORKER_PRIORITY_CLASS"]
+    assert pod["spec"]["priorityClassName"] == data["KFP_ELASTIC_WORKER_GUARANTEED_PRIORITY_CLASS"]
+    other = build_pod(replace(worker_pod_template(spec), worker_index=1))  # min_workers=1
+    assert (
+        other["spec"]["priorityClassName"]
+        == data["KFP_ELASTIC_WORKER_OPPORTUNISTIC_PRIORITY_CLASS"]
+    )
     assert pod["spec"]["serviceAccountName"] == data["KFP_ELASTIC_WORKER_SERVICE_ACCOUNT"]
     assert not [a for a in container["args"] if "etcd-tls" in a or "cacert" in a]

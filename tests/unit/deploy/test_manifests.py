@@ -37,7 +37,9 @@ K8S_MIN_VERSION = "1.30"
 ETCD_STS = "kfp-elastic-etcd"
 ETCD_HEADLESS = "kfp-elastic-etcd-headless"
 CONFIGMAP = "kfp-elastic-config"
-WORKER_PC = "kfp-elastic-worker-low"
+GUARANTEED_PC = "kfp-elastic-worker-guaranteed"
+OPPORTUNISTIC_PC = "kfp-elastic-worker-opportunistic"
+LEGACY_PC = "kfp-elastic-worker-low"  # the one worker class from before the tiers
 CONTROL_PC = "kfp-elastic-control"
 MASTER_SA = "kfp-elastic-master"
 WORKER_SA = "kfp-elastic-worker"
@@ -149,19 +151,45 @@ def test_overlay_puts_everything_in_its_namespace(overlay: str) -> None:
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_priority_classes(target: str) -> None:
     objs = render(target)
-    worker = one(objs, "PriorityClass", WORKER_PC)
+    guaranteed = one(objs, "PriorityClass", GUARANTEED_PC)
+    opportunistic = one(objs, "PriorityClass", OPPORTUNISTIC_PC)
+    legacy = one(objs, "PriorityClass", LEGACY_PC)
     control = one(objs, "PriorityClass", CONTROL_PC)
-    assert worker["value"] < control["value"]
-    # Below the default priority 0, so pods without a PriorityClass (serving) preempt workers;
-    # not below the cluster-autoscaler's default expendable cutoff (-10), so they still scale up.
-    assert -10 <= worker["value"] < 0
-    assert worker.get("preemptionPolicy") == "Never"
+    workers = (guaranteed, opportunistic, legacy)
+    for worker in workers:
+        # Below the default priority 0, so pods without a PriorityClass (serving) preempt
+        # workers; not below the cluster-autoscaler's default expendable cutoff (-10), so
+        # Pending workers still scale the cluster up.
+        assert -10 <= worker["value"] < 0 < control["value"]
+        assert not worker.get("globalDefault")
+    # A guaranteed worker may preempt opportunistic ones (strictly lower), never another
+    # guaranteed one (equal priority cannot preempt); opportunistic workers never preempt.
+    assert guaranteed["value"] > opportunistic["value"]
+    assert guaranteed.get("preemptionPolicy", "PreemptLowerPriority") == "PreemptLowerPriority"
+    assert opportunistic.get("preemptionPolicy") == "Never"
+    # The old single class is kept as an alias of the opportunistic one.
+    assert (legacy["value"], legacy.get("preemptionPolicy")) == (
+        opportunistic["value"],
+        opportunistic.get("preemptionPolicy"),
+    )
     assert 0 < control["value"] <= 1_000_000_000  # user-defined classes stop at one billion
-    assert not worker.get("globalDefault") and not control.get("globalDefault")
+    assert not control.get("globalDefault")
     sts = one(objs, "StatefulSet", ETCD_STS)
     assert sts["spec"]["template"]["spec"]["priorityClassName"] == CONTROL_PC
     config = one(objs, "ConfigMap", CONFIGMAP)["data"]
-    assert config["KFP_ELASTIC_WORKER_PRIORITY_CLASS"] == WORKER_PC
+    assert config["KFP_ELASTIC_WORKER_GUARANTEED_PRIORITY_CLASS"] == GUARANTEED_PC
+    assert config["KFP_ELASTIC_WORKER_OPPORTUNISTIC_PRIORITY_CLASS"] == OPPORTUNISTIC_PC
+    assert "KFP_ELASTIC_WORKER_PRIORITY_CLASS" not in config  # it would only be a fallback
+
+
+def test_the_test_cluster_has_the_manifests_priority_classes() -> None:
+    """The fake API server resolves pods' classes as the manifests define them."""
+    from kfp_elastic.testing.api_server import PRIORITY_CLASSES
+
+    for obj in find(render("base"), "PriorityClass"):
+        name = obj["metadata"]["name"]
+        policy = obj.get("preemptionPolicy", "PreemptLowerPriority")
+        assert PRIORITY_CLASSES[name] == (obj["value"], policy), name
 
 
 @pytest.mark.parametrize("target", list(TARGETS))

@@ -150,7 +150,8 @@ def test_launch_submits_the_built_pod_and_reports_pending(
     expected = build_pod(replace(TEMPLATE, namespace=NS))
     assert pod["metadata"]["labels"] == expected["metadata"]["labels"]
     assert pod["spec"]["containers"][0]["args"] == expected["spec"]["containers"][0]["args"]
-    assert pod["spec"]["priority"] == -5  # the fake's Priority admission read the class
+    assert pod["spec"]["priority"] == -3  # the fake's Priority admission read the class
+    assert pod["spec"]["preemptionPolicy"] == "PreemptLowerPriority"  # worker 0: guaranteed
     assert pod["status"]["phase"] == "Pending"
 
 
@@ -274,7 +275,9 @@ def test_a_new_master_names_pods_after_every_attempt_in_its_table(api: client.Ap
 
 
 def test_refused_pod_raises_a_named_error(api: client.ApiClient) -> None:
-    launcher = KubernetesLauncher(replace(TEMPLATE, priority_class="no-such-class"), NS, api)
+    launcher = KubernetesLauncher(
+        replace(TEMPLATE, guaranteed_priority_class="no-such-class"), NS, api
+    )
     with pytest.raises(LaunchError, match="403 .*no PriorityClass with name no-such-class"):
         launcher.launch(0)
     with pytest.raises(ValueError, match="template namespace"):

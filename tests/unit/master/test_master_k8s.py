@@ -14,6 +14,8 @@ import pytest
 
 from kfp_elastic.etcd import settings as etcd_settings
 from kfp_elastic.etcd.client import connect
+from kfp_elastic.job_spec import DEFAULT_GUARANTEED_PRIORITY_CLASS as GUARANTEED
+from kfp_elastic.job_spec import DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS as OPPORTUNISTIC
 from kfp_elastic.master.cli import build_parser, make_spec, split_entry
 from kfp_elastic.master.job import ElasticJob, JobResult
 from kfp_elastic.master.state import MasterState
@@ -112,7 +114,9 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
         )
         assert names == [f"{run_id}-worker-{i}-0" for i in range(3)]
         pod = k8s.pod(names[0])
-        assert pod["spec"]["priorityClassName"] == "kfp-elastic-worker-low"
+        # MIN=2: workers 0 and 1 are guaranteed, worker 2 opportunistic
+        classes = [k8s.pod(n)["spec"]["priorityClassName"] for n in names]
+        assert classes == [GUARANTEED, GUARANTEED, OPPORTUNISTIC]
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
         assert env["KFP_ELASTIC_ETCD_ENDPOINTS"] == etcd.endpoint
         k8s.set_phase(names[0], "Running")
@@ -125,6 +129,8 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
         replacement = f"{run_id}-worker-1-1"
         wait_for(lambda: replacement in pods(k8s), 30, 0.05, "replacement pod")
         assert len(pods(k8s)) == 3
+        # a lost guaranteed worker's replacement takes its slot, so it is guaranteed again
+        assert k8s.pod(replacement)["spec"]["priorityClassName"] == GUARANTEED
         k8s.set_phase(replacement, "Running")
         k8s.set_phase(names[2], "Running")
         for name in (names[0], replacement, names[2]):

@@ -44,6 +44,7 @@ from kfp_elastic.master.timeline import (
     read_timeline,
 )
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.rendezvous.orphan import ORPHANED_EXIT_CODE
 from tests.helpers import REPO_ROOT, WORKER_ENTRY, master_command, read_events, wait_for
 
 ENTRY = str(WORKER_ENTRY)
@@ -100,6 +101,7 @@ def make_launcher(
     registry: Any = None,
     nnodes: tuple[int, int] = (1, 1),
     env_run_id: str | None = None,
+    rdzv_conf: dict[str, str] = RDZV,
     **kwargs: Any,
 ) -> LocalLauncher:
     """``env_run_id``: the run id the reaper finds the processes by (default ``run_id``)."""
@@ -111,7 +113,7 @@ def make_launcher(
         max_workers=nnodes[1],
         entry=[ENTRY, "--state-dir", str(workdir), *args],
         workdir=workdir,
-        rdzv_conf=RDZV,
+        rdzv_conf=rdzv_conf,
         env=env,
         registry=registry,
         grace_s=5.0,
@@ -140,10 +142,18 @@ def test_local_launcher_classifies_how_workers_end(
         "preempt": ["--steps", "1000", "--events", str(tmp_path / "preempt.jsonl")],
         "kill": ["--steps", "1000", "--events", str(tmp_path / "kill.jsonl")],
         "delete": ["--steps", "1000", "--events", str(tmp_path / "delete.jsonl")],
+        # No master holds this run's leadership: the agent stops itself after orphan_timeout.
+        "orphaned": ["--steps", "1000"],
     }
     launchers = {
         case: make_launcher(
-            etcd, f"{run_id}-{case}", tmp_path / case, args, env_run_id=run_id, max_restarts=0
+            etcd,
+            f"{run_id}-{case}",
+            tmp_path / case,
+            args,
+            env_run_id=run_id,
+            max_restarts=0,
+            rdzv_conf={**RDZV, "orphan_timeout": "0.5"} if case == "orphaned" else RDZV,
         )
         for case, args in cases.items()
     }
@@ -172,6 +182,9 @@ def test_local_launcher_classifies_how_workers_end(
         assert "terminated by SIGTERM" in preempted.message or preempted.message == "preempted"
         killed = ended(launchers["kill"], names["kill"])
         assert killed.reason == Reason.PREEMPTED and "SIGKILL" in killed.message
+        orphaned = ended(launchers["orphaned"], names["orphaned"])
+        assert (orphaned.reason, orphaned.exit_code) == (Reason.ORPHANED, ORPHANED_EXIT_CODE)
+        assert orphaned.is_disruption, orphaned
         wait_for(lambda: not launchers["delete"].list_workers(), 20, 0.1, "deleted worker gone")
         wait_for(lambda: seen and seen[-1].phase == WorkerPhase.DELETED, 5, 0.1, "Deleted event")
     finally:

@@ -54,7 +54,8 @@ FULL = WorkerPodSpec(
     memory="24Gi",
     memory_limit="32Gi",
     gpu=2,
-    priority_class="kfp-elastic-worker-low",
+    guaranteed_priority_class="team-guaranteed",
+    opportunistic_priority_class="team-opportunistic",
     service_account="kfp-elastic-worker",
     tolerations=(
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
@@ -119,13 +120,19 @@ def test_defaults_make_a_preemptible_never_restarting_worker() -> None:
     assert labels["app.kubernetes.io/part-of"] == "kfp-elastic"
     spec = pod["spec"]
     assert spec["restartPolicy"] == "Never"
-    assert spec["priorityClassName"] == "kfp-elastic-worker-low"  # manifests/base/priorityclasses
+    # manifests/base/priorityclasses.yaml; worker 0 of min_nodes=2 is guaranteed
+    assert spec["priorityClassName"] == "kfp-elastic-worker-guaranteed"
     assert spec["serviceAccountName"] == "kfp-elastic-worker"  # manifests/base/rbac.yaml
     assert spec["automountServiceAccountToken"] is False
     assert spec["terminationGracePeriodSeconds"] == 30
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["runAsUser"] == 1000  # the user of images/worker
-    assert "volumes" not in spec and "tolerations" not in spec and "nodeSelector" not in spec
+    assert "volumes" not in spec and "nodeSelector" not in spec
+    # A lost node's worker is evicted (and replaced) after 10 s, not Kubernetes' 300 s.
+    assert spec["tolerations"] == [
+        {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10}
+        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+    ]
     c = container(pod)
     assert c["command"] == ["kfp-elastic", "agent"] and "resources" in c and c["resources"] == {}
     assert c["args"] == [
@@ -141,6 +148,35 @@ def test_defaults_make_a_preemptible_never_restarting_worker() -> None:
     env = env_of(pod)
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["KFP_ELASTIC_WORKER_INDEX"] == "0" and env["KFP_ELASTIC_RUN_ID"] == "mnist"
+
+
+NOT_READY, UNREACHABLE = "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"
+
+
+def node_loss(pod: dict[str, Any]) -> dict[str, Any]:
+    """Key -> tolerationSeconds of the pod's tolerations for the node-loss taints."""
+    return {
+        t.get("key", ""): t.get("tolerationSeconds")
+        for t in pod["spec"].get("tolerations") or []
+        if t.get("key", "") in (NOT_READY, UNREACHABLE, "")
+    }
+
+
+def test_node_loss_tolerations_are_a_setting_and_the_users_own_win() -> None:
+    assert node_loss(build_pod(BASE)) == {NOT_READY: 10, UNREACHABLE: 10}
+    assert node_loss(build_pod(replace(BASE, node_loss_toleration_s=0))) == {
+        NOT_READY: 0,
+        UNREACHABLE: 0,
+    }
+    # None: the cluster's default (300 s, added by its admission plugin) applies.
+    assert "tolerations" not in build_pod(replace(BASE, node_loss_toleration_s=None))["spec"]
+    own = {"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}
+    mine = build_pod(replace(BASE, tolerations=(own,)))
+    assert node_loss(mine) == {UNREACHABLE: 60, NOT_READY: 10}
+    everything = {"operator": "Exists"}  # tolerates every taint, forever
+    assert node_loss(build_pod(replace(BASE, tolerations=(everything,)))) == {"": None}
+    with pytest.raises(ValueError, match="node_loss_toleration_s=-1"):
+        build_pod(replace(BASE, node_loss_toleration_s=-1))
 
 
 def test_args_are_what_torchrun_itself_parses() -> None:
@@ -162,9 +198,9 @@ def test_every_passthrough_field_lands_in_the_manifest() -> None:
     assert meta["labels"][ATTEMPT_LABEL] == "2" and meta["labels"][RUN_ID_LABEL] == "resnet-run.7"
     assert meta["annotations"] == dict(FULL.annotations)
     assert "ownerReferences" not in meta  # owned by the run (labels), not by a master pod
-    assert spec["priorityClassName"] == "kfp-elastic-worker-low"
+    assert spec["priorityClassName"] == "team-opportunistic"  # index 3 of min_nodes=1
     assert spec["serviceAccountName"] == "kfp-elastic-worker"
-    assert spec["tolerations"] == [dict(t) for t in FULL.tolerations]
+    assert spec["tolerations"][:2] == [dict(t) for t in FULL.tolerations]
     assert spec["nodeSelector"] == dict(FULL.node_selector)
     assert spec["affinity"] == dict(FULL.affinity)
     assert spec["imagePullSecrets"] == [{"name": "regcred"}]
@@ -222,8 +258,36 @@ def test_memory_limit_defaults_to_request_and_cpu_is_not_limited() -> None:
     assert resources == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
 
 
+@pytest.mark.parametrize(
+    ("min_nodes", "max_nodes", "guaranteed"),
+    [(1, 1, [0]), (2, 4, [0, 1]), (3, 3, [0, 1, 2]), (1, 5, [0])],
+)
+def test_the_first_min_indexes_are_guaranteed_the_rest_opportunistic(
+    min_nodes: int, max_nodes: int, guaranteed: list[int]
+) -> None:
+    spec = replace(BASE, min_nodes=min_nodes, max_nodes=max_nodes)
+    classes = {
+        i: build_pod(replace(spec, worker_index=i, attempt=7))["spec"]["priorityClassName"]
+        for i in range(max_nodes)
+    }
+    assert [i for i, c in classes.items() if c == "kfp-elastic-worker-guaranteed"] == guaranteed
+    assert all(
+        c == "kfp-elastic-worker-opportunistic" for i, c in classes.items() if i >= min_nodes
+    )
+
+
+def test_one_class_for_every_worker_when_both_tiers_name_it() -> None:
+    # What KubernetesSettings.resolved makes of the single priority_class setting.
+    spec = replace(BASE, guaranteed_priority_class="low", opportunistic_priority_class="low")
+    assert {
+        build_pod(replace(spec, worker_index=i))["spec"]["priorityClassName"] for i in (0, 3)
+    } == {"low"}
+
+
 def test_optional_identity_fields_can_be_left_to_the_cluster() -> None:
-    spec = build_pod(replace(BASE, priority_class=None, service_account=None, run_as_user=None))
+    spec = build_pod(
+        replace(BASE, guaranteed_priority_class=None, service_account=None, run_as_user=None)
+    )
     assert "priorityClassName" not in spec["spec"] and "serviceAccountName" not in spec["spec"]
     assert spec["spec"]["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
 
@@ -321,7 +385,8 @@ def test_parse_quantity(text: str, value: Decimal) -> None:
         ({"gpu": 1, "gpu_resource": "bad resource"}, "gpu_resource key 'bad resource'"),
         ({"shm_size": "-1Mi"}, "shm_size='-1Mi' must not be negative"),
         ({"termination_grace_period_s": -5}, "termination_grace_period_s=-5"),
-        ({"priority_class": "Low"}, "priority_class='Low' is not a DNS-1123 subdomain"),
+        ({"guaranteed_priority_class": "Low"}, "guaranteed_priority_class='Low' is not a DNS-1"),
+        ({"opportunistic_priority_class": "a_b"}, "opportunistic_priority_class='a_b' is not"),
         ({"service_account": "sa_1"}, "service_account='sa_1'"),
         ({"image_pull_policy": "Sometimes"}, "image_pull_policy='Sometimes'"),
         ({"labels": {JOB_LABEL: "other"}}, "set by the launcher"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
+from kfp_elastic.master.pod_spec import is_guaranteed
 from kfp_elastic.master.scaling import ScalingPolicy, decide, outcome_of
 
 P, R, S, F, D = (
@@ -56,6 +57,18 @@ def test_running_worker_being_taken_away_is_replaced_early() -> None:
     workers = [w(0), w(1, R, Reason.EVICTED), w(2)]
     d = decide(POLICY, workers, set(), 0, None, now=1.0)
     assert d.launch == (1,) and d.ended == () and d.delete == ()
+
+
+def test_lost_guaranteed_workers_are_replaced_in_their_guaranteed_slots() -> None:
+    # Workers 0 and 1 (of MIN=2) preempted: the job runs on opportunistic worker 2 alone. Their
+    # replacements take slots 0 and 1 again, so they are guaranteed (pod_spec.priority_class_of)
+    # and may preempt opportunistic workers to get back in; the new opportunistic slot stays 2.
+    workers = [w(0, F, Reason.PREEMPTED), w(1, F, Reason.NODE_LOST), w(2)]
+    d = decide(POLICY, workers, set(), 0, None, now=1.0)
+    assert d.launch == (0, 1)
+    assert [is_guaranteed(i, POLICY.min_workers) for i in d.launch] == [True, True]
+    lost_extra = decide(POLICY, [w(0), w(1), w(2, F, Reason.PREEMPTED)], set(), 0, None, now=1.0)
+    assert lost_extra.launch == (2,) and not is_guaranteed(2, POLICY.min_workers)
 
 
 def test_replacement_with_others_pending_keeps_exactly_max_requested() -> None:

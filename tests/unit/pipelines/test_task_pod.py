@@ -1,5 +1,6 @@
 """The test cluster's KFP task pods (testing/cluster/kfp_task.py) are the compiled task: the
-container command and args as compiled, the executor input as the KFP launcher builds it."""
+container command and args as compiled (under the emissary and launcher stand-ins), the executor
+input as the KFP launcher builds it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from pathlib import Path
 
 from kfp_elastic.master.pod_spec_checks import MASTER_POD_LABELS
+from kfp_elastic.testing.cluster import kfp_launcher
 from kfp_elastic.testing.cluster.kfp_task import CompiledPipeline, task_pod
 
 RUN_UUID = "3c639d2a-d58d-4561-b6e6-0919a33ee348"
@@ -27,7 +29,7 @@ def test_elastic_train_pod_is_the_compiled_task(tmp_path: Path) -> None:
     )
     _, compiled, _ = pipeline.executor("elastic-train")
     container = pod.manifest["spec"]["containers"][0]
-    assert container["command"] == compiled["command"]
+    assert container["command"] == kfp_launcher.wrap(compiled["command"])  # under PID 1 + launcher
     assert container["args"][0] == "--executor_input" and container["args"][2:] == [
         "--function_to_execute",
         "elastic_train",

@@ -1,5 +1,7 @@
-"""The test cluster's pure decisions: scheduling and preemption (scheduler.plan), and how the
-kubelet builds a container's env, mounts and volume files."""
+"""The test cluster's pure decisions: scheduling and preemption (scheduler.plan), taints and
+tolerations, the node lifecycle (when a node is unreachable, when the taint manager evicts), the
+DefaultTolerationSeconds admission, and how the kubelet builds a container's env, mounts and
+volume files."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from kfp_elastic.testing.api_server import FakeKubernetes, add_default_tolerations
 from kfp_elastic.testing.api_wire import api_call
 from kfp_elastic.testing.cluster.kubelet import (
     PodConfigError,
@@ -18,7 +21,20 @@ from kfp_elastic.testing.cluster.kubelet import (
     prepare_volumes,
     rewrite_mount_paths,
 )
-from kfp_elastic.testing.cluster.scheduler import parse_quantity, plan, pod_requests
+from kfp_elastic.testing.cluster.node_lifecycle import (
+    NodeLifecycle,
+    NodeLifecycleSettings,
+    eviction_delay,
+    unreachable,
+    unreachable_taints,
+)
+from kfp_elastic.testing.cluster.scheduler import (
+    parse_quantity,
+    plan,
+    pod_requests,
+    tolerates,
+    untolerated,
+)
 
 
 def pod(
@@ -140,6 +156,171 @@ def test_terminal_pods_free_their_capacity_and_pods_of_gone_nodes_are_ignored() 
     pods = [pod("done", cpu="2", node="n1", phase="Succeeded"), pod("lost", node="gone")]
     decided = plan({"n1": cpus(2)}, [*pods, pod("x", cpu="2")])
     assert decided.binds == [(("ns", "x"), "n1")]
+
+
+def test_a_nominated_pods_room_is_not_given_to_a_lower_priority_pod() -> None:
+    # One of the preemptor's two victims is gone, the other still terminating: the room freed
+    # so far is the preemptor's (counted as used, as kube-scheduler's addNominatedPods does),
+    # not the Pending low-priority pod's, which would be preempted again a moment later.
+    pods = [
+        pod("victim", cpu="1", priority=-5, node="n1", terminating=True),
+        pod("serving", cpu="2", priority=10, rv=5),
+        pod("replacement", cpu="1", priority=-5, policy="Never", rv=6),
+    ]
+    pods[1]["status"]["nominatedNodeName"] = "n1"
+    decided = plan({"n1": cpus(2)}, pods)
+    assert decided.binds == []
+    assert decided.nominated == [(("ns", "serving"), "n1")]
+    assert [k for k, _ in decided.unschedulable] == [("ns", "serving"), ("ns", "replacement")]
+    # Once the preemptor is bound the rest of the node is free for others again.
+    bound = plan({"n1": cpus(3)}, [pod("serving", cpu="2", priority=10, node="n1"), pods[2]])
+    assert bound.binds == [(("ns", "replacement"), "n1")]
+
+
+def test_a_fresh_nomination_reserves_room_within_the_same_pass() -> None:
+    running = [pod("a", priority=-5, node="n1"), pod("b", priority=-5, node="n1")]
+    pods = [*running, pod("x", cpu="2", priority=10, rv=5), pod("low", priority=-5, rv=6)]
+    decided = plan({"n1": cpus(2), "n2": cpus(0.5)}, pods)
+    assert sorted(decided.victims) == [("ns", "a"), ("ns", "b")]
+    assert decided.binds == []  # "low" does not take the room freed for "x"
+
+
+def test_tolerations_match_as_kubernetes_matches_them() -> None:
+    taint = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
+    assert tolerates({"key": taint["key"], "operator": "Exists"}, taint)
+    assert tolerates({"key": taint["key"], "operator": "Exists", "effect": "NoExecute"}, taint)
+    assert not tolerates({"key": taint["key"], "operator": "Exists", "effect": "NoSchedule"}, taint)
+    assert tolerates({"operator": "Exists"}, taint)  # empty key with Exists: every taint
+    assert not tolerates({"key": "other", "operator": "Exists"}, taint)
+    gpu = {"key": "gpu", "value": "a100", "effect": "NoSchedule"}
+    assert tolerates({"key": "gpu", "value": "a100"}, gpu)  # Equal is the default operator
+    assert tolerates({"key": "gpu", "operator": "Equal", "value": "a100"}, gpu)
+    assert not tolerates({"key": "gpu", "operator": "Equal", "value": "h100"}, gpu)
+    prefer = {"key": "gpu", "effect": "PreferNoSchedule"}
+    assert untolerated(pod("x"), [gpu, prefer]) == [gpu]  # a preference keeps nobody off
+
+
+def test_pods_are_not_scheduled_on_nodes_whose_taints_they_do_not_tolerate() -> None:
+    taints = {"n1": unreachable_taints("2026-01-01T00:00:00Z")}
+    plain = plan({"n1": cpus(2), "n2": cpus(1)}, [pod("a", rv=1), pod("b", rv=2)], taints=taints)
+    assert plain.binds == [(("ns", "a"), "n2")]
+    assert [k for k, _ in plain.unschedulable] == [("ns", "b")]
+    assert "untolerated taints" in plain.unschedulable[0][1]
+    tolerant = pod("t")
+    tolerant["spec"]["tolerations"] = [{"operator": "Exists"}]
+    assert plan({"n1": cpus(2)}, [tolerant], taints=taints).binds == [(("ns", "t"), "n1")]
+    # Nor does a preemptor pick victims on such a node.
+    running = [pod("low", cpu="2", priority=-5, node="n1")]
+    blocked = plan({"n1": cpus(2)}, [*running, pod("x", cpu="2", priority=10)], taints=taints)
+    assert not blocked.victims and not blocked.nominated
+
+
+def test_a_node_is_unreachable_after_the_monitor_grace() -> None:
+    assert not unreachable(now=140.0, last_heartbeat=100.0, grace_s=40.0)
+    assert unreachable(now=140.5, last_heartbeat=100.0, grace_s=40.0)
+
+
+def test_the_taint_manager_evicts_after_the_shortest_toleration() -> None:
+    taints = unreachable_taints("2026-01-01T00:00:00Z")
+    bare = pod("bare")
+    assert eviction_delay(bare, taints) == 0  # no toleration at all: at once
+    assert eviction_delay(bare, [t for t in taints if t["effect"] == "NoSchedule"]) is None
+    worker = pod("worker")
+    worker["spec"]["tolerations"] = [
+        {
+            "key": "node.kubernetes.io/unreachable",
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": 10,
+        },
+        {
+            "key": "node.kubernetes.io/unreachable",
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": 30,
+        },
+    ]
+    assert eviction_delay(worker, taints) == 10
+    forever = pod("forever")
+    forever["spec"]["tolerations"] = [{"operator": "Exists"}]
+    assert eviction_delay(forever, taints) is None
+    negative = pod("negative")
+    negative["spec"]["tolerations"] = [{"operator": "Exists", "tolerationSeconds": -5}]
+    assert eviction_delay(negative, taints) == 0
+
+
+def test_node_lifecycle_marks_a_silent_node_and_evicts_on_each_pods_timeline() -> None:
+    # The API side of a lost node, time driven by hand: no kubelet, no processes.
+    beat = {"n1": 100.0}
+    settings = NodeLifecycleSettings(monitor_grace_s=1, monitor_period_s=3600)
+    with FakeKubernetes(validate_pods=False, kubelet=False, default_toleration_seconds=None) as k8s:
+        k8s.create_object("nodes", "", {"metadata": {"name": "n1"}, "status": {"conditions": []}})
+        unreachable_for = {
+            "bare": None,
+            "five": [
+                {
+                    "key": "node.kubernetes.io/unreachable",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 5,
+                }
+            ],
+            "forever": [{"operator": "Exists"}],
+        }
+        for name, tolerations in unreachable_for.items():
+            spec: dict[str, Any] = {"containers": [{"name": "c", "image": "i"}]}
+            if tolerations:
+                spec["tolerations"] = tolerations
+            k8s.create("default", {"metadata": {"name": name}, "spec": spec})
+            k8s.bind("default", name, "n1")
+            k8s.set_phase(name, "Running", node="n1")
+        lifecycle = NodeLifecycle(k8s, beat.get, settings)
+        try:
+            lifecycle.monitor_once(now=100.5)  # within the grace: nothing happens
+            node = k8s.get_object("nodes", "", "n1")
+            assert not node.get("spec", {}).get("taints")
+            assert {p["metadata"]["name"] for p in k8s.pods_snapshot()} == set(unreachable_for)
+            lifecycle.monitor_once(now=102.0)  # silent past the grace
+            node = k8s.get_object("nodes", "", "n1")
+            ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+            assert (ready["status"], ready["reason"]) == ("Unknown", "NodeStatusUnknown")
+            assert {(t["key"], t["effect"]) for t in node["spec"]["taints"]} == {
+                ("node.kubernetes.io/unreachable", "NoSchedule"),
+                ("node.kubernetes.io/unreachable", "NoExecute"),
+            }
+            names = lambda: {p["metadata"]["name"] for p in k8s.pods_snapshot()}  # noqa: E731
+            assert names() == {"five", "forever"}  # no toleration: evicted at once
+            lifecycle.monitor_once(now=106.5)
+            assert names() == {"five", "forever"}
+            lifecycle.monitor_once(now=107.5)  # 5 s after the taint
+            assert names() == {"forever"}
+        finally:
+            lifecycle.stop()
+
+
+def test_default_toleration_seconds_admission_adds_only_what_is_missing() -> None:
+    spec: dict[str, Any] = {}
+    add_default_tolerations(spec, 300)
+    assert spec["tolerations"] == [
+        {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+    ]
+    own = {
+        "key": "node.kubernetes.io/unreachable",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 10,
+    }
+    spec = {"tolerations": [own]}
+    add_default_tolerations(spec, 300)
+    assert [t["key"] for t in spec["tolerations"]] == [
+        "node.kubernetes.io/unreachable",
+        "node.kubernetes.io/not-ready",
+    ]
+    assert spec["tolerations"][0] == own
+    everything = {"tolerations": [{"operator": "Exists"}]}
+    add_default_tolerations(everything, 300)
+    assert everything["tolerations"] == [{"operator": "Exists"}]
 
 
 # -- kubelet -------------------------------------------------------------------------------
