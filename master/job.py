@@ -24,7 +24,13 @@ from pyetcd.client import MultiEndpointEtcd3Client
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS
 from kfp_elastic.etcd.keys import RunKeys
 from kfp_elastic.job_spec import JobSpec
-from kfp_elastic.master.launcher import Launcher, Reason, WorkerPhase, WorkerStatus
+from kfp_elastic.master.launcher import (
+    Launcher,
+    LauncherForbidden,
+    Reason,
+    WorkerPhase,
+    WorkerStatus,
+)
 from kfp_elastic.master.metrics import Metrics, TimelineStats
 from kfp_elastic.master.observer import Observer
 from kfp_elastic.master.scaling import Decision, decide, is_active
@@ -116,6 +122,7 @@ class ElasticJob:
         self._table: dict[str, dict[str, Any]] = {}
         self._deleted_at: dict[str, float] = {}
         self._worker_errors: dict[str, tuple[str, int]] = {}  # name -> (error, errors counted)
+        self._forbidden: LauncherForbidden | None = None  # the event watch was refused
 
     # -- control from outside ----------------------------------------------------------------
     def request_stop(self, cancel: bool, reason: str = "SIGTERM") -> None:
@@ -192,7 +199,10 @@ class ElasticJob:
                 log.warning("a different shard manifest is already published; keeping it")
         self._table = state.workers()
         self.launcher = self.make_launcher(state)
-        listed = {s.name: s for s in self.launcher.list_workers()}
+        try:
+            listed = {s.name: s for s in self.launcher.list_workers()}
+        except LauncherForbidden as error:
+            return self._finish("failed", str(error), observer)
         with self._cache_lock:
             self._cache.update(listed)
         for name, record in self._table.items():
@@ -253,6 +263,8 @@ class ElasticJob:
                     return self._finish("failed", "cancelled (SIGINT)", observer)
                 return self._step_down(self._stop_reason)
             try:
+                if self._forbidden is not None:
+                    raise self._forbidden
                 observer.observe()
                 now = time.monotonic()
                 done = observer.complete or any(
@@ -291,6 +303,8 @@ class ElasticJob:
                         return self._finish("succeeded", why, observer)
                 failures = self._launch(decision, failures)
                 self._delete(decision.delete, now)
+            except LauncherForbidden as error:  # RBAC: no retry can help; say what to grant
+                return self._finish("failed", str(error), observer)
             except TRANSIENT_ERRORS as error:  # etcd restarting: the leader lease decides
                 log.warning("etcd unavailable, retrying in 1 s error=%r", error)
                 self._wake.wait(1.0)
@@ -342,6 +356,10 @@ class ElasticJob:
                     with self._cache_lock:
                         self._cache[event.name] = event
                     self._wake.set()
+            except LauncherForbidden as error:  # the loop fails the job with it
+                self._forbidden = error
+                self._wake.set()
+                return
             except Exception:  # noqa: BLE001 - keep watching; the loop still reconciles
                 log.exception("launcher events failed; watching again in 1 s")
                 self._events_stop.wait(1.0)
@@ -447,7 +465,7 @@ class ElasticJob:
         for index in decision.launch:
             try:
                 handle = self.launcher.launch(index)  # type: ignore[union-attr]
-            except NotLeaderError:
+            except (NotLeaderError, LauncherForbidden):
                 raise
             except Exception as error:  # noqa: BLE001 - counted; the budget ends a loop of these
                 failures += 1
@@ -506,12 +524,16 @@ class ElasticJob:
         """Delete every worker (ended ones too, so no pod lingers) and wait until none runs."""
         assert self.launcher is not None
         deadline = time.monotonic() + timeout_s
-        listed = self.launcher.list_workers()
-        for status in listed:
-            self.launcher.delete(status.name)
-        while time.monotonic() < deadline and any(not s.ended for s in listed):
-            time.sleep(0.2)
+        try:
             listed = self.launcher.list_workers()
+            for status in listed:
+                self.launcher.delete(status.name)
+            while time.monotonic() < deadline and any(not s.ended for s in listed):
+                time.sleep(0.2)
+                listed = self.launcher.list_workers()
+        except LauncherForbidden as error:  # said already; the workers are left running
+            log.error("cannot stop the workers run=%s error=%s", self.spec.run_id, error)
+            return
         for name, record in list(self._table.items()):
             if not record.get("ended"):
                 self._table[name] = self.state.update_worker(

@@ -3,13 +3,15 @@
 The watch follows client-go's informer pattern: list, then watch from the list's
 resourceVersion; on stream end reconnect from the last resourceVersion seen; on 410 Gone
 (history compacted) list again and diff against what was already reported, so a worker that
-changed or vanished while the watch was down still gets its event.
+changed or vanished while the watch was down still gets its event. An RBAC 403 on any call is
+not retried: ``LauncherForbidden`` says which verb to grant, and the master fails the job.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import threading
 from collections import OrderedDict
@@ -24,6 +26,7 @@ from kubernetes.client.rest import ApiException
 from kfp_elastic.master.launcher import (
     DISRUPTIONS,
     Launcher,
+    LauncherForbidden,
     Reason,
     WorkerEvent,
     WorkerHandle,
@@ -37,6 +40,13 @@ from kfp_elastic.master.pod_status import classify
 log = logging.getLogger(__name__)
 
 _REMEMBERED_DELETES = 10_000
+# Where the master's Role comes from, for the message of a refused call.
+ROLE_SOURCE = "manifests/base/rbac.yaml, Role kfp-elastic-master"
+# RBAC's 403 (not an admission plugin's, which is also 403 Forbidden): who may not do what.
+_RBAC_DENIAL = re.compile(
+    r'is forbidden: User "(?P<user>[^"]*)" cannot (?P<verb>\S+) resource "(?P<resource>[^"]*)"'
+    r' in API group "(?P<group>[^"]*)"'
+)
 
 
 class LaunchError(RuntimeError):
@@ -109,6 +119,7 @@ class KubernetesLauncher(Launcher):
                     _request_timeout=self._request_timeout_s,
                 )
             except ApiException as exc:
+                _raise_if_forbidden(exc, self.namespace)
                 if exc.status == 409 and _status_reason(exc) == "AlreadyExists":
                     # A previous master (or a racing launch) used this attempt: take the next.
                     with self._lock:
@@ -141,6 +152,7 @@ class KubernetesLauncher(Launcher):
                 _request_timeout=self._request_timeout_s,
             )
         except ApiException as exc:
+            _raise_if_forbidden(exc, self.namespace)
             if exc.status != 404:  # already gone is what we wanted
                 raise
 
@@ -149,12 +161,16 @@ class KubernetesLauncher(Launcher):
         return [self._classify(pod) for pod in items]
 
     def _list(self) -> tuple[list[dict[str, Any]], str]:
-        resp = self._core.list_namespaced_pod(
-            self.namespace,
-            label_selector=self.selector,
-            _preload_content=False,
-            _request_timeout=self._request_timeout_s,
-        )
+        try:
+            resp = self._core.list_namespaced_pod(
+                self.namespace,
+                label_selector=self.selector,
+                _preload_content=False,
+                _request_timeout=self._request_timeout_s,
+            )
+        except ApiException as exc:
+            _raise_if_forbidden(exc, self.namespace)
+            raise
         body = json.loads(resp.data)
         self.list_count += 1
         return body.get("items") or [], body["metadata"]["resourceVersion"]
@@ -189,6 +205,7 @@ class KubernetesLauncher(Launcher):
                             return
                     backoff = 0.0
                 except ApiException as exc:
+                    _raise_if_forbidden(exc, self.namespace)
                     if exc.status == 410:  # history compacted: start over from a fresh list
                         log.info("watch expired (410 Gone): listing pods again")
                         resource_version, backoff = None, 0.0
@@ -269,6 +286,30 @@ def _status_body(exc: ApiException) -> dict[str, Any]:
         return json.loads(body or "{}")
     except (ValueError, AttributeError):
         return {}
+
+
+def forbidden_message(denial: str, namespace: str) -> str | None:
+    """What to tell the operator when RBAC refused the master a call (``denial``: the API
+    server's 403 message): which verb on which resource, and what to grant. None when the 403
+    is not RBAC's (an admission plugin refusing a pod says so itself)."""
+    m = _RBAC_DENIAL.search(denial)
+    if not m:
+        return None
+    verb, resource, group = m["verb"], m["resource"], m["group"]
+    in_group = f" in API group '{group}'" if group else ""
+    return (
+        f"the master's service account ({m['user']}) may not {verb} {resource} in namespace "
+        f"{namespace}: grant verb '{verb}' on '{resource}'{in_group} in its Role "
+        f"({ROLE_SOURCE}); the API server said: {denial}"
+    )
+
+
+def _raise_if_forbidden(exc: ApiException, namespace: str) -> None:
+    if exc.status == 403:
+        message = forbidden_message(_status_message(exc), namespace)
+        if message is not None:
+            log.error("kubernetes api call forbidden namespace=%s message=%s", namespace, message)
+            raise LauncherForbidden(message) from exc
 
 
 def _status_reason(exc: ApiException) -> str:

@@ -63,6 +63,11 @@ DISRUPTIONS = frozenset(
 _ENDED = frozenset({WorkerPhase.SUCCEEDED, WorkerPhase.FAILED, WorkerPhase.DELETED})
 
 
+class LauncherForbidden(RuntimeError):
+    """The cluster refuses the master an action it needs (Kubernetes RBAC's 403): asking again
+    cannot help, so the job fails at once with this message, which says what to grant."""
+
+
 @dataclass(frozen=True)
 class WorkerHandle:
     """What :meth:`Launcher.launch` created."""

@@ -7,16 +7,21 @@ the Priority and ServiceAccount admission plugins); pod specs checked with
 ``kubernetes-validate --strict`` (422 with the validator's message); label selectors and the
 field selector ``metadata.name=NAME`` (no other field selector); graceful deletion of scheduled
 pods (deletionTimestamp, then the kubelet's terminal status, then DELETED); and watches that
-stream JSON lines from any retained resourceVersion, or one ERROR event with a 410 Status when
-asked for compacted history.
+stream JSON lines from any retained resourceVersion (history bounded by count and, optionally,
+age), or one ERROR event with a 410 Status when asked for compacted history; they end at
+``timeoutSeconds`` or the server's own limit and get BOOKMARKs when they ask.
+
+Requests are authenticated (service-account tokens it issued; none or an admin token is the
+harness) and authorized by RBAC from the stored Roles and bindings (403 Forbidden); the eviction
+subresource honours PodDisruptionBudgets (429). The decisions are in ``api_rules``.
 
 Besides pods it stores PriorityClasses (``spec.priority`` and ``preemptionPolicy`` resolved on pod
 create; the DefaultTolerationSeconds admission adds 300 s not-ready/unreachable tolerations to
-pods without their own), ConfigMaps, Secrets and Nodes (create/get/list/delete/replace, no
-watch), and garbage-collects: removing any object deletes the pods and objects whose
-ownerReferences name its uid. With ``tls`` it serves HTTPS (what ``load_incluster_config()``
-demands). Test hooks play scheduler, kubelet and node lifecycle by hand; ``testing/cluster/``
-plays them for real.
+pods without their own), ConfigMaps, Secrets, Nodes, RBAC objects, PodDisruptionBudgets and
+StatefulSets (create/get/list/replace/delete, no watch), and garbage-collects: removing any
+object deletes the pods and objects whose ownerReferences name its uid. With ``tls`` it serves
+HTTPS (what ``load_incluster_config()`` demands). Test hooks play scheduler, kubelet and node
+lifecycle by hand; ``testing/cluster/`` plays them for real.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from __future__ import annotations
 import base64
 import copy
 import itertools
+import logging
+import math
 import re
 import ssl
 import threading
@@ -32,6 +39,15 @@ import uuid
 from collections import deque
 from typing import Any
 
+from kfp_elastic.testing.api_rules import (
+    User,
+    authorized,
+    budget_status,
+    eviction_decision,
+    forbidden_message,
+    selects,
+    service_account_user,
+)
 from kfp_elastic.testing.api_wire import (
     ApiCall,
     ApiError,
@@ -43,6 +59,11 @@ from kfp_elastic.testing.api_wire import (
     parse_field_selector,
     parse_label_selector,
 )
+
+log = logging.getLogger(__name__)
+
+WATCH_TIMEOUT_S = 1800.0  # kube-apiserver --min-request-timeout
+BOOKMARK_S = 60.0  # about how often kube-apiserver sends a watch a BOOKMARK
 
 # manifests/base/priorityclasses.yaml's (tests/unit/deploy/test_manifests.py compares them).
 PRIORITY_CLASSES = {
@@ -73,19 +94,40 @@ class FakeKubernetes:
         validate_pods: bool = True,
         tls: tuple[str, str] | None = None,
         default_toleration_seconds: int | None = DEFAULT_TOLERATION_SECONDS,
+        admin_tokens: tuple[str, ...] = (),
+        watch_timeout_s: float = WATCH_TIMEOUT_S,
+        compaction_s: float | None = None,
+        bookmark_s: float = BOOKMARK_S,
     ) -> None:
         """``kubelet=False``: deleted scheduled pods stay Terminating until a kubelet (a test
         hook or :mod:`kfp_elastic.testing.cluster.kubelet`) finishes them. ``tls``: (certificate,
         key) PEM files to serve HTTPS with. ``default_toleration_seconds``: what the
         DefaultTolerationSeconds admission plugin gives a pod that does not tolerate the
-        not-ready and unreachable NoExecute taints itself (None: the plugin is off)."""
+        not-ready and unreachable NoExecute taints itself (None: the plugin is off).
+        ``admin_tokens``: bearer tokens that may do anything, as a request without a token may
+        (the harness); a token from :meth:`service_account_token` is its service account,
+        authorized by RBAC.
+
+        Watches: ``watch_timeout_s`` ends a watch that asked for no ``timeoutSeconds`` (the API
+        server's ``--min-request-timeout``, 1800 s) and caps those that did (what an API server
+        restart or a proxy's idle timeout does to a long watch). ``compaction_s``: events older
+        than this are forgotten (the API server compacts etcd every 5 min; None: only the last
+        ``history`` events are kept), so watching from before them gets 410 Gone.
+        ``bookmark_s``: how often a watch with ``allowWatchBookmarks=true`` gets a BOOKMARK (the
+        API server's is about a minute), and one comes just before it times out."""
         self._cond = threading.Condition()
         self._rv = 100
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
         # every other kind: (resource, namespace or "", name) -> object
         self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self._history: deque[tuple[int, str, str, dict | None, dict]] = deque()
+        # (resourceVersion, namespace, type, old, new, time.monotonic() when recorded)
+        self._history: deque[tuple[int, str, str, dict | None, dict, float]] = deque()
         self._max_history = history
+        self.watch_timeout_s = watch_timeout_s
+        self.compaction_s = compaction_s
+        self.bookmark_s = bookmark_s
+        self._admin_tokens = set(admin_tokens)
+        self._tokens: dict[str, tuple[str, str]] = {}  # token -> (namespace, service account)
         self._floor = self._rv  # watches from a resourceVersion below this get 410
         self._streams: set[_Stream] = set()
         self._held = self._stopping = False
@@ -136,13 +178,24 @@ class FakeKubernetes:
             self._pods.pop((ns, new["metadata"]["name"]), None)
         else:
             self._pods[(ns, new["metadata"]["name"])] = new
-        self._history.append((self._rv, ns, kind, copy.deepcopy(old), copy.deepcopy(new)))
+        self._history.append(
+            (self._rv, ns, kind, copy.deepcopy(old), copy.deepcopy(new), time.monotonic())
+        )
         while len(self._history) > self._max_history:
             self._floor = self._history.popleft()[0]
+        self._expire_history()
         self._cond.notify_all()
         if kind == "DELETED":
             self._collect_dependents(new["metadata"]["uid"])
         return copy.deepcopy(new)
+
+    def _expire_history(self) -> None:
+        """Compaction by age (lock held): forget the events older than ``compaction_s``."""
+        if self.compaction_s is None:
+            return
+        horizon = time.monotonic() - self.compaction_s
+        while self._history and self._history[0][5] < horizon:
+            self._floor = self._history.popleft()[0]
 
     def _collect_dependents(self, owner_uid: str) -> None:
         """The garbage collector (background propagation): the owner is gone, so delete every
@@ -190,7 +243,8 @@ class FakeKubernetes:
                 obj.setdefault("data", {})[key] = base64.b64encode(value.encode()).decode()
         if resource == "priorityclasses":
             obj.setdefault("preemptionPolicy", "PreemptLowerPriority")
-        meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_timestamp())
+        _validate_object(resource, kind, name, obj)
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_timestamp(), generation=1)
         if ns:
             meta["namespace"] = ns
         obj.update(apiVersion=api_version, kind=kind)
@@ -207,13 +261,13 @@ class FakeKubernetes:
         with self._cond:
             if (resource, ns, name) not in self._objects:
                 raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
-            return copy.deepcopy(self._objects[(resource, ns, name)])
+            return self._with_status(resource, copy.deepcopy(self._objects[(resource, ns, name)]))
 
     def list_objects(self, resource: str, ns: str, labels: str = "") -> dict[str, Any]:
         selector = parse_label_selector(labels)
         with self._cond:
             items = [
-                copy.deepcopy(obj)
+                self._with_status(resource, copy.deepcopy(obj))
                 for (r, n, _), obj in sorted(self._objects.items())
                 if r == resource
                 and n == ns
@@ -231,12 +285,14 @@ class FakeKubernetes:
     def replace_object(self, resource: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
         """PUT: the whole object replaced; uid and creationTimestamp kept."""
         name = obj.get("metadata", {}).get("name", "")
+        _validate_object(resource, OBJECT_KINDS[resource][0], name, obj)
         with self._cond:
             old = self.get_object(resource, ns, name)
             new = copy.deepcopy(obj)
             new["metadata"] = {
                 **new["metadata"],
                 **{k: old["metadata"][k] for k in ("uid", "creationTimestamp")},
+                "generation": old["metadata"].get("generation", 1) + 1,
             }
             new.update(apiVersion=old["apiVersion"], kind=old["kind"])
             if ns:
@@ -256,6 +312,119 @@ class FakeKubernetes:
             self._cond.notify_all()
             self._collect_dependents(obj["metadata"]["uid"])
             return copy.deepcopy(obj)
+
+    # -- RBAC: who a token is, what it may do ---------------------------------------------
+
+    def service_account_token(self, ns: str, service_account: str) -> str:
+        """The token the kubelet mounts into a pod running as ``ns/service_account`` (the
+        TokenRequest API's answer; one per account here, never expiring)."""
+        with self._cond:
+            for token, owner in self._tokens.items():
+                if owner == (ns, service_account):
+                    return token
+            token = f"sa-{uuid.uuid4().hex}"
+            self._tokens[token] = (ns, service_account)
+            return token
+
+    def authenticate(self, authorization: str) -> User | None:
+        """The user of a request's ``Authorization`` header: None (the harness, allowed
+        everything) without a token or with an admin token; 401 for a token nobody issued."""
+        if not authorization:
+            return None
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer":  # the in-cluster config writes "bearer"
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        token = token.strip()
+        if token in self._admin_tokens:
+            return None
+        with self._cond:
+            owner = self._tokens.get(token)
+        if owner is None:
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        return service_account_user(*owner)
+
+    def authorize(self, user: User | None, call: ApiCall) -> None:
+        """RBAC from the stored Roles, ClusterRoles and bindings: 403 unless one grants
+        ``call``."""
+        if user is None:
+            return
+        with self._cond:
+            allowed = authorized(user, call, self._objects)
+        if not allowed:
+            error = ApiError(403, "Forbidden", forbidden_message(user, call))
+            error.status["details"] = {
+                "group": call.group,
+                "kind": call.resource,
+                **({"name": call.name} if call.name else {}),
+            }
+            raise error
+
+    # -- PodDisruptionBudgets and the eviction API ----------------------------------------
+
+    def _with_status(self, resource: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """A PodDisruptionBudget's status, computed from the pods now (what the disruption
+        controller keeps up to date; lock is reentrant)."""
+        if resource == "poddisruptionbudgets":
+            with self._cond:
+                obj["status"] = self._budget_status(obj)
+        return obj
+
+    def _budget_status(self, pdb: dict[str, Any]) -> dict[str, Any]:
+        """(lock held) The budget's status; expected pods are the replicas of the StatefulSets
+        that own the selected pods (the only controller kind the fake stores)."""
+        pods = list(self._pods.values())
+        replicas: dict[str, int] | None = {}
+        for pod in pods:
+            if not selects(pdb, pod):
+                continue
+            owner = next(
+                (r for r in pod["metadata"].get("ownerReferences") or [] if r.get("controller")),
+                None,
+            )
+            key = ("statefulsets", pod["metadata"]["namespace"], (owner or {}).get("name", ""))
+            controller = self._objects.get(key)
+            if owner is None or owner.get("kind") != "StatefulSet" or controller is None:
+                replicas = None
+                break
+            replicas[key[2]] = controller.get("spec", {}).get("replicas", 1)
+        expected = None if replicas is None else sum(replicas.values())
+        return budget_status(pdb, pods, expected)
+
+    def create_eviction(
+        self, ns: str, name: str, eviction: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """POST pods/{name}/eviction: refused with 429 while the pod's budget allows no
+        disruption; otherwise the pod gets DisruptionTarget (EvictionByEvictionAPI) and is
+        deleted gracefully with the Eviction's deleteOptions."""
+        options = (eviction or {}).get("deleteOptions") or {}
+        with self._cond:
+            pod = self._get(ns, name)
+            budgets = [
+                (obj["metadata"]["name"], self._budget_status(obj))
+                for (r, _, _), obj in sorted(self._objects.items())
+                if r == "poddisruptionbudgets" and selects(obj, pod)
+            ]
+            decision = eviction_decision(pod, budgets)
+            if not decision.delete:
+                error = ApiError(decision.code, decision.reason, decision.message)
+                if decision.cause:
+                    error.status["details"] = {
+                        "causes": [{"reason": "DisruptionBudget", "message": decision.cause}]
+                    }
+                raise error
+            if not pod["metadata"].get("deletionTimestamp"):
+                if pod["status"].get("phase") not in ("Succeeded", "Failed"):
+                    self._disrupt(name, "EvictionByEvictionAPI", "Eviction API: evicting", ns)
+                grace = options.get("gracePeriodSeconds")
+                self.delete(ns, name, grace, options.get("preconditions"))
+        log.info("event=pod_evicted pod=%s/%s", ns, name)
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "code": 201,
+        }
 
     @property
     def priority_classes(self) -> dict[str, tuple[int, str]]:
@@ -670,7 +839,10 @@ class FakeKubernetes:
         selector = parse_label_selector(query.get("labelSelector", ""))
         by_name = parse_field_selector(query.get("fieldSelector", ""))
         rv = query.get("resourceVersion", "")
-        end = time.monotonic() + float(query.get("timeoutSeconds") or 1800)
+        now = time.monotonic()
+        end = now + min(float(query.get("timeoutSeconds") or "inf"), self.watch_timeout_s)
+        bookmarks = query.get("allowWatchBookmarks", "").lower() in ("true", "1")
+        next_bookmark = now + self.bookmark_s if bookmarks else math.inf
         stream = _Stream()
 
         def visible(pod: dict | None) -> bool:
@@ -693,6 +865,7 @@ class FakeKubernetes:
                 raise ApiError(400, "BadRequest", f"invalid resourceVersion {rv!r}")
             else:
                 cursor, backlog = int(rv), []
+            self._expire_history()
             self._streams.add(stream)
         handler.start_stream()
         try:
@@ -702,13 +875,22 @@ class FakeKubernetes:
                 backlog = []
                 with self._cond:
                     while True:
+                        self._expire_history()
                         expired = cursor < self._floor
-                        ended = stream.closed or self._stopping or time.monotonic() >= end
-                        if expired or ended or (self._history and self._history[-1][0] > cursor):
+                        t = time.monotonic()
+                        cut = stream.closed or self._stopping  # no goodbye: dropped at once
+                        timed_out = t >= end
+                        if (
+                            expired
+                            or cut
+                            or timed_out
+                            or t >= next_bookmark
+                            or (self._history and self._history[-1][0] > cursor)
+                        ):
                             break
-                        self._cond.wait(max(0.0, end - time.monotonic()))
+                        self._cond.wait(max(0.0, min(end, next_bookmark) - t))
                     floor = self._floor
-                    for ev_rv, _, kind, old, new in [] if expired or ended else self._history:
+                    for ev_rv, _, kind, old, new, _ in [] if expired or cut else self._history:
                         if ev_rv <= cursor:
                             continue
                         cursor = ev_rv
@@ -717,13 +899,23 @@ class FakeKubernetes:
                             backlog.append(("MODIFIED" if was else "ADDED", new))
                         elif was:  # deleted, or changed so that it left the selection
                             backlog.append(("DELETED", new))
+                    if bookmarks and not (expired or cut) and (timed_out or t >= next_bookmark):
+                        # Every event up to the current resourceVersion is in the backlog, so
+                        # resuming from it misses none; one comes just before a timeout too.
+                        cursor = max(cursor, self._rv)
+                        backlog.append(("BOOKMARK", _bookmark(cursor)))
+                        next_bookmark = t + self.bookmark_s
                 if expired:  # what the real server sends: HTTP 200, then one ERROR event
                     status = ApiError(
                         410, "Expired", f"too old resource version: {cursor} ({floor + 1})"
                     ).status
                     handler.write_chunk({"type": "ERROR", "object": status})
                     return
-                if ended:
+                if cut:
+                    return
+                if timed_out:
+                    for kind, obj in backlog:
+                        handler.write_chunk({"type": kind, "object": obj})
                     return
         finally:
             with self._cond:
@@ -735,13 +927,61 @@ class _Stream:
     closed = False
 
 
-# resource (the URL's plural) -> (kind, apiVersion) of the kinds other than Pod
+def _bookmark(resource_version: int) -> dict[str, Any]:
+    """A BOOKMARK event's object: only the kind and the resourceVersion to resume from."""
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": str(resource_version)},
+    }
+
+
+# resource (the URL's plural) -> (kind, apiVersion) of the kinds other than Pod. StatefulSets
+# are stored only (no controller runs them): a PodDisruptionBudget reads their replicas.
 OBJECT_KINDS = {
     "priorityclasses": ("PriorityClass", "scheduling.k8s.io/v1"),
     "configmaps": ("ConfigMap", "v1"),
     "secrets": ("Secret", "v1"),
     "nodes": ("Node", "v1"),
+    "roles": ("Role", "rbac.authorization.k8s.io/v1"),
+    "rolebindings": ("RoleBinding", "rbac.authorization.k8s.io/v1"),
+    "clusterroles": ("ClusterRole", "rbac.authorization.k8s.io/v1"),
+    "clusterrolebindings": ("ClusterRoleBinding", "rbac.authorization.k8s.io/v1"),
+    "poddisruptionbudgets": ("PodDisruptionBudget", "policy/v1"),
+    "statefulsets": ("StatefulSet", "apps/v1"),
 }
+CLUSTER_SCOPED = {"priorityclasses", "nodes", "clusterroles", "clusterrolebindings"}
+
+
+def _validate_object(resource: str, kind: str, name: str, obj: dict[str, Any]) -> None:
+    """The API server's validation of the fields the fake acts on: 422 when it would refuse."""
+    problems = []
+    if resource in ("rolebindings", "clusterrolebindings"):
+        for i, subject in enumerate(obj.get("subjects") or []):
+            # In a RoleBinding a ServiceAccount's namespace defaults to the binding's.
+            cluster_wide = resource == "clusterrolebindings"
+            if (
+                subject.get("kind") == "ServiceAccount"
+                and cluster_wide
+                and not subject.get("namespace")
+            ):
+                problems.append(f"subjects[{i}].namespace: Required value")
+        if (obj.get("roleRef") or {}).get("kind") not in ("Role", "ClusterRole"):
+            problems.append("roleRef.kind: Unsupported value")
+    if resource == "poddisruptionbudgets":
+        spec = obj.get("spec") or {}
+        if "minAvailable" in spec and "maxUnavailable" in spec:
+            problems.append(
+                "spec: Invalid value: minAvailable and maxUnavailable cannot be both set"
+            )
+        for key in ("minAvailable", "maxUnavailable"):
+            value = spec.get(key)
+            if isinstance(value, str) and not re.fullmatch(r"\d+%", value):
+                problems.append(
+                    f"spec.{key}: Invalid value: {value!r}: must be an int or a percent"
+                )
+    if problems:
+        raise ApiError(422, "Invalid", f'{kind} "{name}" is invalid: ' + ", ".join(problems))
 
 
 def add_default_tolerations(spec: dict[str, Any], seconds: int) -> None:

@@ -20,13 +20,6 @@ from urllib.parse import parse_qs, urlsplit
 if TYPE_CHECKING:
     from kfp_elastic.testing.api_server import FakeKubernetes
 
-_PATH = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+)(?P<sub>/status)?)?")
-# every other kind the fake stores (see api_server.OBJECT_KINDS): namespaced or cluster-scoped
-_OBJECT_PATH = re.compile(
-    r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<resource>configmaps|secrets)(?:/(?P<name>[^/]+))?"
-    r"|/api/v1/(?P<cluster_resource>nodes)(?:/(?P<node>[^/]+))?"
-    r"|/apis/scheduling\.k8s\.io/v1/(?P<pc_resource>priorityclasses)(?:/(?P<pc>[^/]+))?"
-)
 _REQUIREMENT = re.compile(
     r"\s*(?P<neg>!)?\s*(?P<key>[A-Za-z0-9./_-]+)\s*(?:(?P<op>==|=|!=)\s*"
     r"(?P<val>[A-Za-z0-9._-]*)|\s+(?P<set>in|notin)\s*\((?P<vals>[^)]*)\))?\s*"
@@ -232,6 +225,8 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _dispatch(self, method: str) -> None:
+        from kfp_elastic.testing.api_server import CLUSTER_SCOPED, OBJECT_KINDS
+
         fake = self.server.fake
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
@@ -242,13 +237,22 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         try:
-            other = _OBJECT_PATH.fullmatch(url.path)
-            if other:
-                return self._dispatch_object(method, other, query, raw)
-            m = _PATH.fullmatch(url.path)
-            if not m:
+            # Authentication, then RBAC, then the handler, as the API server's filters run.
+            user = fake.authenticate(self.headers.get("Authorization", ""))
+            if call is None:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
-            ns, name, sub = m["ns"], m["name"], m["sub"]
+            fake.authorize(user, call)
+            kind = OBJECT_KINDS.get(call.resource, ("", ""))
+            if (
+                call.resource != "pods"
+                and kind[1].rpartition("/")[0] == call.group
+                and (call.resource in CLUSTER_SCOPED) == (not call.namespace)
+                and not call.subresource
+            ):
+                return self._dispatch_object(method, call, query, raw)
+            if call.group or call.resource != "pods" or not call.namespace:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            ns, name, sub = call.namespace, call.name or None, call.subresource
             by_name = parse_field_selector(query.get("fieldSelector", ""))
             body = json.loads(raw) if raw else None
             if method == "GET" and name is None and query.get("watch", "").lower() in ("true", "1"):
@@ -262,7 +266,7 @@ class Handler(BaseHTTPRequestHandler):
             if method == "POST" and name is None:
                 dry = query.get("dryRun") == "All"
                 return self._send(200 if dry else 201, fake.create(ns, body or {}, dry))
-            if method == "GET" and name:
+            if method == "GET" and name and not sub:
                 return self._send(200, fake.pod(name, ns))
             if method == "DELETE" and name and not sub:
                 opts = body or {}
@@ -273,7 +277,9 @@ class Handler(BaseHTTPRequestHandler):
                         ns, name, None if grace is None else int(grace), opts.get("preconditions")
                     ),
                 )
-            if method == "PATCH" and name:
+            if method == "POST" and name and sub == "eviction":
+                return self._send(201, fake.create_eviction(ns, name, body))
+            if method == "PATCH" and name and sub in ("", "status"):
                 ctype = self.headers.get("Content-Type", "")
                 return self._send(200, fake.patch(ns, name, body, ctype, status_only=bool(sub)))
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {url.path}")
@@ -283,12 +289,10 @@ class Handler(BaseHTTPRequestHandler):
             self._send(400, ApiError(400, "BadRequest", f"bad request: {exc}").status)
 
     def _dispatch_object(
-        self, method: str, m: re.Match[str], query: dict[str, str], raw: bytes
+        self, method: str, call: ApiCall, query: dict[str, str], raw: bytes
     ) -> None:
         fake = self.server.fake
-        resource = m["resource"] or m["cluster_resource"] or m["pc_resource"]
-        ns = m["ns"] or ""
-        name = m["name"] or m["node"] or m["pc"]
+        resource, ns, name = call.resource, call.namespace, call.name or None
         if method == "GET" and name is None:
             return self._send(200, fake.list_objects(resource, ns, query.get("labelSelector", "")))
         if method == "POST" and name is None:

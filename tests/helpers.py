@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from kfp_elastic.testing.api_rules import rule_allows
+from kfp_elastic.testing.api_wire import ApiCall
 from kfp_elastic.testing.nodes import (
     TINY_DDP,
     Agent,
@@ -147,15 +149,11 @@ def one(objs: list[Obj], kind: str, name: str) -> Obj:
 
 def role_allows(role: Obj, group: str, resource: str, verb: str) -> bool:
     """Whether one of ``role``'s rules grants ``verb`` on ``resource`` (``pods/log`` for a
-    subresource) in API ``group`` ("" for the core API), as RBAC evaluates it."""
-    for rule in role.get("rules", []):
-        if (
-            (group in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []))
-            and (resource in rule.get("resources", []) or "*" in rule.get("resources", []))
-            and (verb in rule.get("verbs", []) or "*" in rule.get("verbs", []))
-        ):
-            return True
-    return False
+    subresource) in API group ``group`` ("" for the core API), as the test cluster's RBAC
+    (:func:`kfp_elastic.testing.api_rules.rule_allows`) evaluates it."""
+    name, _, sub = resource.partition("/")
+    call = ApiCall(verb, group, name, sub)
+    return any(rule_allows(rule, call) for rule in role.get("rules", []))
 
 
 __all__ = [

@@ -7,14 +7,26 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from kfp_elastic.components.common import run_pids
 from kfp_elastic.rendezvous.testing_pki import generate_test_pki
-from kfp_elastic.testing.api_server import FakeKubernetes
+from kfp_elastic.testing.api_server import CLUSTER_SCOPED, OBJECT_KINDS, FakeKubernetes
+from kfp_elastic.testing.api_wire import ApiError
 from kfp_elastic.testing.cluster.kubelet import CLUSTER_ENV, ClusterAccess, Kubelet
 from kfp_elastic.testing.cluster.node_lifecycle import NodeLifecycle, NodeLifecycleSettings
 from kfp_elastic.testing.cluster.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
+
+# The master's ServiceAccount, Role and RoleBinding as the manifests install them.
+MASTER_RBAC: list[dict[str, Any]] = [
+    obj
+    for obj in yaml.safe_load_all(
+        (Path(__file__).parents[2] / "manifests" / "base" / "rbac.yaml").read_text()
+    )
+    if obj
+]
 
 
 class TestCluster:
@@ -36,9 +48,13 @@ class TestCluster:
         root: str | Path,
         nodes: dict[str, dict[str, str | int]] | None = None,
         namespace: str = "default",
+        rbac: list[dict[str, Any]] | None = None,
         node_lifecycle: NodeLifecycleSettings | None = None,
         **api_options: Any,
     ) -> None:
+        """``rbac``: the Roles, ClusterRoles and bindings installed at start (None: the master's
+        from ``manifests/base/rbac.yaml``, as ``kubectl apply -k`` installs them); the API
+        server authorizes every pod's requests by them."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         pki = generate_test_pki(self.root / "pki")
@@ -48,19 +64,23 @@ class TestCluster:
         api_options.setdefault(
             "default_toleration_seconds", self.node_lifecycle.default_toleration_s
         )
+        admin_token = f"test-cluster-{uuid.uuid4().hex}"
         self.api = FakeKubernetes(
             namespace=namespace,
             kubelet=False,
             tls=(str(pki.server.cert), str(pki.server.key)),
+            admin_tokens=(admin_token,),
             **api_options,
         )
         self.access = ClusterAccess(
             host="127.0.0.1",
             port=self.api.port,
             ca_file=self.ca_file,
-            token=f"test-cluster-{uuid.uuid4().hex}",
+            token=admin_token,
             cluster_id=self.id,
         )
+        for obj in MASTER_RBAC if rbac is None else rbac:
+            self.apply(obj)
         self.kubelets: dict[str, Kubelet] = {}  # the nodes that run
         self.lost: dict[str, Kubelet] = {}  # powered off or hung: silent, logs kept
         self.scheduler = Scheduler(self.api)
@@ -87,6 +107,23 @@ class TestCluster:
         configuration.ssl_ca_cert = str(self.ca_file)
         configuration.api_key = {"authorization": f"Bearer {self.access.token}"}
         return client.ApiClient(configuration)
+
+    def apply(self, obj: dict[str, Any], ns: str | None = None) -> None:
+        """Create or replace one object of the kinds the API server stores besides pods
+        (Role, RoleBinding, PodDisruptionBudget, ...), in ``ns`` unless cluster-scoped; a
+        ServiceAccount only needs to be known to pod admission."""
+        ns = obj.get("metadata", {}).get("namespace") or ns or self.namespace
+        if obj["kind"] == "ServiceAccount":
+            self.api.service_accounts = {*self.api.service_accounts, obj["metadata"]["name"]}
+            return
+        resource = next(r for r, (kind, _) in OBJECT_KINDS.items() if kind == obj["kind"])
+        ns = "" if resource in CLUSTER_SCOPED else ns
+        try:
+            self.api.create_object(resource, ns, obj)
+        except ApiError as error:
+            if error.status["code"] != 409:
+                raise
+            self.api.replace_object(resource, ns, obj)
 
     # -- nodes -------------------------------------------------------------------------
 

@@ -73,8 +73,8 @@ class PodConfigError(Exception):
 
 @dataclass(frozen=True)
 class ClusterAccess:
-    """How pods reach the API server: its address, the CA that signed its certificate, and
-    the service-account token mounted into every pod."""
+    """How pods reach the API server: its address and the CA that signed its certificate;
+    ``token`` is the harness's admin token (each pod gets its service account's own)."""
 
     host: str
     port: int
@@ -420,7 +420,7 @@ class Kubelet:
             for container in spec["containers"]:
                 mounts = container_mounts(container, volumes)
                 if spec.get("automountServiceAccountToken", True):
-                    mounts[SERVICE_ACCOUNT_DIR] = str(self._service_account(pod_dir, ns))
+                    mounts[SERVICE_ACCOUNT_DIR] = str(self._service_account(pod_dir, pod))
                 env = container_env(pod, container, lookup, self._base_env(pod, mounts))
                 env = {  # the mount map itself keeps the in-pod paths it maps
                     k: v if k == MOUNTS_ENV else rewrite_mount_paths(v, mounts)
@@ -522,10 +522,14 @@ class Kubelet:
             [c.process.pid for c in containers],
         )
 
-    def _service_account(self, pod_dir: Path, ns: str) -> Path:
+    def _service_account(self, pod_dir: Path, pod: dict[str, Any]) -> Path:
+        """The pod's own service account's token (RBAC authorizes what it asks for), the CA
+        and the namespace."""
+        ns = pod["metadata"]["namespace"]
+        account = pod["spec"].get("serviceAccountName") or "default"
         directory = pod_dir / "serviceaccount"
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / "token").write_text(self.access.token)
+        (directory / "token").write_text(self.api.service_account_token(ns, account))
         (directory / "ca.crt").write_bytes(self.access.ca_file.read_bytes())
         (directory / "namespace").write_text(ns)
         return directory

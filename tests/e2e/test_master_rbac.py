@@ -3,9 +3,11 @@
 The master runs as a pod of the test cluster under its service account (in-cluster config, as in
 a real cluster) with the Kubernetes launcher; its worker pods run torchrun with the built-in
 runtime on a tiny model. One worker is preempted and replaced, so create, list, watch and delete
-all happen; the exit handler's cleanup (``stop_workers``) runs as a pod too. The fake API server
-records every request as RBAC sees it; the scheduler and kubelets call it directly, so what it
-recorded over HTTP is exactly what the two pods asked for.
+all happen; the exit handler's cleanup (``stop_workers``) runs as a pod too. The API server
+authorizes each pod's requests by the Role and RoleBinding rendered from the manifests (a
+refused call fails the run) and records every request as RBAC sees it; the scheduler and
+kubelets call it directly, so what it recorded over HTTP is exactly what the two pods asked for.
+A Role missing one verb makes the master fail at once, saying which verb to grant.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from kfp_elastic.etcd.client import connect
 from kfp_elastic.master.pod_spec_checks import MASTER_POD_LABELS, RUN_ID_LABEL
 from kfp_elastic.master.timeline import WorkerLaunched, WorkerLost, of_type, read_timeline
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.testing.api_rules import service_account_user
+from kfp_elastic.testing.api_wire import ApiCall, ApiError
 from kfp_elastic.testing.cluster import TestCluster
 from kfp_elastic.worker.progress import Progress
 from tests.helpers import (
@@ -85,14 +89,14 @@ def cluster(test_cluster: TestCluster, monkeypatch: pytest.MonkeyPatch) -> Itera
     # Pod processes inherit this PYTHONPATH: the worker pods import
     # kfp_elastic.testing.model_defs.counting.
     monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
+    # The master's ServiceAccount, Role and RoleBinding as `kubectl apply -k` installs them.
+    for kind in ("ServiceAccount", "Role", "RoleBinding"):
+        test_cluster.apply(one(render("base"), kind, MASTER_SA))
     yield test_cluster
 
 
-def test_master_role_allows_every_call_and_grants_nothing_unused(
-    cluster: TestCluster, etcd: EmbeddedEtcd, run_id: str, tmp_path: Path
-) -> None:
-    ns = cluster.namespace
-    master = master_command(
+def master(run_id: str, etcd: EmbeddedEtcd, ns: str, tmp_path: Path) -> list[str]:
+    return master_command(
         run_id=run_id,
         etcd=etcd.endpoint,
         model_def="kfp_elastic.testing.model_defs.counting",
@@ -112,7 +116,19 @@ def test_master_role_allows_every_call_and_grants_nothing_unused(
         finish_grace="5",
         rdzv_conf="last_call_timeout=1",
     )
-    cluster.api.create(ns, python_pod("master", master, **MASTER_POD_LABELS))
+
+
+def test_master_role_allows_every_call_and_grants_nothing_unused(
+    cluster: TestCluster, etcd: EmbeddedEtcd, run_id: str, tmp_path: Path
+) -> None:
+    ns = cluster.namespace
+    # RBAC is on: the master's account may not do what its Role does not grant.
+    with pytest.raises(ApiError, match="cannot get resource"):
+        cluster.api.authorize(
+            service_account_user(ns, MASTER_SA), ApiCall("get", "", "secrets", "", ns, "s")
+        )
+    command = master(run_id, etcd, ns, tmp_path)
+    cluster.api.create(ns, python_pod("master", command, **MASTER_POD_LABELS))
     client = connect(etcd.client_settings())
     progress = Progress(client, f"/kfp-elastic/{run_id}")
     try:
@@ -156,3 +172,24 @@ def test_master_role_allows_every_call_and_grants_nothing_unused(
     unused = granted - calls - set(JUSTIFIED)
     assert not unused, f"the Role grants what nothing calls: {sorted(unused)}"
     assert ("", "pods", "delete") in calls and ("", "pods", "watch") in calls
+
+
+def test_a_role_missing_a_verb_fails_the_master_saying_what_to_grant(
+    cluster: TestCluster, etcd: EmbeddedEtcd, run_id: str, tmp_path: Path
+) -> None:
+    ns = cluster.namespace
+    role = one(render("base"), "Role", MASTER_SA)
+    rules = [
+        {**rule, "verbs": [v for v in rule["verbs"] if v != "create"]} for rule in role["rules"]
+    ]
+    cluster.apply({**role, "rules": rules})
+    command = master(run_id, etcd, ns, tmp_path)
+    cluster.api.create(ns, python_pod("master", command, **MASTER_POD_LABELS))
+    wait_for(lambda: phase(cluster, "master") in ("Succeeded", "Failed"), 60, 0.2, "master end")
+    assert phase(cluster, "master") == "Failed"
+    assert (
+        f"the master's service account (system:serviceaccount:{ns}:{MASTER_SA}) may not create "
+        f"pods in namespace {ns}: grant verb 'create' on 'pods' in its Role "
+        "(manifests/base/rbac.yaml, Role kfp-elastic-master)"
+    ) in cluster.log("master")
+    assert not workers(cluster, run_id)

@@ -427,14 +427,22 @@ def test_in_cluster_config_inside_a_pod_reaches_the_api_server(
         "pods = client.CoreV1Api().list_namespaced_pod(ns).items\n"
         "print('pods:', ','.join(sorted(p.metadata.name for p in pods)))\n"
         "from kfp_elastic.master import wiring\n"  # reads its own namespace from the SA files
-        "print('own namespace file:', wiring.SA_NAMESPACE.exists())"
+        "print('own namespace file:', wiring.SA_NAMESPACE.exists())\n"
+        "try:\n"  # RBAC: the master's Role grants no Secrets
+        "    client.CoreV1Api().list_namespaced_secret(ns)\n"
+        "except client.ApiException as e:\n"
+        "    print('secrets:', e.status)"
     )
-    core.create_namespaced_pod(NS, python_pod("incluster", code))
+    # The pod's own service account's token: the master's, whose Role (installed by the test
+    # cluster from the manifests) lets it list pods.
+    pod = python_pod("incluster", code, serviceAccountName="kfp-elastic-master")
+    core.create_namespaced_pod(NS, pod)
     assert eventually(lambda: phase(core, "incluster") in TERMINAL, timeout=30)
     log = test_cluster.log("incluster")
     assert phase(core, "incluster") == "Succeeded", log
     assert "pods: incluster" in log
     assert "own namespace file: True" in log
+    assert "secrets: 403" in log
     assert any(path == f"/api/v1/namespaces/{NS}/pods" for _, path, _ in test_cluster.api.requests)
 
 

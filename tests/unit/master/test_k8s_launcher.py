@@ -16,8 +16,9 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from kfp_elastic.master.k8s_launcher import KubernetesLauncher, LaunchError
+from kfp_elastic.master.k8s_launcher import KubernetesLauncher, LaunchError, forbidden_message
 from kfp_elastic.master.launcher import (
+    LauncherForbidden,
     Reason,
     WorkerEvent,
     WorkerHandle,
@@ -527,3 +528,63 @@ def test_fake_watch_follows_the_label_selector(k8s: FakeKubernetes, core: client
     )
     # Entering the selection is ADDED, leaving it DELETED, as the real watch cache reports.
     assert [e["type"] for e in stream] == ["ADDED", "DELETED"]
+
+
+# -- RBAC: a refused call fails at once and says what to grant --------------------------------
+
+
+@pytest.mark.parametrize("verb", ["create", "list", "watch", "delete"])
+def test_rbac_denial_names_the_verb_and_what_to_grant(k8s: FakeKubernetes, verb: str) -> None:
+    sa = "kfp-elastic-master"
+    verbs = [v for v in ("create", "list", "watch", "delete") if v != verb]
+    k8s.create_object(
+        "roles",
+        NS,
+        {
+            "metadata": {"name": sa},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": verbs}],
+        },
+    )
+    k8s.create_object(
+        "rolebindings",
+        NS,
+        {
+            "metadata": {"name": sa},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+            "subjects": [{"kind": "ServiceAccount", "name": sa}],
+        },
+    )
+    configuration = client.Configuration(host=k8s.url)
+    configuration.api_key = {"authorization": f"Bearer {k8s.service_account_token(NS, sa)}"}
+    api = client.ApiClient(configuration)
+    launcher = KubernetesLauncher(TEMPLATE, NS, api)
+    calls = {
+        "create": lambda: launcher.launch(0),
+        "list": launcher.list_workers,
+        "watch": lambda: next(launcher.events(threading.Event())),
+        "delete": lambda: launcher.delete("job-worker-0-0"),
+    }
+    try:
+        with pytest.raises(LauncherForbidden) as caught:
+            calls[verb]()
+    finally:
+        launcher.close()
+        api.close()
+        api.rest_client.pool_manager.clear()
+    assert str(caught.value).startswith(
+        f"the master's service account (system:serviceaccount:{NS}:{sa}) may not {verb} pods "
+        f"in namespace {NS}: grant verb '{verb}' on 'pods' in its Role "
+        "(manifests/base/rbac.yaml, Role kfp-elastic-master); the API server said: "
+    )
+
+
+def test_forbidden_message_only_for_rbac_denials() -> None:
+    admission = 'pods "w" is forbidden: no PriorityClass with name x was found'
+    assert forbidden_message(admission, NS) is None
+    eviction = (
+        'pods "w" is forbidden: User "system:serviceaccount:ns:sa" cannot create resource '
+        '"pods/eviction" in API group "" in the namespace "ns"'
+    )
+    assert "grant verb 'create' on 'pods/eviction' in its Role" in str(
+        forbidden_message(eviction, "ns")
+    )

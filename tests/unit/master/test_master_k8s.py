@@ -156,3 +156,107 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
     finally:
         retried.close()
     client.close()
+
+
+def start_job(run_id: str, etcd: EmbeddedEtcd, workers: int) -> tuple[Any, ElasticJob]:
+    own, entry = split_entry(
+        ["--run-id", run_id, "--etcd", etcd.endpoint, "--min-workers", str(workers)]
+        + ["--max-workers", str(workers), "--launcher", "kubernetes", "--namespace", NS]
+        + ["--image", "kfp-elastic-worker:0.1.0", "--leader-ttl", "2", "--finish-grace", "5"]
+        + ["--", "--model-def", "m.py", "--snapshot-dir", "/mnt/snap"]
+    )
+    args = build_parser().parse_args(own)
+    settings = etcd_settings.from_args(args, env={})
+    spec = make_spec(args, entry, settings)
+    return connect(settings), ElasticJob(spec, connect(settings), launcher_factory(spec))
+
+
+@pytest.mark.parametrize("verb", ["create", "list", "watch"])
+def test_a_role_missing_a_verb_fails_the_job_at_once_saying_what_to_grant(
+    k8s: FakeKubernetes,
+    etcd: EmbeddedEtcd,
+    run_id: str,
+    tmp_path: Path,
+    monkeypatch: Any,
+    verb: str,
+) -> None:
+    sa = "kfp-elastic-master"
+    verbs = [v for v in ("create", "list", "watch", "delete") if v != verb]
+    rule = {"apiGroups": [""], "resources": ["pods"], "verbs": verbs}
+    k8s.create_object("roles", NS, {"metadata": {"name": sa}, "rules": [rule]})
+    k8s.create_object(
+        "rolebindings",
+        NS,
+        {
+            "metadata": {"name": sa},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+            "subjects": [{"kind": "ServiceAccount", "name": sa}],
+        },
+    )
+    kubeconfig = tmp_path / "sa-kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+        f"clusters: [{{name: fake, cluster: {{server: '{k8s.url}'}}}}]\n"
+        "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
+        f"users: [{{name: fake, user: {{token: {k8s.service_account_token(NS, sa)}}}}}]\n"
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    client, job = start_job(run_id, etcd, 2)
+    try:
+        result = job.run()  # returns: no retrying a refused call
+    finally:
+        client.close()
+    assert result.state == "failed", result
+    assert result.message.startswith(
+        f"the master's service account (system:serviceaccount:{NS}:{sa}) may not {verb} pods in "
+        f"namespace {NS}: grant verb '{verb}' on 'pods' in its Role (manifests/base/rbac.yaml"
+    ), result.message
+    assert not pods(k8s)  # none made, or the ones made deleted again
+
+
+def test_pod_changes_while_watches_expire_and_history_compacts_are_all_seen(
+    etcd: EmbeddedEtcd, run_id: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    # Watches cut every 0.3 s, history older than 1 s compacted, bookmarks every 0.1 s.
+    with FakeKubernetes(namespace=NS, watch_timeout_s=0.3, compaction_s=1.0, bookmark_s=0.1) as k8s:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+            f"clusters: [{{name: fake, cluster: {{server: '{k8s.url}'}}}}]\n"
+            "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
+            "users: [{name: fake, user: {}}]\n"
+        )
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        client, job = start_job(run_id, etcd, 2)
+        results: list[JobResult] = []
+        thread = threading.Thread(target=lambda: results.append(job.run()))
+        thread.start()
+        try:
+            first = wait_for(lambda: len(pods(k8s)) == 2 and sorted(pods(k8s)), 60, 0.05, "2 pods")
+            for name in first:
+                k8s.set_phase(name, "Running")
+            wait_for(lambda: job.launcher.watch_count >= 3, 30, 0.05, "watches cut and resumed")
+            # The watch is down while a worker is deleted and that history is compacted: the
+            # reconnect gets 410, lists again, and the worker's loss is still noticed.
+            k8s.hold_watches()
+            k8s.close_watches()
+            k8s.delete(NS, first[0])
+            k8s.compact()
+            k8s.release_watches()
+            replacement = first[0][: -len("-0")] + "-1"
+            wait_for(lambda: replacement in pods(k8s), 30, 0.05, "replacement pod")
+            lists = job.launcher.list_count
+            assert lists >= 2  # the 410 made it list again
+            k8s.set_phase(replacement, "Running")
+            for name in (first[1], replacement):
+                k8s.set_phase(name, "Succeeded", exit_code=0)
+            thread.join(30)
+            assert results and results[0].state == "succeeded", results
+        finally:
+            job.request_stop(cancel=True)
+            thread.join(30)
+        timeline = read_timeline(client, job.spec.run_prefix)
+        client.close()
+    lost = [(e.name, e.cause) for e in of_type(timeline, WorkerLost)]
+    assert lost == [(first[0], "deleted_externally")], lost
+    assert [e.name for e in of_type(timeline, WorkerLaunched)] == [*first, replacement]
