@@ -15,7 +15,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,6 +45,7 @@ from kfp_elastic.master.timeline import (
     WorkerLost,
     read_timeline,
 )
+from kfp_elastic.worker.ending import END_COMPLETED, END_ERROR, WorkerEnd, read_end
 from kfp_elastic.worker.progress import Committed, Progress
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,38 @@ def non_finite_loss(committed: Committed | None) -> str | None:
             step = committed.step - len(losses) + 1 + index
             return f"training loss is not finite ({loss}) at step {step}"
     return None
+
+
+def vanished_status(name: str, record: Mapping[str, Any], end: WorkerEnd | None) -> WorkerStatus:
+    """A worker of the table that the launcher no longer lists: it ended while no master
+    watched and its pod (process tree) is gone, status and all. Why, from what the worker
+    recorded itself (``worker/ending.py``); without that record, unknown rather than a guess."""
+    index, attempt = record.get("index"), record.get("attempt")
+    if end is None:
+        return WorkerStatus(
+            name,
+            WorkerPhase.DELETED,
+            Reason.UNKNOWN,
+            "gone while no master watched, with no pod status and no end record of its own",
+            worker_index=index,
+            attempt=attempt,
+        )
+    at = f"at step {end.step}, round {end.round} (its own record; its pod is gone)"
+    if end.end == END_COMPLETED:
+        reason, code, message = Reason.COMPLETED, 0, f"finished {at}"
+    elif end.end == END_ERROR:
+        reason, code, message = Reason.ERROR, None, f"failed {at}: {end.message}"
+    else:  # the kubelet's notice: preemption, eviction or node shutdown (not told apart here)
+        reason, code, message = Reason.PREEMPTED, None, f"stopped on SIGTERM {at}"
+    return WorkerStatus(
+        name,
+        WorkerPhase.DELETED,
+        reason,
+        message,
+        exit_code=code,
+        worker_index=index,
+        attempt=attempt,
+    )
 
 
 @dataclass(frozen=True)
@@ -192,13 +225,8 @@ class ElasticJob:
             self._cache.update(listed)
         for name, record in self._table.items():
             if not record.get("ended") and name not in listed:  # vanished while unwatched
-                self._cache[name] = WorkerStatus(
-                    name,
-                    WorkerPhase.DELETED,
-                    Reason.DELETED_EXTERNALLY,
-                    "gone while no master watched",
-                    worker_index=record.get("index"),
-                    attempt=record.get("attempt"),
+                self._cache[name] = vanished_status(
+                    name, record, read_end(self.client, spec.run_prefix, name)
                 )
         if self.metrics_port is not None:
             port = self.metrics.serve(self.metrics_port, self.metrics_host)

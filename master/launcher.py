@@ -43,11 +43,21 @@ class Reason(str, Enum):
     # Deleted by someone else without saying why. Clusters older than Kubernetes 1.26 preempt
     # and drain this way (no DisruptionTarget condition), so it counts as a disruption.
     DELETED_EXTERNALLY = "DeletedExternally"
+    # Ended while no master watched, and nothing tells why: its pod (or process tree) is gone
+    # with its status and the worker left no end record of its own (``worker/ending.py``).
+    UNKNOWN = "Unknown"
 
 
 #: Reasons outside the worker's control: replace the worker, do not count a failure.
 DISRUPTIONS = frozenset(
-    {Reason.PREEMPTED, Reason.EVICTED, Reason.NODE_LOST, Reason.REJECTED, Reason.DELETED_EXTERNALLY}
+    {
+        Reason.PREEMPTED,
+        Reason.EVICTED,
+        Reason.NODE_LOST,
+        Reason.REJECTED,
+        Reason.DELETED_EXTERNALLY,
+        Reason.UNKNOWN,
+    }
 )
 
 _ENDED = frozenset({WorkerPhase.SUCCEEDED, WorkerPhase.FAILED, WorkerPhase.DELETED})

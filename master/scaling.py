@@ -40,6 +40,7 @@ CAUSES = {
     Reason.DELETED_EXTERNALLY: "deleted_externally",
     Reason.DELETED: "deleted",
     Reason.ERROR: "failed",
+    Reason.UNKNOWN: "unknown",
 }
 
 
