@@ -150,7 +150,9 @@ class TimelineStats:
         at = event.at or event.t
         number = event.round or self.last_round or 0  # an older writer: the latest round
         world = self._worlds.setdefault((self._numbering, number), _Round(None))
-        world.commits.append(_Commit(event.step, at, event.rescued, event.stopping))
+        # A world that completed the training trains nothing after it: like a stop.
+        stopping = event.stopping or event.complete
+        world.commits.append(_Commit(event.step, at, event.rescued, stopping))
         if self.commits and event.step < self.commits[-1][1]:
             self.commits.clear()
         self.commits.append((at, event.step))

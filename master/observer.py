@@ -87,7 +87,7 @@ def new_commits(
     """The commits of ``committed`` (its recent ones, then itself) after ``last_commit`` ((step,
     at) of the last one on the timeline; None: none yet). The record itself becomes a full
     event; the earlier ones carry what the record keeps of them (step, time, round, world
-    size, rescued, stopping)."""
+    size, rescued, stopping, complete)."""
     if committed is None:
         return []
     if not committed.recent or not committed.at:  # an older writer: the record alone
@@ -122,6 +122,7 @@ def _entry_commit(entry: CommitEntry) -> timeline.Committed:
         world_size=entry.world_size,
         rescued=entry.rescued,
         stopping=entry.stopping,
+        complete=entry.complete,
         at=entry.at,
         round=entry.round,
     )

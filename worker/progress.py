@@ -111,7 +111,7 @@ RECENT_COMMITS = 64
 @dataclass(frozen=True)
 class CommitEntry:
     """One commit as the record's ``recent`` keeps it: ``[round, step, at, world_size, flags]``
-    in JSON (flags: 1 rescued, 2 stopping)."""
+    in JSON (flags: 1 rescued, 2 stopping, 4 complete)."""
 
     round: int
     step: int
@@ -119,29 +119,29 @@ class CommitEntry:
     world_size: int = 0
     rescued: bool = False
     stopping: bool = False
+    complete: bool = False
 
     def to_list(self) -> list[int | float]:
-        flags = int(self.rescued) | 2 * int(self.stopping)
+        flags = int(self.rescued) | 2 * int(self.stopping) | 4 * int(self.complete)
         return [self.round, self.step, round(self.at, 3), self.world_size, flags]
 
     @classmethod
     def from_list(cls, row: list[int | float]) -> CommitEntry:
         number, step, at, world, flags = (list(row) + [0, 0])[:5]
+        bits = int(flags)
         return cls(
-            int(number),
-            int(step),
-            float(at),
-            int(world),
-            bool(int(flags) & 1),
-            bool(int(flags) & 2),
-        )
+            int(number), int(step), float(at), int(world), bool(bits & 1), bool(bits & 2),
+            bool(bits & 4),
+        )  # fmt: skip
 
 
 def recorded(previous: Committed | None, new: Committed, round_number: int, at: float) -> Committed:
     """``new`` stamped with its time and round, its entry appended to ``previous``'s recent
     commits (pure; the committer calls it before the compare-and-swap)."""
     at = round(at, 3)  # as the JSON of ``recent`` keeps it: the record's time matches its entry
-    entry = CommitEntry(round_number, new.step, at, new.world_size, new.rescued, new.stopping)
+    entry = CommitEntry(
+        round_number, new.step, at, new.world_size, new.rescued, new.stopping, new.complete
+    )
     recent = (*(previous.recent if previous else ()), entry)[-RECENT_COMMITS:]
     return replace(new, at=at, round=round_number, recent=recent)
 

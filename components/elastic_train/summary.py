@@ -116,6 +116,7 @@ def summarize(
     for event in events:
         t = event.t - start
         if isinstance(event, RoundFormed):
+            t = (event.formed_at or event.t) - start  # when it formed, even if no master saw it
             if rounds_seen:
                 restarts.append(
                     Restart(
