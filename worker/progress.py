@@ -130,9 +130,14 @@ class CommitEntry:
         number, step, at, world, flags = (list(row) + [0, 0])[:5]
         bits = int(flags)
         return cls(
-            int(number), int(step), float(at), int(world), bool(bits & 1), bool(bits & 2),
+            int(number),
+            int(step),
+            float(at),
+            int(world),
+            bool(bits & 1),
+            bool(bits & 2),
             bool(bits & 4),
-        )  # fmt: skip
+        )
 
 
 def recorded(previous: Committed | None, new: Committed, round_number: int, at: float) -> Committed:

@@ -31,9 +31,14 @@ class Records:
 
     def commit(self, t: float, step: int, rescued: bool = False, stopping: bool = False) -> None:
         new = progress.Committed(
-            step, 0, step, world_size=len(self.round.participants), rescued=rescued,
-            stopping=stopping, losses=(1.0 / step,),
-        )  # fmt: skip
+            step,
+            0,
+            step,
+            world_size=len(self.round.participants),
+            rescued=rescued,
+            stopping=stopping,
+            losses=(1.0 / step,),
+        )
         self.committed = progress.recorded(self.committed, new, self.round.number, T0 + t)
 
 
@@ -95,8 +100,17 @@ def test_a_master_away_rebuilds_the_same_timeline_and_numbers() -> None:
     away, away_timeline = play(observe_after={0, 2})
     assert worker_view(away_timeline) == worker_view(watched_timeline)
     assert [e.step for e in away_timeline if isinstance(e, Committed)] == [
-        4, 8, 12, 14, 18, 20, 17, 21, 23, 27,
-    ]  # fmt: skip
+        4,
+        8,
+        12,
+        14,
+        18,
+        20,
+        17,
+        21,
+        23,
+        27,
+    ]
     assert [e.round for e in away_timeline if isinstance(e, RoundFormed)] == [1, 2, 3, 4]
     # 2 (the kill: 1 s at 2 steps/s) + 0 (stopped at a commit) + 3 (back from 20 to 17)
     # + 0 (rescued): exactly what the records show, with or without a master watching.
