@@ -1,7 +1,9 @@
 """How a worker ended, in its own words: ``{run}/ends/{worker}`` (``RunKeys.worker_end``).
 
-The worker runtime writes it when it knows (a SIGTERM it stopped on, the job finished, an
-error), from each node's local rank 0, once, as it ends. The master reads it only for a
+The worker runtime writes it when it knows: a SIGTERM it stopped on, or the job finished;
+from each node's local rank 0, as it ends. (An error is not an end the runtime can tell: its
+agent may start it again; the agent records the errors it counts, and whether it gave up, in
+``errors/{worker}``, ``rendezvous/peer_failures.py``.) The master reads it only for a
 worker whose pod (or process tree) is gone without a status to tell why: one that ended while
 no master watched (``master.job.vanished_status``). No lease: it outlives the worker.
 """
@@ -23,9 +25,9 @@ from kfp_elastic.job_env import WORKER_NAME_VARS
 log = logging.getLogger(__name__)
 
 #: ``WorkerEnd.end``: stopped on SIGTERM (the kubelet's notice of a preemption, eviction or
-#: node shutdown), finished (exit 0), or failed with an error.
-END_SIGTERM, END_COMPLETED, END_ERROR = "sigterm", "completed", "error"
-ENDS = (END_SIGTERM, END_COMPLETED, END_ERROR)
+#: node shutdown), or finished (exit 0).
+END_SIGTERM, END_COMPLETED = "sigterm", "completed"
+ENDS = (END_SIGTERM, END_COMPLETED)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from .device import (
     settle,
     to_device,
 )
-from .ending import END_COMPLETED, END_ERROR, END_SIGTERM, now_end, record_end, worker_name
+from .ending import END_COMPLETED, END_SIGTERM, now_end, record_end, worker_name
 from .model_def import ModelDef, checked_scheduler, load_model_def
 from .options import parse_args
 from .peer_loss import watch_stalls
@@ -252,9 +252,8 @@ class Trainer:
     def run(self) -> int:
         try:
             stopped = self._train()
-        except Exception as error:
+        except Exception:
             self._write_rescue()
-            self._record_end(END_ERROR, repr(error))
             raise
         finally:
             if self.stall is not None:  # what follows (saving, exit) may take longer than a step
@@ -274,7 +273,7 @@ class Trainer:
         self._record_end(END_COMPLETED)
         return 0
 
-    def _record_end(self, end: str, message: str = "") -> None:
+    def _record_end(self, end: str) -> None:
         """How this node's worker ended, for a master that did not watch (``ending.py``)."""
         worker = worker_name()
         if self.local_rank != 0 or worker is None:
@@ -286,7 +285,7 @@ class Trainer:
             log.warning("end not recorded worker=%s error=%r", worker, error)
             return
         try:
-            record = now_end(end, self._finished[0], self.round, message)
+            record = now_end(end, self._finished[0], self.round)
             record_end(client, settings.run_prefix(self.run_id), worker, record)
         finally:
             client.close()

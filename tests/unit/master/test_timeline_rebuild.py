@@ -13,7 +13,7 @@ from kfp_elastic.master.scaling import outcome_of
 from kfp_elastic.master.timeline import Committed, Event, RoundFormed
 from kfp_elastic.rendezvous.round_formation import NO_ROUND, RoundRecord
 from kfp_elastic.worker import progress
-from kfp_elastic.worker.ending import END_COMPLETED, END_ERROR, END_SIGTERM, WorkerEnd
+from kfp_elastic.worker.ending import END_COMPLETED, END_SIGTERM, WorkerEnd
 
 T0 = 1_700_000_000.0
 
@@ -141,13 +141,17 @@ def test_the_records_stay_bounded() -> None:
     assert RoundRecord.from_json(records.round.to_json()) == records.round
 
 
-def cause(end: WorkerEnd | None) -> tuple[str, bool]:
-    outcome = outcome_of(vanished_status("worker-1-0", {"index": 1, "attempt": 0}, end))
+def cause(end: WorkerEnd | None, error: dict | None = None) -> tuple[str, bool]:
+    outcome = outcome_of(vanished_status("worker-1-0", {"index": 1, "attempt": 0}, end, error))
     return outcome.cause, outcome.failure
 
 
 def test_a_worker_gone_while_no_master_watched_ends_as_it_recorded_or_unknown() -> None:
     assert cause(WorkerEnd(END_SIGTERM, T0, 20, 2)) == ("preempted", False)
     assert cause(WorkerEnd(END_COMPLETED, T0, 27, 4)) == ("completed", False)
-    assert cause(WorkerEnd(END_ERROR, T0, 3, 1, "RuntimeError('boom')")) == ("failed", True)
-    assert cause(None) == ("unknown", False)  # no pod status, no record: not invented
+    gave_up = {"verdict": "give_up", "error": "RuntimeError: boom"}
+    assert cause(None, gave_up) == ("failed", True)
+    # An error its agent counted and restarted from says nothing of how the worker ended; no
+    # pod status and no record: the cause is not invented.
+    assert cause(None, {"verdict": "count", "error": "RuntimeError: boom"}) == ("unknown", False)
+    assert cause(None) == ("unknown", False)
