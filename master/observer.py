@@ -221,7 +221,10 @@ class Observer:
             )
             record = None
             if round_value is not None and round_revision != self._observed.get("round_revision"):
-                record = RoundRecord.from_json(round_value)
+                try:
+                    record = RoundRecord.from_json(round_value)
+                except (ValueError, TypeError, KeyError) as error:
+                    log.warning("unreadable round record error=%r", error)
             committed = None
             if commit_value is not None and commit_revision != self._observed.get(
                 "commit_revision"
@@ -230,10 +233,11 @@ class Observer:
                     committed = Committed.from_json(commit_value)
                 except (ValueError, TypeError, KeyError) as error:
                     log.warning("unreadable committed record error=%r", error)
+            revisions = {"round_revision": round_revision, "commit_revision": commit_revision}
             if record is None and committed is None:
-                if commit_revision and commit_revision != self._observed.get("commit_revision"):
-                    self._observed["commit_revision"] = commit_revision
-                    self._state.set_observed(self._observed)
+                if any(v and v != self._observed.get(k) for k, v in revisions.items()):
+                    self._observed.update({k: v for k, v in revisions.items() if v})
+                    self._state.set_observed(self._observed)  # unreadable: not again
                 return
             for event in missed_events(
                 record, committed, self.stats.last_round, self.stats.last_commit, self._nproc
@@ -247,13 +251,10 @@ class Observer:
                         event.world_size,
                         event.formed_at,
                     )
-            if record is not None:
-                self._observed["round_revision"] = round_revision
             if committed is not None:
                 self.committed = committed
                 self._end_epochs(committed)
-            if commit_revision:
-                self._observed["commit_revision"] = commit_revision
+            self._observed.update({k: v for k, v in revisions.items() if v})
             self._state.set_observed(self._observed)
 
     def _append(self, event: Event) -> None:
