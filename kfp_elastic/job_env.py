@@ -113,4 +113,7 @@ SNAPSHOT_DIR_ENV = _env_name("snapshot_dir")
 #: The rendezvous round a worker was started in: set by the elastic-etcd handler in its agent
 #: (inherited by the workers torchrun starts), read by ``worker/peer_loss.py``.
 ROUND_ENV = "KFP_ELASTIC_RDZV_ROUND"
+#: Which worker an agent (and its workers) runs, in the master's words: the local launcher sets
+#: the first, a pod has its name in the second (downward API).
+WORKER_NAME_VARS = ("KFP_ELASTIC_WORKER_NAME", "POD_NAME")
 RUN_ID_ENV = _env_name("run_id")

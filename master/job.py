@@ -15,7 +15,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -52,6 +52,8 @@ from kfp_elastic.master.timeline import (
     WorkerLost,
     read_timeline,
 )
+from kfp_elastic.rendezvous.peer_failures import Verdict
+from kfp_elastic.worker.ending import END_COMPLETED, WorkerEnd, read_end
 from kfp_elastic.worker.progress import Committed, Progress
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,40 @@ def non_finite_loss(committed: Committed | None) -> str | None:
             step = committed.step - len(losses) + 1 + index
             return f"training loss is not finite ({loss}) at step {step}"
     return None
+
+
+def vanished_status(
+    name: str,
+    record: Mapping[str, Any],
+    end: WorkerEnd | None,
+    error: Mapping[str, Any] | None = None,
+) -> WorkerStatus:
+    """A worker of the table that the launcher no longer lists: it ended while no master
+    watched and its pod (process tree) is gone, status and all. Why, from what the worker
+    recorded itself: its end (``worker/ending.py``), else its agent giving up on an error
+    (``errors/{worker}`` with verdict ``give_up``); without either, unknown rather than a
+    guess."""
+    index, attempt = record.get("index"), record.get("attempt")
+    reason, code = Reason.UNKNOWN, None
+    message = "gone while no master watched, with no pod status and no record of its own"
+    if end is not None:
+        at = f"at step {end.step}, round {end.round} (its own record; its pod is gone)"
+        if end.end == END_COMPLETED:
+            reason, code, message = Reason.COMPLETED, 0, f"finished {at}"
+        else:  # the kubelet's notice: preemption, eviction or node shutdown (not told apart)
+            reason, message = Reason.PREEMPTED, f"stopped on SIGTERM {at}"
+    elif error is not None and error.get("verdict") == Verdict.GIVE_UP.value:
+        reason = Reason.ERROR
+        message = f"its agent gave up (its own record; its pod is gone): {error.get('error', '')}"
+    return WorkerStatus(
+        name,
+        WorkerPhase.DELETED,
+        reason,
+        message,
+        exit_code=code,
+        worker_index=index,
+        attempt=attempt,
+    )
 
 
 @dataclass(frozen=True)
@@ -207,13 +243,11 @@ class ElasticJob:
             self._cache.update(listed)
         for name, record in self._table.items():
             if not record.get("ended") and name not in listed:  # vanished while unwatched
-                self._cache[name] = WorkerStatus(
+                self._cache[name] = vanished_status(
                     name,
-                    WorkerPhase.DELETED,
-                    Reason.DELETED_EXTERNALLY,
-                    "gone while no master watched",
-                    worker_index=record.get("index"),
-                    attempt=record.get("attempt"),
+                    record,
+                    read_end(self.client, spec.run_prefix, name),
+                    self._error_record(name),
                 )
         if self.metrics_port is not None:
             port = self.metrics.serve(self.metrics_port, self.metrics_host)
@@ -407,19 +441,28 @@ class ElasticJob:
         if status.reason != Reason.ERROR or status.name in recorded:
             return status
         if status.name not in self._worker_errors:
-            value, _ = self.client.get(RunKeys(self.spec.run_prefix).worker_error(status.name))
+            record = self._error_record(status.name) or {}
             try:
-                record = json.loads(value) if value else {}
                 self._worker_errors[status.name] = (
                     str(record.get("error", "")),
                     int(record.get("failures", 1)),
                 )
-            except (ValueError, TypeError, AttributeError):
+            except (ValueError, TypeError):
                 self._worker_errors[status.name] = ("", 1)
         error, count = self._worker_errors[status.name]
         if not error:
             return status
         return replace(status, message=f"{status.message}; worker error: {error}", errors=count)
+
+    def _error_record(self, name: str) -> dict[str, Any] | None:
+        """What the worker's agent recorded of its last counted error (``RunKeys.worker_error``;
+        None: nothing, or not readable)."""
+        value, _ = self.client.get(RunKeys(self.spec.run_prefix).worker_error(name))
+        try:
+            record = json.loads(value) if value else None
+        except ValueError:
+            return None
+        return record if isinstance(record, dict) else None
 
     def _record_ended(self, decision: Decision, failures: int) -> None:
         for outcome in decision.ended:

@@ -46,6 +46,9 @@ class Reason(str, Enum):
     # The worker stopped itself (after a snapshot) because its run had no master for
     # orphan_timeout_s (exit code ORPHANED_EXIT_CODE, rendezvous/orphan.py): not its fault.
     ORPHANED = "Orphaned"
+    # Ended while no master watched, and nothing tells why: its pod (or process tree) is gone
+    # with its status and the worker left no end record of its own (``worker/ending.py``).
+    UNKNOWN = "Unknown"
 
 
 #: Reasons outside the worker's control: replace the worker, do not count a failure.
@@ -57,6 +60,7 @@ DISRUPTIONS = frozenset(
         Reason.REJECTED,
         Reason.DELETED_EXTERNALLY,
         Reason.ORPHANED,
+        Reason.UNKNOWN,
     }
 )
 

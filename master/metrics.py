@@ -2,17 +2,11 @@
 prometheus-client (a custom collector over the master's snapshot of the timeline and its state).
 
 Everything derived from the event timeline (restarts, steps, rates, lost steps) is computed by
-:class:`TimelineStats`, a pure fold over timeline events, so a recovered master that reads the
-timeline again reports the same numbers as the master before it.
-
-Lost steps are steps trained and then thrown away by a rollback:
-
-- a committed step that goes backwards (a restore from an older snapshot): the difference;
-- a new round (torchrun restarts every worker and they restore the last commit): the steps
-  trained since the last commit, estimated as ``rate * (round formed - last commit or previous
-  round)``, capped at the largest gap between two commits (the workers would have committed
-  again after that many steps). The workers do not report uncommitted steps, so this is an
-  estimate; it is exact when the workers commit every step.
+:class:`TimelineStats`, a pure fold over timeline events that uses the workers' own times (a
+commit's ``at``, a round's ``formed_at``) and rounds, never the time a master saw them. The
+observer puts every commit and round on the timeline from the workers' records, also those made
+while no master watched, so a master that was away for a while (a crash, a KFP retry) reports
+the same numbers as one that never left. The definitions are in docs/master.md ("Metrics").
 """
 
 from __future__ import annotations
@@ -37,25 +31,98 @@ log = logging.getLogger(__name__)
 RATE_WINDOW_S = 60.0
 
 
+@dataclass(frozen=True)
+class _Commit:
+    step: int
+    at: float
+    rescued: bool
+    stopping: bool
+
+
+@dataclass
+class _Round:
+    formed_at: float | None
+    commits: list[_Commit] = field(default_factory=list)
+
+
+def _rate(window: Iterable[tuple[float, int]], end: float, window_s: float) -> float:
+    recent = [(t, s) for t, s in window if end - window_s <= t <= end]
+    if len(recent) < 2 or recent[-1][0] <= recent[0][0]:
+        return 0.0
+    return max(0.0, (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0]))
+
+
+def lost_steps_of(rounds: Iterable[_Round]) -> int:
+    """Lost steps of the worlds ``rounds`` (in round order, each with its commits in commit
+    order): committed steps going backwards, plus the estimated uncommitted tail of every world
+    that ended without a stopping commit and was not rescued (docs/master.md, "Metrics")."""
+    lost = pending = max_gap = 0
+    last_step: int | None = None
+    last_at: float | None = None
+    window: deque[tuple[float, int]] = deque(maxlen=256)
+    previous: _Round | None = None
+    for current in rounds:
+        formed_at = current.formed_at
+        if formed_at is None:  # known from its commits only
+            formed_at = current.commits[0].at if current.commits else None
+        if previous is not None and last_at is not None and formed_at is not None:
+            stopped = bool(previous.commits) and previous.commits[-1].stopping
+            if not stopped:
+                began = previous.formed_at if previous.formed_at is not None else last_at
+                estimate = int(
+                    _rate(window, last_at, RATE_WINDOW_S)
+                    * max(0.0, formed_at - max(last_at, began))
+                )
+                if max_gap:
+                    estimate = min(estimate, max_gap)
+                lost += estimate
+                pending += estimate
+        for commit in current.commits:
+            if commit.rescued:  # the survivors kept what they had trained
+                lost -= pending
+            pending = 0
+            if last_step is not None:
+                if commit.step < last_step:
+                    lost += last_step - commit.step
+                    window.clear()
+                else:
+                    max_gap = max(max_gap, commit.step - last_step)
+            window.append((commit.at, commit.step))
+            last_step, last_at = commit.step, commit.at
+        previous = current
+    return lost
+
+
 @dataclass
 class TimelineStats:
     """Fold of timeline events (``add`` them oldest first)."""
 
     rounds: int = 0
     last_round: int | None = None
-    last_round_t: float | None = None
     world_size: int = 0
     steps_total: int = 0
-    lost_steps: int = 0
-    max_commit_gap: int = 0
-    last_commit_t: float | None = None
-    unconfirmed_lost: int = 0  # estimated at rounds since the last commit
-    _stopped: bool = False  # the last commit was the current world's stop: nothing to lose
+    last_commit: tuple[int, float] | None = None  # (step, at) of the last commit on the timeline
     commits: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256))
+    # Worlds by (numbering, round): a smaller round number than the last one means the run's
+    # rendezvous keys expired and the numbering started again.
+    _worlds: dict[tuple[int, int], _Round] = field(default_factory=dict)
+    _numbering: int = 0
+    _lost: int | None = None
 
     @property
     def restarts(self) -> int:
         return max(0, self.rounds - 1)
+
+    @property
+    def lost_steps(self) -> int:
+        if self._lost is None:
+            self._lost = lost_steps_of(self._worlds[k] for k in sorted(self._worlds))
+        return self._lost
+
+    def goodput(self) -> float:
+        """``steps / (steps + lost_steps)``; 0.0 before the first commit."""
+        steps = self.steps_total
+        return steps / (steps + self.lost_steps) if steps else 0.0
 
     def add_all(self, events: Iterable[Event]) -> TimelineStats:
         for event in events:
@@ -64,62 +131,40 @@ class TimelineStats:
 
     def add(self, event: Event) -> None:
         if isinstance(event, RoundFormed):
-            self._round(event.round, event.t, event.world_size)
+            self._round(event.round, event.formed_at or event.t, event.world_size)
         elif isinstance(event, Committed):
-            self._commit(event.step, event.t, event.rescued, event.stopping, event.world_size)
+            self._commit(event)
 
-    def _round(self, number: int, t: float, world_size: int) -> None:
-        # Rounds formed while no master watched show as a jump of the round number; a smaller
-        # number means the run's rendezvous keys expired and counting started again.
+    def _round(self, number: int, formed_at: float, world_size: int) -> None:
+        # Rounds formed while no master watched and not put on the timeline show as a jump.
         jump = number - self.last_round if self.last_round is not None else 1
         self.rounds += jump if jump > 0 else 1
-        if self.last_round is not None and self.commits and not self._stopped:
-            since = max(x for x in (self.last_commit_t, self.last_round_t) if x is not None)
-            rate = self.rate(at=self.commits[-1][0])
-            lost = int(rate * max(0.0, t - since))
-            if self.max_commit_gap:
-                lost = min(lost, self.max_commit_gap)
-            self.lost_steps += lost
-            self.unconfirmed_lost += lost
-        self.last_round, self.last_round_t, self.world_size = number, t, world_size
-        self._stopped = False
+        if jump <= 0 and self.last_round is not None:
+            self._numbering += 1
+        world = self._worlds.setdefault((self._numbering, number), _Round(formed_at))
+        world.formed_at = formed_at
+        self.last_round, self.world_size = number, world_size
+        self._lost = None
 
-    def _commit(
-        self,
-        step: int,
-        t: float,
-        rescued: bool = False,
-        stopping: bool = False,
-        world_size: int = 0,
-    ) -> None:
-        # A rescue (survivors kept what they had trained), or the last commit of the world
-        # before the latest round (stopped for a join: every rank finished its step and it was
-        # committed): the estimate taken at that round did not happen.
-        if rescued or (stopping and world_size != self.world_size):
-            self.lost_steps -= self.unconfirmed_lost
-        # The current world stopping (SIGTERM): the round it leads to loses nothing.
-        self._stopped = stopping and world_size == self.world_size
-        self.unconfirmed_lost = 0
-        if self.commits:
-            previous = self.commits[-1][1]
-            if step < previous:
-                self.lost_steps += previous - step
-                self.commits.clear()
-            else:
-                self.max_commit_gap = max(self.max_commit_gap, step - previous)
-        self.commits.append((t, step))
-        self.steps_total = step
-        self.last_commit_t = t
+    def _commit(self, event: Committed) -> None:
+        at = event.at or event.t
+        number = event.round or self.last_round or 0  # an older writer: the latest round
+        world = self._worlds.setdefault((self._numbering, number), _Round(None))
+        # A world that completed the training trains nothing after it: like a stop.
+        stopping = event.stopping or event.complete
+        world.commits.append(_Commit(event.step, at, event.rescued, stopping))
+        if self.commits and event.step < self.commits[-1][1]:
+            self.commits.clear()
+        self.commits.append((at, event.step))
+        self.steps_total = event.step
+        self.last_commit = (event.step, at)
+        self._lost = None
 
     def rate(self, at: float | None = None, window_s: float = RATE_WINDOW_S) -> float:
         """Committed steps per second over the last ``window_s`` seconds of commits."""
         if not self.commits:
             return 0.0
-        end = self.commits[-1][0] if at is None else at
-        recent = [(t, s) for t, s in self.commits if end - window_s <= t <= end]
-        if len(recent) < 2 or recent[-1][0] <= recent[0][0]:
-            return 0.0
-        return max(0.0, (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0]))
+        return _rate(self.commits, self.commits[-1][0] if at is None else at, window_s)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ CAUSES = {
     Reason.ORPHANED: "orphaned",
     Reason.DELETED: "deleted",
     Reason.ERROR: "failed",
+    Reason.UNKNOWN: "unknown",
 }
 
 

@@ -145,6 +145,7 @@ class RoundFormed(Event):
     nodes: int = 0
     world_size: int = 0
     participants: tuple[str, ...] = ()
+    formed_at: float = 0.0  # the forming leader's unix time (0.0: not known, use ``t``)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,6 +162,8 @@ class Committed(Event):
     stopping: bool = False  # the world's last step before it stopped: it lost nothing
     global_batch: int | None = None
     lr: float | None = None
+    at: float = 0.0  # rank 0's unix time of the commit (0.0: not known, use ``t``)
+    round: int = 0  # the round of the world that committed (0: not known)
 
 
 @dataclass(frozen=True, kw_only=True)

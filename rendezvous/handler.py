@@ -33,7 +33,7 @@ from torch.distributed.elastic.rendezvous import (
 
 from kfp_elastic.etcd.client import EtcdConnectionError, connect
 from kfp_elastic.etcd.keys import CLOSED_FAILED, CLOSED_SUCCEEDED, CLOSED_UNKNOWN, RunKeys
-from kfp_elastic.job_env import ROUND_ENV
+from kfp_elastic.job_env import ROUND_ENV, WORKER_NAME_VARS
 from kfp_elastic.worker.device import set_nccl_error_handling
 
 from . import leave as leave_hook
@@ -65,8 +65,6 @@ BACKEND_NAME = "elastic-etcd"
 BROKEN_CHECK_S = 0.2
 # How often a failed worker's agent looks for the membership change that explains the failure.
 MEMBERSHIP_POLL_S = 0.02
-# Which worker an agent runs, in the master's words (local launcher; pods: the pod's name).
-WORKER_NAME_VARS = ("KFP_ELASTIC_WORKER_NAME", "POD_NAME")
 
 
 def _advertised_addr(local_addr: str | None) -> str:

@@ -362,7 +362,9 @@ class Membership:
         with self._view_lock:
             records = self._view.records
             floor = max((records[n].after_round for n in participants if n in records), default=0)
-        new_round = RoundRecord(max(current.number, floor) + 1, participants, run_lease)
+        new_round = current.followed_by(
+            max(current.number, floor) + 1, participants, run_lease, time.time()
+        )
         old_store = self._keys.store(current.number)
         # Rank 0 publishes where workers bootstrap; when that is us, with the round itself.
         master = (

@@ -52,11 +52,30 @@ class NodeRecord:
         )
 
 
+#: Earlier rounds a round record keeps (``RoundRecord.history``): enough for a master that was
+#: away to put every round on the timeline with the time it formed.
+ROUND_HISTORY = 16
+
+
 @dataclass(frozen=True)
 class RoundRecord:
     number: int
     participants: tuple[str, ...]
     run_lease: int = 0
+    # The forming leader's unix time: the timeline stamps the round with it, not with when a
+    # master first saw the round (``master/observer.py``). 0.0: written by an older leader.
+    formed_at: float = 0.0
+    # (number, formed_at, nodes) of the rounds before this one, oldest first (ROUND_HISTORY).
+    history: tuple[tuple[int, float, int], ...] = ()
+
+    def followed_by(
+        self, number: int, participants: tuple[str, ...], run_lease: int, formed_at: float
+    ) -> RoundRecord:
+        """The round after this one (which joins the history, unless it is no round)."""
+        history = self.history
+        if self.number:
+            history = (*history, (self.number, self.formed_at, len(self.participants)))
+        return RoundRecord(number, participants, run_lease, formed_at, history[-ROUND_HISTORY:])
 
     def to_json(self) -> str:
         return json.dumps(
@@ -64,6 +83,8 @@ class RoundRecord:
                 "round": self.number,
                 "participants": list(self.participants),
                 "run_lease": self.run_lease,
+                "t": self.formed_at,
+                "history": [list(entry) for entry in self.history],
             }
         )
 
@@ -74,6 +95,10 @@ class RoundRecord:
             number=int(data["round"]),
             participants=tuple(data["participants"]),
             run_lease=int(data.get("run_lease", 0)),
+            formed_at=float(data.get("t", 0.0)),
+            history=tuple(
+                (int(n), float(t), int(nodes)) for n, t, nodes in data.get("history", ())
+            ),
         )
 
     def rank_of(self, node_id: str) -> int | None:

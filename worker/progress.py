@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from pyetcd.client import MultiEndpointEtcd3Client
 
@@ -81,18 +81,74 @@ class Committed:
     losses: tuple[float, ...] = field(default=())  # mean loss of the steps since last commit
     rescued: bool = False  # the state a survivor saved when its world broke (worker/rescue.py)
     stopping: bool = False  # its world's last step before it stopped (SIGTERM): nothing lost
+    at: float = 0.0  # rank 0's unix time of the commit (0.0: an older writer)
+    round: int = 0  # the rendezvous round of the world that committed (0: not known)
+    # The last RECENT_COMMITS commits, this one included, oldest first (``CommitEntry``): what
+    # a master that was away puts on the timeline (``master/observer.py``).
+    recent: tuple[CommitEntry, ...] = ()
 
     def to_json(self) -> str:
         data = asdict(self)
         data["losses"] = list(self.losses)
+        data["recent"] = [entry.to_list() for entry in self.recent]
         return json.dumps(data)
 
     @classmethod
     def from_json(cls, text: bytes | str) -> Committed:
         data = json.loads(text)
         data["losses"] = tuple(data.get("losses", ()))
+        data["recent"] = tuple(CommitEntry.from_list(row) for row in data.get("recent", ()))
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})  # newer writers may add
+
+
+#: Commits a committed record keeps in ``recent``. About 40 bytes each in the record that every
+#: commit writes anyway (no extra write per step); at one commit per snapshot this covers
+#: minutes of commits, more than a master retry takes.
+RECENT_COMMITS = 64
+
+
+@dataclass(frozen=True)
+class CommitEntry:
+    """One commit as the record's ``recent`` keeps it: ``[round, step, at, world_size, flags]``
+    in JSON (flags: 1 rescued, 2 stopping, 4 complete)."""
+
+    round: int
+    step: int
+    at: float
+    world_size: int = 0
+    rescued: bool = False
+    stopping: bool = False
+    complete: bool = False
+
+    def to_list(self) -> list[int | float]:
+        flags = int(self.rescued) | 2 * int(self.stopping) | 4 * int(self.complete)
+        return [self.round, self.step, round(self.at, 3), self.world_size, flags]
+
+    @classmethod
+    def from_list(cls, row: list[int | float]) -> CommitEntry:
+        number, step, at, world, flags = (list(row) + [0, 0])[:5]
+        bits = int(flags)
+        return cls(
+            int(number),
+            int(step),
+            float(at),
+            int(world),
+            bool(bits & 1),
+            bool(bits & 2),
+            bool(bits & 4),
+        )
+
+
+def recorded(previous: Committed | None, new: Committed, round_number: int, at: float) -> Committed:
+    """``new`` stamped with its time and round, its entry appended to ``previous``'s recent
+    commits (pure; the committer calls it before the compare-and-swap)."""
+    at = round(at, 3)  # as the JSON of ``recent`` keeps it: the record's time matches its entry
+    entry = CommitEntry(
+        round_number, new.step, at, new.world_size, new.rescued, new.stopping, new.complete
+    )
+    recent = (*(previous.recent if previous else ()), entry)[-RECENT_COMMITS:]
+    return replace(new, at=at, round=round_number, recent=recent)
 
 
 INITIAL = Committed(step=0, epoch=0, position=0)

@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset, default_collate
 
 from kfp_elastic.etcd.client import connect
+from kfp_elastic.job_env import ROUND_ENV
 
 from .collective import EXIT_PREEMPTED, gathered, shared
 from .data_plan import epoch_order
@@ -37,11 +38,19 @@ from .device import (
     settle,
     to_device,
 )
+from .ending import END_COMPLETED, END_SIGTERM, now_end, record_end, worker_name
 from .model_def import ModelDef, checked_scheduler, load_model_def
 from .options import parse_args
 from .peer_loss import watch_stalls
 from .policy import BatchPolicy, step_shape
-from .progress import Committed, Manifest, Progress, commit_with_retry, ensure_manifest
+from .progress import (
+    Committed,
+    Manifest,
+    Progress,
+    commit_with_retry,
+    ensure_manifest,
+    recorded,
+)
 from .rescue import Rescues
 from .restore import newest_state
 from .schedule import SnapshotPolicy, next_sync_step
@@ -61,6 +70,8 @@ class Trainer:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.policy = BatchPolicy.parse(args.policy)
         run_id = os.environ.get("TORCHELASTIC_RUN_ID", "local")
+        self.round = _int_env(ROUND_ENV)  # the rendezvous round this world was formed in
+        self.run_id = run_id
         self.progress: Progress | None = None
         if self.rank == 0:
             client = connect(args.etcd_settings)
@@ -229,6 +240,9 @@ class Trainer:
 
     def _commit_with_retry(self, new: Committed) -> None:
         assert self.progress is not None
+        # Stamped with rank 0's time and the world's round, appended to the recent commits:
+        # the timeline's numbers come from these, not from when a master saw the commit.
+        new = recorded(self.committed, new, self.round, time.time())
         revision = commit_with_retry(
             self.progress, self.manifest, self.committed, self.committed_revision, new
         )
@@ -245,6 +259,8 @@ class Trainer:
             if self.stall is not None:  # what follows (saving, exit) may take longer than a step
                 self.stall.close()
         if stopped:
+            if self.stop_requested:  # this node got the SIGTERM (not only agreed to stop)
+                self._record_end(END_SIGTERM)
             return EXIT_PREEMPTED
         if self.rank == 0:
             self.snapshots.wait()
@@ -254,7 +270,25 @@ class Trainer:
                 torch.save(weights, self.args.output)
         dist.barrier()
         self.rescues.discard_up_to(self._finished[0])  # the job is complete: none can win
+        self._record_end(END_COMPLETED)
         return 0
+
+    def _record_end(self, end: str) -> None:
+        """How this node's worker ended, for a master that did not watch (``ending.py``)."""
+        worker = worker_name()
+        if self.local_rank != 0 or worker is None:
+            return
+        settings = self.args.etcd_settings
+        try:
+            client = connect(settings)
+        except Exception as error:  # noqa: BLE001 - the pod status may still tell
+            log.warning("end not recorded worker=%s error=%r", worker, error)
+            return
+        try:
+            record = now_end(end, self._finished[0], self.round)
+            record_end(client, settings.run_prefix(self.run_id), worker, record)
+        finally:
+            client.close()
 
     def _train(self) -> bool:
         """Train to the end (False) or to an agreed stop on SIGTERM (True)."""
@@ -430,6 +464,11 @@ class Trainer:
             step=step,
         )
         self._pending_losses.append((loss_sum, len(ids)))
+
+
+def _int_env(name: str) -> int:
+    text = os.environ.get(name, "").strip()
+    return int(text) if text.isdigit() else 0
 
 
 def main(argv: list[str] | None = None) -> int:

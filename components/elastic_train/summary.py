@@ -5,8 +5,9 @@ Definitions (also in docs/pipelines.md):
 - ``steps``: the last committed optimizer step (the steps that reached the final model);
 - ``restarts``: rendezvous rounds formed after the first (every membership change restarts
   all workers from the last commit);
-- ``lost_steps``: steps trained and then thrown away by those restarts (the master's estimate,
-  ``master.metrics.TimelineStats``; exact when workers commit every step);
+- ``lost_steps``: steps trained and then thrown away by those restarts
+  (``master.metrics.TimelineStats``, from the workers' commit and round records: the same
+  across a master retry; docs/master.md, "Metrics");
 - ``goodput``: ``steps / (steps + lost_steps)``, the share of the training work that reached
   the final model (1.0: nothing was redone);
 - ``final_loss``: the mean training loss of the last committed step (0.0 if none was recorded).
@@ -119,6 +120,7 @@ def summarize(
     for event in events:
         t = event.t - start
         if isinstance(event, RoundFormed):
+            t = (event.formed_at or event.t) - start  # when it formed, even if no master saw it
             if rounds_seen:
                 restarts.append(
                     Restart(
@@ -162,7 +164,7 @@ def summarize(
         final_loss=final_loss,
         restarts=stats.restarts,
         lost_steps=lost,
-        goodput=steps / (steps + lost) if steps else 0.0,
+        goodput=stats.goodput(),
         workers_lost=counts["lost"],
         disruptions=counts["disruptions"],
         failures=counts["failures"],

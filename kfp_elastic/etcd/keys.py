@@ -9,7 +9,8 @@ that no two share one), so ``etcdctl get --prefix {run}/<part>/`` shows exactly 
 | *rendezvous/*                  |                                                |          |
 | rdzv/run                       | ``{"lease": id}``                              | run      |
 | rdzv/nodes/{node_id}           | ``{"waiting", "after_round", "addr", ...}``    | node's   |
-| rdzv/round                     | ``{"round", "participants", "run_lease"}``     | run      |
+| rdzv/round                     | ``{"round", "participants", "run_lease", "t",  | run      |
+|                                | "history"}``: t = formed at (leader's time)    |          |
 | rdzv/closed                    | ``{"by": node_id, "outcome": CLOSED_*}``       | run      |
 | rdzv/leader                    | ``{"node", "lease", "probe"}``                 | leader's |
 | rdzv/rank0                     | ``{"round", "node", "addr", "port"}``          | run      |
@@ -17,6 +18,9 @@ that no two share one), so ``etcdctl get --prefix {run}/<part>/`` shows exactly 
 | *rendezvous/peer_failures.py*  |                                                |          |
 | errors/{worker}                | ``{"error", "failures", ...}``: last counted   | -        |
 |                                | worker error of an agent (≤ 1.5 KB of text)    |          |
+| *worker/ending.py*             |                                                |          |
+| ends/{worker}                  | ``{"end", "t", "step", "round", "message"}``:  | -        |
+|                                | how a worker ended, in its own words           |          |
 | *master/state.py*              |                                                |          |
 | master/leader                  | ``{"id", "host", "pid", "since"}``             | master's |
 | master/spec                    | the job spec of the latest start               | -        |
@@ -28,7 +32,8 @@ that no two share one), so ``etcdctl get --prefix {run}/<part>/`` shows exactly 
 | *master/timeline.py*           |                                                |          |
 | events/{seq:010d}              | ``{"t", "kind", ...}``: one typed event        | -        |
 | *worker/progress.py*           |                                                |          |
-| progress/committed             | ``Committed``: step, epoch, position, ...      | -        |
+| progress/committed             | ``Committed``: step, epoch, position, at,      | -        |
+|                                | round, recent (the last 64 commits), ...       |          |
 | progress/base_world_size       | world size the batch policy scales from        | -        |
 | shards/manifest                | ``{"shards": [[id, start, end]...], ...}``     | -        |
 | shards/epoch/{e}/todo/{shard}  | ``{}``                                         | -        |
@@ -227,6 +232,15 @@ class RunKeys:
     def worker_error(self, worker: str) -> str:
         """``{worker}`` is the master's worker name (``KFP_ELASTIC_WORKER_NAME``)."""
         return f"{self.errors}{worker}"
+
+    @property
+    def ends(self) -> str:
+        # Not bound to a lease: a master that was away reads it after the worker is gone.
+        return f"{self.run_prefix}/ends/"
+
+    def worker_end(self, worker: str) -> str:
+        """How worker ``{worker}`` (the master's name for it) ended, in its own words."""
+        return f"{self.ends}{worker}"
 
     # -- the other parts ----------------------------------------------------------------------
     @property

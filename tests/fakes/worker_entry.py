@@ -3,7 +3,8 @@
 Run by torchrun (one process per rank). Rank 0 counts steps in ``<state-dir>/<run id>.step``;
 every rank sleeps ``--step-time`` per step and exits 0 once the file says ``--steps``. With
 ``KFP_ELASTIC_ETCD_ENDPOINTS`` set and ``--commit-every K``, rank 0 also commits its progress to
-etcd like the worker runtime does (``worker.progress``), ``complete`` at the last step.
+etcd like the worker runtime does (``worker.progress``), ``complete`` at the last step, and
+on SIGTERM commits its step as ``stopping`` and exits 143.
 ``--exit-code C`` exits at once with C (a crashing worker). Events go to ``--events`` as JSON
 lines: start, step, done.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -64,7 +66,11 @@ class Committer:
     def maybe_commit(self, step: int, losses: list[float]) -> None:
         if step % self.every and step < self.total:
             return
-        from kfp_elastic.worker.progress import Committed
+        self.commit(step, losses)
+
+    def commit(self, step: int, losses: list[float], stopping: bool = False) -> None:
+        from kfp_elastic.job_env import ROUND_ENV
+        from kfp_elastic.worker.progress import Committed, recorded
 
         previous, revision = self.progress.committed_record()
         samples = self.manifest.num_samples if self.manifest else 10**9
@@ -80,7 +86,9 @@ class Committer:
             world_size=int(os.environ.get("WORLD_SIZE", 1)),
             complete=done,
             losses=tuple(losses),
+            stopping=stopping,
         )
+        new = recorded(previous, new, int(os.environ.get(ROUND_ENV, 0) or 0), time.time())
         if self.manifest is not None:
             self.progress.commit(self.manifest, previous, revision, new)
         else:
@@ -106,11 +114,18 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0 and args.commit_every and "KFP_ELASTIC_ETCD_ENDPOINTS" in os.environ
         else None
     )
+    stop: list[int] = []
+    if committer is not None:  # like the runtime: SIGTERM stops at a (stopping) commit
+        signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signum))
     step = read_step(state)
     emit(args.events, "start", step=step)
     losses: list[float] = []
     while step < args.steps:
         time.sleep(args.step_time)
+        if stop and committer is not None:
+            committer.commit(step, losses, stopping=True)
+            emit(args.events, "stopped", step=step)
+            return 128 + signal.SIGTERM
         if rank == 0:
             step += 1
             tmp = state.with_suffix(f".tmp{os.getpid()}")

@@ -1,6 +1,7 @@
 """ElasticJob with the Kubernetes launcher built by the CLI, against
 testing/api_server.py: Pending
-pods keep their slot, a preempted pod is replaced, succeeded pods end the job."""
+pods keep their slot, a preempted pod is replaced, pods gone while no master ran end as their
+workers recorded (or unknown), succeeded pods end the job."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from kfp_elastic.master.timeline import JobDone, WorkerLaunched, WorkerLost, of_
 from kfp_elastic.master.wiring import launcher_factory
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.testing.api_server import FakeKubernetes
+from kfp_elastic.worker.ending import END_SIGTERM, WorkerEnd, record_end
 from tests.helpers import wait_for
 
 NS = "kfp-elastic"
@@ -133,19 +135,38 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
         assert k8s.pod(replacement)["spec"]["priorityClassName"] == GUARANTEED
         k8s.set_phase(replacement, "Running")
         k8s.set_phase(names[2], "Running")
-        for name in (names[0], replacement, names[2]):
+        # The master steps down (its workers run on). While none runs, one pod is preempted
+        # and gone, its worker having recorded the SIGTERM, and one vanishes without a word.
+        job.request_stop(cancel=False)
+        thread.join(30)
+        assert results and results[0].state == "stepped_down", results
+        end = WorkerEnd(END_SIGTERM, time.time(), 7, 2)
+        record_end(client, spec.run_prefix, names[0], end)
+        k8s.preempt(names[0])
+        for name in (names[0], names[2]):
+            if name in pods(k8s):
+                k8s.remove_pod(NS, name)
+        job = ElasticJob(spec, client, launcher_factory(spec))
+        thread = threading.Thread(target=lambda: results.append(job.run()))
+        thread.start()
+        again = [f"{run_id}-worker-0-1", f"{run_id}-worker-2-1"]
+        wait_for(lambda: set(again) <= set(pods(k8s)), 30, 0.05, "pods in their place")
+        for name in (replacement, *again):
+            k8s.set_phase(name, "Running")
             k8s.set_phase(name, "Succeeded", exit_code=0)
         thread.join(30)
-        assert results and results[0].state == "succeeded", results
+        assert results[-1].state == "succeeded", results
         wait_for(lambda: not pods(k8s), 10, 0.05, "pods deleted")
     finally:
         job.request_stop(cancel=True)
         thread.join(30)
     timeline = read_timeline(client, spec.run_prefix)
     lost = [(e.name, e.cause, e.failure) for e in of_type(timeline, WorkerLost)]
-    assert lost == [(names[1], "preempted", False)]
+    assert lost[0] == (names[1], "preempted", False)
+    # Gone while no master watched: as the worker recorded it, else unknown (not invented).
+    assert sorted(lost[1:]) == [(names[0], "preempted", False), (names[2], "unknown", False)]
     launched = [e.name for e in of_type(timeline, WorkerLaunched)]
-    assert launched == [*names, replacement]
+    assert launched == [*names, replacement, *again]
     assert isinstance(timeline[-1], JobDone)
     state: Any = MasterState(client, spec.run_prefix)
     assert state.status()["state"] == "succeeded" and state.failures() == 0

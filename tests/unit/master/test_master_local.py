@@ -28,6 +28,7 @@ from kfp_elastic.job_spec import Data, Entry, JobSpec, Policy, Size
 from kfp_elastic.master.job import ElasticJob, JobResult
 from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
 from kfp_elastic.master.local_launcher import LocalLauncher
+from kfp_elastic.master.metrics import TimelineStats
 from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import (
     Committed,
@@ -45,6 +46,7 @@ from kfp_elastic.master.timeline import (
 )
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.rendezvous.orphan import ORPHANED_EXIT_CODE
+from kfp_elastic.worker.progress import INITIAL, Progress
 from tests.helpers import REPO_ROOT, WORKER_ENTRY, master_command, read_events, wait_for
 
 ENTRY = str(WORKER_ENTRY)
@@ -334,6 +336,9 @@ def test_job_replaces_a_killed_worker_and_succeeds(
 def test_master_sigkill_and_restart_keeps_the_workers(
     etcd: EmbeddedEtcd, client: Any, tmp_path: Path, run_id: str, reaper: Any
 ) -> None:
+    """While no master runs, the workers commit and one is preempted: the new master adopts
+    the others, puts every commit on the timeline from the workers' records, reports the lost
+    steps the commits show and records the preemption as such."""
     command = master_command(
         [
             ENTRY,
@@ -361,11 +366,23 @@ def test_master_sigkill_and_restart_keeps_the_workers(
     reaper(first)
     prefix = f"/kfp-elastic/{run_id}"
     state = MasterState(client, prefix)
+    progress = Progress(client, prefix)
     wait_for(lambda: of_type(read_timeline(client, prefix), Committed), 90, 0.2, "first commit")
     pids = {name: record["pid"] for name, record in state.workers().items()}
     assert len(pids) == 2
     first.send_signal(signal.SIGKILL)
     first.wait(10)
+    seen = of_type(read_timeline(client, prefix), Committed)[-1].step
+    wait_for(
+        lambda: (progress.committed_record()[0] or INITIAL).step >= seen + 10,
+        60,
+        0.1,
+        "two commits while no master runs",
+    )
+    victim, survivor = sorted(pids)
+    os.kill(pids[victim], signal.SIGTERM)  # its supervisor: like the kubelet's notice
+    exit_file = Path(state.workers()[victim]["exit_file"])
+    wait_for(exit_file.exists, 30, 0.1, "the preempted worker's end")
     second = subprocess.Popen(command, stdout=logs[1], stderr=subprocess.STDOUT, env=env)
     reaper(second)
     try:
@@ -377,8 +394,18 @@ def test_master_sigkill_and_restart_keeps_the_workers(
     assert len(of_type(timeline, MasterStarted)) == 1
     (recovered,) = of_type(timeline, MasterRecovered)
     assert list(recovered.workers) == sorted(pids)
-    assert len(of_type(timeline, WorkerLaunched)) == 2  # none relaunched
-    assert {n: r["pid"] for n, r in state.workers().items()} == pids
+    assert state.workers()[survivor]["pid"] == pids[survivor]  # adopted, not restarted
+    assert [(e.name, e.cause) for e in of_type(timeline, WorkerLost)] == [(victim, "preempted")]
+    # Every commit the workers made is on the timeline, also those no master saw ...
+    committed, _ = progress.committed_record()
+    assert committed is not None and committed.complete
+    commits = [e.step for e in committed.recent]
+    assert [e.step for e in of_type(timeline, Committed)] == commits
+    # ... and the lost steps are what the commits show: none went back, and the world that
+    # lost its worker stopped at a commit (SIGTERM), so 0.
+    assert commits == sorted(commits)
+    stats = TimelineStats().add_all(timeline)
+    assert (stats.lost_steps, stats.goodput()) == (0, 1.0)
     assert of_type(timeline, WorkerCompleted) and isinstance(timeline[-1], JobDone)
     assert "result=succeeded" in (tmp_path / "master1.log").read_text()
 

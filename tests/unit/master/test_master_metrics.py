@@ -14,15 +14,32 @@ from prometheus_client.parser import text_string_to_metric_families
 from kfp_elastic.master.metrics import Metrics, Snapshot, TimelineStats, render
 from kfp_elastic.master.timeline import Committed, RoundFormed
 
+T0 = 1_700_000_000.0  # worker times; the master's are 100 s later
+
 
 def commit(
-    t: float, step: int, rescued: bool = False, stopping: bool = False, world: int = 2
+    t: float,
+    step: int,
+    rescued: bool = False,
+    stopping: bool = False,
+    world: int = 2,
+    in_round: int = 0,
 ) -> Committed:
-    return Committed(t=t, step=step, rescued=rescued, stopping=stopping, world_size=world)
+    """A commit at worker time ``t`` (an older writer's, without a round, when ``in_round``
+    is 0: it counts in the latest round on the timeline)."""
+    return Committed(
+        t=T0 + t + 100,
+        at=T0 + t,
+        step=step,
+        rescued=rescued,
+        stopping=stopping,
+        world_size=world,
+        round=in_round,
+    )
 
 
 def round_formed(t: float, number: int, world: int = 2) -> RoundFormed:
-    return RoundFormed(t=t, round=number, world_size=world)
+    return RoundFormed(t=T0 + t + 100, formed_at=T0 + t, round=number, world_size=world)
 
 
 def test_restarts_count_rounds_after_the_first_including_unseen_ones() -> None:
@@ -67,7 +84,7 @@ def test_a_world_that_stopped_with_a_commit_lost_nothing() -> None:
     # A join: the round of 3 forms first, then the world of 2 stops at a commit.
     stats.add_all([commit(15, 13, world=1), round_formed(18, 3, world=3)])
     assert stats.lost_steps > 0  # the estimate, until...
-    stats.add(commit(18.5, 16, stopping=True, world=1))
+    stats.add(commit(18.5, 16, stopping=True, world=1, in_round=2))  # the old world's
     assert stats.lost_steps == 0
     # ... and the world of 3 that trains on and then breaks without a commit loses steps.
     stats.add_all([commit(22, 20, world=3), commit(24, 22, world=3), round_formed(28, 4, world=2)])
