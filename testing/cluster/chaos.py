@@ -279,7 +279,7 @@ class ChaosExecutor:
             if members:
                 ok = self._wait(lambda: self._left(round_before.number, members), expected)
                 formed_at = self.run.step()
-                ok = ok and self._wait(lambda: self._moved(formed_at + 1), expected)
+                ok = ok and self._wait(lambda: self._moved(formed_at + 1, new_world=True), expected)
             else:
                 ok = self._wait(lambda: self._moved(before.step + 1), expected)
         after = self.run.committed()
@@ -341,9 +341,16 @@ class ChaosExecutor:
             return False
         return True
 
-    def _moved(self, at_least: int) -> bool:
+    def _moved(self, at_least: int, new_world: bool = False) -> bool:
+        """A commit of step ``at_least`` or later (or the job complete); with ``new_world``,
+        one the new world trained: not the state the old world's survivors saved as it broke
+        (rescued) or its last step before a worker stopped."""
         record = self.run.committed()
-        return record is not None and (record.step >= at_least or record.complete)
+        if record is None:
+            return False
+        if new_world and (record.rescued or record.stopping) and not record.complete:
+            return False
+        return record.step >= at_least or record.complete
 
     def _left(self, number: int, members: tuple[str, ...]) -> bool:
         """A round after ``number`` without ``members`` formed (or the job completed)."""
