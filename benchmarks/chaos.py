@@ -186,15 +186,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.getLogger("kfp_elastic.testing.cluster.chaos").setLevel(logging.INFO)
     export_checkout_to_children()  # pods import kfp_elastic from this checkout
-    results = []
+    results: list[ChaosResult] = []
     for seed in args.seed_list:
         results.append(run_seed(args, seed))
         print_seed(results[-1])
+        # After every seed: what ran is kept should a later seed be interrupted.
+        write_results(args, began, results)
     print(f"\n{'seed':>5} {'result':<6} {'events':>7} {'job_s':>7}  recovery median/max s by kind")
     for result in results:
         row = seed_summary(result)
         kinds = ", ".join(f"{k} {v.split(' ')[0]}" for k, v in row["recovery_s"].items())
         print(f"{result.seed:>5} {row['result']:<6} {row['events']:>7} {row['job_s']:>7}  {kinds}")
+    return 0 if all(result.ok for result in results) else 1
+
+
+def write_results(args: argparse.Namespace, began: float, results: list[ChaosResult]) -> None:
+    """The suite's result file for the seeds run so far (``harness.write_result``)."""
     ok = all(result.ok for result in results)
     summary = {
         "all_checks_pass": ok,
@@ -218,4 +225,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         ],
     }
     write_result("chaos", args, began, ok, summary, report)
-    return 0 if ok else 1

@@ -277,7 +277,7 @@ class ChaosExecutor:
             ok, expected = False, f"{expected} (the event itself: {exc})"
         else:
             if members:
-                ok = self._wait(lambda: self._left(round_before.number, members), expected)
+                ok = self._wait(lambda: self._left(members), expected)
                 formed_at = self.run.step()
                 ok = ok and self._wait(lambda: self._moved(formed_at + 1, new_world=True), expected)
             else:
@@ -352,14 +352,16 @@ class ChaosExecutor:
             return False
         return record.step >= at_least or record.complete
 
-    def _left(self, number: int, members: tuple[str, ...]) -> bool:
-        """A round after ``number`` without ``members`` formed (or the job completed)."""
+    def _left(self, members: tuple[str, ...]) -> bool:
+        """A round without ``members`` formed (or the job completed). Any such round is a later
+        one (they were in the round before the event); its number says nothing: once the last
+        agent left, the run lease expires with the round key and numbers start again."""
         record, committed = self.run.round_record(), self.run.committed()
         if committed is not None and committed.complete:
             return True
         return (
             record is not None
-            and record.number > number
+            and bool(record.participants)
             and not set(members) & set(record.participants)
         )
 
@@ -502,7 +504,8 @@ def run_chaos(
         # The reference trains while the job finishes (no step time: a few seconds).
         reference = None
         if not isinstance(started, str):
-            result.base_world_size = run.base_world_size()
+            base_world = _attempt(run.base_world_size)
+            result.base_world_size = base_world if isinstance(base_world, int) else 0
             reference = pool.submit(
                 undisturbed_accuracy, reference_root, run, result.base_world_size
             )
@@ -539,7 +542,8 @@ def run_chaos(
         if isinstance(handled, str) and handled.startswith("error: "):
             log.info("event=chaos_exit_handler_failed error=%r", handled)
     gone = _attempt(run.wait_no_leftovers)
-    result.leftovers = run.leftovers()
+    left = _attempt(run.leftovers)
+    result.leftovers = left if isinstance(left, dict) else {"error": left}
     result.checks.append(
         Check(
             "leftovers",
