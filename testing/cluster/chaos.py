@@ -220,14 +220,14 @@ class ChaosExecutor:
         self.node_capacity = node_capacity  # what an added node holds
         self.timeout_s = timeout_s
         self.added = 0
+        self.last_step = 0  # the committed step after the last event (apply goes on from it)
 
     def apply(self, plan: list[ChaosEvent]) -> list[ChaosOutcome]:
         """Fire ``plan``; the outcomes of the events fired (fewer when the job ended first or
         did not recover from one within the timeout)."""
         outcomes: list[ChaosOutcome] = []
-        last_step = 0
         for event in plan:
-            at_least = max(event.at_step, last_step + 1)
+            at_least = max(event.at_step, self.last_step + 1)
             moved = self._wait(
                 lambda step=at_least: self._moved(step), f"step {at_least} before {event}"
             )
@@ -237,13 +237,15 @@ class ChaosExecutor:
                 break
             round_before = self.run.round_record() if moved else None
             if before is None or round_before is None:
-                outcomes.append(self._stalled(event, f"a commit of step {at_least}", last_step))
+                outcomes.append(
+                    self._stalled(event, f"a commit of step {at_least}", self.last_step)
+                )
                 break
             outcome = self._apply_one(event, before, round_before)
             outcomes.append(outcome)
             if not outcome.ok:
                 break
-            last_step = max(before.step, self.run.step())
+            self.last_step = max(before.step, self.run.step())
         return outcomes
 
     def _apply_one(
@@ -473,7 +475,8 @@ def run_chaos(
     (planned once the first commit tells the global batch, hence the run's length), and check
     it: ``events`` (each fired and recovered), ``completion`` (the training task succeeded),
     ``exactly_once``, ``accuracy`` (within ``ACCURACY_TOLERANCE`` of an undisturbed run of the
-    same model definition, trained meanwhile under ``reference_root``) and ``leftovers`` (no
+    same model definition, trained under ``reference_root`` beside the job once no etcd restart
+    is left in the plan) and ``leftovers`` (no
     pod or process of the cluster left; after the exit handler's pod when ``exit_handler``).
     Every wait is bounded: a check that cannot pass fails with why, and the others still run.
     """
@@ -496,19 +499,24 @@ def run_chaos(
             )
         except ValueError as exc:
             result.checks.append(Check("events", False, f"no plan: {exc}"))
-        executor = ChaosExecutor(run, node_capacity, event_timeout_s)
-        result.outcomes = executor.apply(result.plan)
-        if result.plan:
-            result.checks.append(events_check(result.plan, result.outcomes))
     with ThreadPoolExecutor(1) as pool:
-        # The reference trains while the job finishes (no step time: a few seconds).
         reference = None
         if not isinstance(started, str):
+            # The reference trains beside the job, against the same etcd: once no etcd restart
+            # is left in the plan (it is to be undisturbed), and long before the job ends.
+            restarts = [e.index for e in result.plan if e.kind is ChaosKind.RESTART_ETCD]
+            split = restarts[-1] + 1 if restarts else 0
+            executor = ChaosExecutor(run, node_capacity, event_timeout_s)
+            result.outcomes = executor.apply(result.plan[:split])
             base_world = _attempt(run.base_world_size)
             result.base_world_size = base_world if isinstance(base_world, int) else 0
             reference = pool.submit(
                 undisturbed_accuracy, reference_root, run, result.base_world_size
             )
+            if len(result.outcomes) == split and all(o.ok for o in result.outcomes):
+                result.outcomes += executor.apply(result.plan[split:])
+            if result.plan:
+                result.checks.append(events_check(result.plan, result.outcomes))
         phase = _attempt(lambda: run.wait_done(done_timeout_s))
         result.job_s = round(time.monotonic() - began, 1)
         if phase not in ("Succeeded", "Failed"):  # still running: the wait ran out
