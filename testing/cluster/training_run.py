@@ -252,11 +252,6 @@ class TrainingRun:
         vanished meanwhile, as KFP's retry does."""
         wait_for(lambda: not self.retry_master_if_lost() and predicate(), timeout, 0.1, what)
 
-    def rendezvous_round(self) -> int | None:
-        """The number of the workers' latest rendezvous round; None while etcd is down."""
-        record = self.round_record()
-        return record.number if record is not None else None
-
     def round_record(self) -> RoundRecord | None:
         """The workers' latest rendezvous round (number, participants); ``NO_ROUND`` when there
         is none (before the first, or once the run lease expired); None while etcd is down."""
