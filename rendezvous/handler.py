@@ -82,6 +82,18 @@ class RunCompletedError(RendezvousClosedError):
     0 on it; under plain torchrun it ends the agent like any closed run (torch exits 1)."""
 
 
+def new_node_id() -> str:
+    """This agent's rendezvous identity: ``{hostname}-{pid}-{random}`` (unique per process; the
+    pid lets a test match a round's participants to the local processes it started)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def node_id_pid(node_id: str) -> int | None:
+    """The agent's pid in a :func:`new_node_id` identity (None for another format)."""
+    parts = node_id.rsplit("-", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
 class ElasticEtcdRendezvousHandler(RendezvousHandler):
     """One torchrun agent's view of the job. See docs/rendezvous.md for the protocol."""
 
@@ -91,7 +103,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         set_nccl_error_handling()
         self._config = config
         self._keys = RunKeys(config.run_prefix)
-        self.node_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.node_id = new_node_id()
         self._addr = _advertised_addr(config.local_addr)
         if config.warm_start:  # before connect(): the zygote may be forked only without threads
             warm_start.install(warm_start.DEFAULT_PRELOAD + config.preload_modules)

@@ -23,7 +23,7 @@ import logging
 import os
 import signal
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,8 @@ from kfp_elastic.etcd.keys import RunKeys, run_prefix_of
 from kfp_elastic.master.pod_spec import run_selector
 from kfp_elastic.master.timeline import Event, read_timeline
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.rendezvous.handler import node_id_pid
+from kfp_elastic.rendezvous.round_formation import NO_ROUND, RoundRecord
 from kfp_elastic.rendezvous.testing_pki import generate_test_pki
 from kfp_elastic.testing.cluster import FAST_NODE_LIFECYCLE, TestCluster
 from kfp_elastic.testing.cluster.kfp_task import (
@@ -49,6 +51,7 @@ from kfp_elastic.testing.cluster.kfp_task import (
 )
 from kfp_elastic.testing.cluster.kubelet import POD_UID_ENV
 from kfp_elastic.testing.nodes import Agent, free_port, new_run_id, wait_for
+from kfp_elastic.worker.data_plan import steps_left
 from kfp_elastic.worker.evaluate import evaluate
 from kfp_elastic.worker.progress import Committed, Progress
 
@@ -254,13 +257,29 @@ class TrainingRun:
         vanished meanwhile, as KFP's retry does."""
         wait_for(lambda: not self.retry_master_if_lost() and predicate(), timeout, 0.1, what)
 
-    def rendezvous_round(self) -> int | None:
-        """The number of the workers' latest rendezvous round; None while etcd is down."""
+    def round_record(self) -> RoundRecord | None:
+        """The workers' latest rendezvous round (number, participants); ``NO_ROUND`` when there
+        is none (before the first, or once the run lease expired); None while etcd is down."""
         try:
             value, _ = self.etcd_client.get(RunKeys(self.run_prefix).round)
         except Exception:  # noqa: BLE001 - etcd restarting: the caller asks again
             return None
-        return int(json.loads(value)["round"]) if value else 0
+        return RoundRecord.from_json(value) if value else NO_ROUND
+
+    def round_members(self, pods: Iterable[str], record: RoundRecord) -> tuple[str, ...]:
+        """The participants of ``record`` that are agents of ``pods``: a pod's agent is one of
+        its processes, and a participant's identity names its agent's pid
+        (``handler.node_id_pid``). A pod whose worker has not joined the round has none."""
+        pids = set().union(*(self.pod_pids(pod) for pod in pods))
+        return tuple(n for n in record.participants if node_id_pid(n) in pids)
+
+    def total_steps(self) -> int | None:
+        """The job's optimizer steps from start to end (``epochs`` times the steps of an epoch
+        at the committed global batch); None before the first commit."""
+        record = self.committed()
+        if record is None or not record.global_batch:
+            return None
+        return self.params["epochs"] * steps_left(self.samples, 0, record.global_batch)
 
     def timeline(self) -> list[Event]:
         return read_timeline(self.etcd_client, self.run_prefix)
@@ -284,6 +303,16 @@ class TrainingRun:
             and not p.metadata.deletion_timestamp
             and p.spec.node_name in self.cluster.kubelets
         }
+
+    def pod_pids(self, name: str) -> set[int]:
+        """The live processes of pod ``name`` (none when it is gone)."""
+        try:
+            uid = self.core.read_namespaced_pod(name, self.ns).metadata.uid
+        except ApiException as exc:
+            if exc.status == 404:
+                return set()
+            raise
+        return run_pids(uid, POD_UID_ENV)
 
     def nodes(self) -> list[str]:
         return sorted(self.cluster.kubelets)
@@ -318,8 +347,7 @@ class TrainingRun:
     def kill_pod(self, name: str) -> int:
         """SIGKILL every process of pod ``name`` (an OOM kill, a crashed runtime): the kubelet
         reports it Failed. Returns how many processes were killed."""
-        uid = self.core.read_namespaced_pod(name, self.ns).metadata.uid
-        pids = run_pids(uid, POD_UID_ENV)
+        pids = self.pod_pids(name)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGSTOP)  # none forks away while the others die

@@ -1,12 +1,13 @@
 """Seeded chaos at one training job on the test cluster.
 
 The compiled ``elastic-train`` task runs as the master pod with the production settings
-(``training_run.TrainingRun``) on three one-worker nodes; the chaos executor fires a seeded plan
-(``chaos.plan_chaos``: preempt a worker, SIGKILL a worker pod, delete the master pod and run
-the task again as a KFP retry, restart etcd, remove a node, add one), each event once the job
-committed progress since the previous one. The job must complete with every sample of every
-epoch counted exactly once, nothing left behind, and the final accuracy within 1 point of an
-undisturbed run. ``python -m benchmarks chaos`` runs the same with 20+ events.
+(``training_run.TrainingRun``) on three one-worker nodes; ``chaos.run_chaos`` fires a seeded
+plan (``chaos.plan_chaos``: preempt a worker, SIGKILL a worker pod, delete the master pod and
+run the task again as a KFP retry, restart etcd, remove a node, add one) spread over the run's
+committed steps, waiting after each for what it does to the rendezvous round, and checks the
+run: every event recovered, the job completed, every sample of every epoch counted exactly
+once, nothing left behind, and the final accuracy within 1 point of an undisturbed run.
+``python -m benchmarks chaos`` runs the same with 20 events, on any seeds.
 
 The undisturbed reference is the same model definition trained by a static local torchrun job
 (one process, no disruption) on the job's own shard manifest, seed and global batch
@@ -20,13 +21,12 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from kfp_elastic.testing.cluster.chaos import ChaosExecutor, plan_chaos
-from kfp_elastic.testing.cluster.training_run import TrainingRun, undisturbed_accuracy
+from kfp_elastic.testing.cluster.chaos import run_chaos
+from kfp_elastic.testing.cluster.training_run import TrainingRun
 from tests.helpers import REPO_ROOT
 
 SEED, EVENTS = 0, 5  # seed 0: remove a node, delete the master, kill, preempt, add a node
@@ -37,8 +37,8 @@ PARAMS = {
     "num_shards": 12,
     "min_workers": 1,
     "max_workers": 3,
-    # 60 steps at a base world of 3 (15 s of training): 5 events need ~10 of them (each fires
-    # after the job moved on), the rest lets the job finish while the reference trains.
+    # 60 steps at a base world of 3 (15 s of training): the 5 events are spread over the
+    # first 54 of them, the rest lets the job finish while the reference trains.
     "epochs": 6,
     "batch_size": 8,
     "snapshot_every": 2,
@@ -57,31 +57,35 @@ def test_a_job_survives_seeded_chaos_exactly_once_and_as_accurate(
     began = time.monotonic()
     nodes = {f"node-{i}": NODE for i in range(1, 4)}
     with TrainingRun(tmp_path / "job", PARAMS, nodes=nodes) as run:
-        run.start()
-        plan = plan_chaos(SEED, EVENTS, nodes=len(nodes), min_nodes=PARAMS["min_workers"])
-        outcomes = ChaosExecutor(run, NODE).apply(plan)
-        assert [o.index for o in outcomes] == list(range(EVENTS))
-        # The reference trains while the job finishes (it has no step time: a few seconds).
-        with ThreadPoolExecutor(1) as pool:
-            reference = pool.submit(
-                undisturbed_accuracy, tmp_path / "undisturbed", run, run.base_world_size()
-            )
-            assert run.wait_done(180) == "Succeeded", run.log_tail()
-            calm = reference.result()
-
-        run.check_exactly_once()
-        disturbed = run.accuracy()
-        assert abs(disturbed - calm) <= 0.01, f"undisturbed {calm:.4f}, after chaos {disturbed:.4f}"
-        assert calm > 0.5, f"the reference did not learn: {calm:.4f}"  # 4 classes: 0.25 by chance
-
+        result = run_chaos(run, SEED, EVENTS, NODE, tmp_path / "undisturbed", done_timeout_s=180)
+        assert result.ok, "\n".join(
+            [*(f"{c.name}: {c.detail}" for c in result.failed()), run.log_tail()]
+        )
+        # Spread over the run, not all at its start; and the run ended as the checks say.
+        steps = [event.at_step for event in result.plan]
+        assert len(steps) == EVENTS and steps[-1] > result.total_steps // 2, steps
+        assert [o.index for o in result.outcomes] == list(range(EVENTS))
+        assert {c.name for c in result.checks} == {
+            "events",
+            "completion",
+            "exactly_once",
+            "accuracy",
+            "leftovers",
+        }
+        assert result.undisturbed_accuracy is not None and result.undisturbed_accuracy > 0.5, (
+            f"the reference did not learn: {result.undisturbed_accuracy}"  # 4 classes: 0.25
+        )
         # The master deleted its workers at the end (the exit handler's pod is left to
-        # test_cluster_job: it adds ~8 s here); nothing may run any more.
+        # test_cluster_job: it adds ~8 s here).
         assert run.workers() == {}
-        run.wait_no_leftovers()
     assert not run.cluster.leftover_processes()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("event=chaos ")]
     assert len(lines) == EVENTS, lines
+    events = [
+        (o.kind.value, o.target, o.at_step, o.new_world, o.recovery_s) for o in result.outcomes
+    ]
     print(
-        f"chaos seed={SEED}: {[(o.kind.value, o.target, o.recovery_s) for o in outcomes]}; "
-        f"accuracy {disturbed:.4f} vs undisturbed {calm:.4f}; {time.monotonic() - began:.1f} s"
+        f"chaos seed={SEED}: {events}"
+        f"; accuracy {result.accuracy:.4f} vs undisturbed {result.undisturbed_accuracy:.4f}; "
+        f"{time.monotonic() - began:.1f} s"
     )
