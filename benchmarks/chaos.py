@@ -163,6 +163,8 @@ def print_seed(result: ChaosResult) -> None:
         f"{result.master_retries}",
         flush=True,
     )
+    numbers = {k: result.metrics.get(k) for k in ("steps", "lost_steps", "goodput", "restarts")}
+    print(f"seed {result.seed}: job metrics {numbers}; commits {result.commits}", flush=True)
 
 
 def seed_summary(result: ChaosResult) -> dict[str, Any]:
@@ -171,6 +173,10 @@ def seed_summary(result: ChaosResult) -> dict[str, Any]:
         "failed": ",".join(c.name for c in result.failed()) or "-",
         "events": f"{sum(o.ok for o in result.outcomes)}/{len(result.plan)}",
         "job_s": result.job_s,
+        "master_retries": result.master_retries,
+        "lost_steps": result.metrics.get("lost_steps"),
+        "goodput": result.metrics.get("goodput"),
+        "steps_taken_back": result.commits.get("steps_taken_back"),
         "recovery_s": {
             kind: f"{times['median_s']:.2f}/{times['max_s']:.2f} (n={times['count']})"
             for kind, times in recovery_by_kind(result.outcomes).items()
@@ -192,11 +198,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_seed(results[-1])
         # After every seed: what ran is kept should a later seed be interrupted.
         write_results(args, began, results)
-    print(f"\n{'seed':>5} {'result':<6} {'events':>7} {'job_s':>7}  recovery median/max s by kind")
+    print(
+        f"\n{'seed':>5} {'result':<6} {'events':>7} {'job_s':>7} {'retries':>7} {'lost':>5} "
+        f"{'back':>5}  recovery median/max s by kind"
+    )
     for result in results:
         row = seed_summary(result)
         kinds = ", ".join(f"{k} {v.split(' ')[0]}" for k, v in row["recovery_s"].items())
-        print(f"{result.seed:>5} {row['result']:<6} {row['events']:>7} {row['job_s']:>7}  {kinds}")
+        print(
+            f"{result.seed:>5} {row['result']:<6} {row['events']:>7} {row['job_s']:>7} "
+            f"{row['master_retries']:>7} {row['lost_steps']!s:>5} {row['steps_taken_back']!s:>5}  "
+            f"{kinds}"
+        )
     return 0 if all(result.ok for result in results) else 1
 
 

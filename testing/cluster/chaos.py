@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from kfp_elastic.master.timeline import Committed
 from kfp_elastic.testing.cluster.training_run import undisturbed_accuracy
 from kfp_elastic.testing.nodes import wait_for
 
@@ -452,6 +453,10 @@ class ChaosResult:
     undisturbed_accuracy: float | None = None
     master_retries: int = 0
     leftovers: dict[str, Any] = field(default_factory=dict)
+    # The job's own numbers (its Metrics artifact: lost_steps, goodput, ...) beside what its
+    # commits show (``commit_counts``), so a master retry's effect on them can be checked.
+    metrics: dict[str, Any] = field(default_factory=dict)
+    commits: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -541,6 +546,11 @@ def run_chaos(
         )
         disturbed = _attempt(run.accuracy)
         result.accuracy = disturbed if isinstance(disturbed, float) else None
+        metrics = _attempt(run.metrics)
+        result.metrics = metrics if isinstance(metrics, dict) else {"error": metrics}
+        timeline = _attempt(run.timeline)  # before the exit handler clears it
+        if isinstance(timeline, list):
+            result.commits = commit_counts([e for e in timeline if isinstance(e, Committed)])
     else:
         result.checks.append(Check("exactly_once", False, "no final model: the job did not end"))
     result.undisturbed_accuracy = calm if isinstance(calm, float) else None
@@ -560,6 +570,20 @@ def run_chaos(
         )
     )
     return result
+
+
+def commit_counts(commits: list[Committed]) -> dict[str, int]:
+    """What a job's commits show, in the order they were made (pure): how many there were,
+    the last step, and how many committed steps were taken back (a later commit at a lower step
+    than one before it: a restore from an older snapshot)."""
+    backwards = 0
+    for before, after in zip(commits, commits[1:], strict=False):
+        backwards += max(0, before.step - after.step)
+    return {
+        "commits": len(commits),
+        "last_step": commits[-1].step if commits else 0,
+        "steps_taken_back": backwards,
+    }
 
 
 def accuracy_check(disturbed: float | None, calm: float | None, why: object = None) -> Check:

@@ -90,7 +90,7 @@ class TrainingRun:
     """``with TrainingRun(tmp_path, params, nodes={...}) as run: run.start(); ...``
 
     ``params``: pipeline parameters (``model_def``, ``num_shards``, ``epochs``, ...). The run
-    needs the host's ``PYTHONPATH`` to reach ``tests/`` (test model definitions): set it first.
+    needs the model definition importable by the pods, which inherit the host's ``PYTHONPATH``.
     On exit: the etcd client, API client, cluster (every pod process) and etcd are closed.
     """
 

@@ -53,7 +53,7 @@ def test_a_job_survives_seeded_chaos_exactly_once_and_as_accurate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="kfp_elastic.testing.cluster.chaos")
-    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))  # pods import tests.model_defs
+    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))  # pods import kfp_elastic from this checkout
     began = time.monotonic()
     nodes = {f"node-{i}": NODE for i in range(1, 4)}
     with TrainingRun(tmp_path / "job", PARAMS, nodes=nodes) as run:

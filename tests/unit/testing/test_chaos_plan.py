@@ -150,3 +150,13 @@ def test_accuracy_within_one_point() -> None:
     assert not accuracy_check(0.74, 0.76).ok
     missing = accuracy_check(None, 0.76)
     assert not missing.ok and "not measured" in missing.detail
+
+
+def test_commit_counts_name_the_steps_a_restore_took_back() -> None:
+    from kfp_elastic.master.timeline import Committed
+    from kfp_elastic.testing.cluster.chaos import commit_counts
+
+    steps = [1, 2, 3, 4, 2, 3, 4, 5, 6]  # a restore from the snapshot at step 2
+    commits = [Committed(step=s) for s in steps]
+    assert commit_counts(commits) == {"commits": 9, "last_step": 6, "steps_taken_back": 2}
+    assert commit_counts([]) == {"commits": 0, "last_step": 0, "steps_taken_back": 0}
