@@ -13,7 +13,7 @@ SCRIPT = ROOT / ".ci" / "run"
 def _readme_test_command() -> list[str]:
     """The steps of README.md's second line (the test command), split at ``&&``."""
     line = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].splitlines()[1]
-    assert line.endswith("python3 -m pytest -q"), line
+    assert line.endswith("python3 -m pytest -q -n 2"), line
     return [step.strip() for step in line.split("&&")]
 
 
