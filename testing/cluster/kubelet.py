@@ -235,6 +235,19 @@ def container_mounts(container: dict[str, Any], volumes: dict[str, Path]) -> dic
     return mounts
 
 
+def waiting_status(container: dict[str, Any], waiting: dict[str, str]) -> dict[str, Any]:
+    """A container's status while it waits to run (``waiting``: its reason and message)."""
+    return {
+        "name": container["name"],
+        "state": {"waiting": waiting},
+        "ready": False,
+        "started": False,
+        "restartCount": 0,
+        "image": container["image"],
+        "imageID": "",
+    }
+
+
 def exit_code(returncode: int) -> int:
     """Popen's returncode as a container runtime reports it (killed by signal N: 128 + N)."""
     return 128 - returncode if returncode < 0 else returncode
@@ -376,15 +389,7 @@ class Kubelet:
                         ),
                     ],
                     "containerStatuses": [
-                        {
-                            "name": c["name"],
-                            "state": {"waiting": {"reason": "ContainerCreating"}},
-                            "ready": False,
-                            "started": False,
-                            "restartCount": 0,
-                            "image": c["image"],
-                            "imageID": "",
-                        }
+                        waiting_status(c, {"reason": "ContainerCreating"})
                         for c in spec["containers"]
                     ],
                 },
@@ -447,20 +452,9 @@ class Kubelet:
                 name,
                 {
                     "containerStatuses": [
-                        {
-                            "name": c["name"],
-                            "state": {
-                                "waiting": {
-                                    "reason": "CreateContainerConfigError",
-                                    "message": str(exc),
-                                }
-                            },
-                            "ready": False,
-                            "started": False,
-                            "restartCount": 0,
-                            "image": c["image"],
-                            "imageID": "",
-                        }
+                        waiting_status(
+                            c, {"reason": "CreateContainerConfigError", "message": str(exc)}
+                        )
                         for c in spec["containers"]
                     ]
                 },
