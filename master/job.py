@@ -52,8 +52,9 @@ from kfp_elastic.master.timeline import (
     WorkerLost,
     read_timeline,
 )
+from kfp_elastic.rendezvous.orphan import ORPHANED_EXIT_CODE
 from kfp_elastic.rendezvous.peer_failures import Verdict
-from kfp_elastic.worker.ending import END_COMPLETED, WorkerEnd, read_end
+from kfp_elastic.worker.ending import END_COMPLETED, END_ORPHANED, WorkerEnd, read_end
 from kfp_elastic.worker.progress import Committed, Progress
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,9 @@ def vanished_status(
         at = f"at step {end.step}, round {end.round} (its own record; its pod is gone)"
         if end.end == END_COMPLETED:
             reason, code, message = Reason.COMPLETED, 0, f"finished {at}"
+        elif end.end == END_ORPHANED:
+            reason, code = Reason.ORPHANED, ORPHANED_EXIT_CODE
+            message = f"stopped itself, {end.message} {at}"
         else:  # the kubelet's notice: preemption, eviction or node shutdown (not told apart)
             reason, message = Reason.PREEMPTED, f"stopped on SIGTERM {at}"
     elif error is not None and error.get("verdict") == Verdict.GIVE_UP.value:

@@ -34,6 +34,7 @@ from torch.distributed.elastic.rendezvous import (
 from kfp_elastic.etcd.client import EtcdConnectionError, connect
 from kfp_elastic.etcd.keys import CLOSED_FAILED, CLOSED_SUCCEEDED, CLOSED_UNKNOWN, RunKeys
 from kfp_elastic.job_env import ROUND_ENV, WORKER_NAME_VARS
+from kfp_elastic.worker import ending
 from kfp_elastic.worker.device import set_nccl_error_handling
 
 from . import leave as leave_hook
@@ -131,6 +132,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
                 self._client,
                 self._keys.master.leader,
                 config.orphan_timeout,
+                on_orphaned=self._stop_orphaned,
                 where=f"node={self.node_id} run={config.run_id}",
             ).start()
         log.info(
@@ -142,7 +144,18 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             config.max_nodes,
         )
 
+    def _stop_orphaned(self, gone_s: float) -> None:
+        """Say why this node's worker ends, for a master that finds its pod already gone (a
+        later KFP retry: ``master.job.vanished_status``), then stop as a SIGTERM would."""
+        worker = ending.worker_name()
+        if worker:
+            message = f"no master for {gone_s:.0f} s"
+            end = ending.WorkerEnd(ending.END_ORPHANED, time.time(), message=message)
+            ending.record_end(self._client, self._config.run_prefix, worker, end)
+        orphan.stop_agent(gone_s)
+
     # -- RendezvousHandler --------------------------------------------------------------------
+
     def get_backend(self) -> str:
         return BACKEND_NAME
 

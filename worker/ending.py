@@ -25,9 +25,11 @@ from kfp_elastic.job_env import WORKER_NAME_VARS
 log = logging.getLogger(__name__)
 
 #: ``WorkerEnd.end``: stopped on SIGTERM (the kubelet's notice of a preemption, eviction or
-#: node shutdown), or finished (exit 0).
-END_SIGTERM, END_COMPLETED = "sigterm", "completed"
-ENDS = (END_SIGTERM, END_COMPLETED)
+#: node shutdown), finished (exit 0), or stopped by its own agent because the run had no master
+#: for ``orphan_timeout`` (``rendezvous/orphan.py``: written by the agent before the SIGTERM it
+#: sends itself, and not replaced by the workers' ``sigterm`` that follows).
+END_SIGTERM, END_COMPLETED, END_ORPHANED = "sigterm", "completed", "orphaned"
+ENDS = (END_SIGTERM, END_COMPLETED, END_ORPHANED)
 
 
 @dataclass(frozen=True)
@@ -68,8 +70,13 @@ def worker_name(environ: Mapping[str, str] = os.environ) -> str | None:
 def record_end(
     client: MultiEndpointEtcd3Client, run_prefix: str, worker: str, end: WorkerEnd
 ) -> None:
-    """Write ``end`` (never raises: the worker is ending, its own failure matters more)."""
+    """Write ``end`` (never raises: the worker is ending, its own failure matters more). A
+    ``sigterm`` does not replace an ``orphaned`` record: that SIGTERM is the orphan stop's."""
     try:
+        if end.end == END_SIGTERM:
+            before = read_end(client, run_prefix, worker)
+            if before is not None and before.end == END_ORPHANED:
+                return
         client.put(RunKeys(run_prefix).worker_end(worker), end.to_json())
         log.info("end recorded worker=%s end=%s step=%d", worker, end.end, end.step)
     except Exception as error:  # noqa: BLE001 - the pod status may still tell

@@ -13,7 +13,7 @@ from kfp_elastic.master.scaling import outcome_of
 from kfp_elastic.master.timeline import Committed, Event, RoundFormed
 from kfp_elastic.rendezvous.round_formation import NO_ROUND, RoundRecord
 from kfp_elastic.worker import progress
-from kfp_elastic.worker.ending import END_COMPLETED, END_SIGTERM, WorkerEnd
+from kfp_elastic.worker.ending import END_COMPLETED, END_ORPHANED, END_SIGTERM, WorkerEnd
 
 T0 = 1_700_000_000.0
 
@@ -149,6 +149,8 @@ def cause(end: WorkerEnd | None, error: dict | None = None) -> tuple[str, bool]:
 def test_a_worker_gone_while_no_master_watched_ends_as_it_recorded_or_unknown() -> None:
     assert cause(WorkerEnd(END_SIGTERM, T0, 20, 2)) == ("preempted", False)
     assert cause(WorkerEnd(END_COMPLETED, T0, 27, 4)) == ("completed", False)
+    # Stopped by its own agent for want of a master (rendezvous/orphan.py): not a preemption.
+    assert cause(WorkerEnd(END_ORPHANED, T0, 20, 2, "no master for 300 s")) == ("orphaned", False)
     gave_up = {"verdict": "give_up", "error": "RuntimeError: boom"}
     assert cause(None, gave_up) == ("failed", True)
     # An error its agent counted and restarted from says nothing of how the worker ended; no

@@ -5,11 +5,14 @@ worker (a disruption, not a failure)."""
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
+from kfp_elastic.etcd.client import connect
+from kfp_elastic.job_env import WORKER_NAME_VARS
 from kfp_elastic.job_spec import (
     DEFAULT_ORPHAN_TIMEOUT_S,
     ORPHAN_CONF_KEY,
@@ -23,6 +26,8 @@ from kfp_elastic.master.pod_status import classify
 from kfp_elastic.master.scaling import outcome_of
 from kfp_elastic.rendezvous import agent, orphan
 from kfp_elastic.rendezvous.config import ConfigError, RendezvousConfig
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.rendezvous.handler import ElasticEtcdRendezvousHandler
 from kfp_elastic.rendezvous.orphan import (
     MAX_POLL_S,
     MIN_POLL_S,
@@ -31,6 +36,13 @@ from kfp_elastic.rendezvous.orphan import (
     master_gone_since,
     orphaned,
     poll_interval,
+)
+from kfp_elastic.worker.ending import (
+    END_ORPHANED,
+    END_SIGTERM,
+    WorkerEnd,
+    read_end,
+    record_end,
 )
 
 # -- the decision ------------------------------------------------------------------------------
@@ -230,3 +242,29 @@ def test_a_pod_that_stopped_itself_is_a_disruption() -> None:
     outcome = outcome_of(status)
     assert outcome.cause == "orphaned" and not outcome.failure
     assert classify(failed_pod(1)).reason is Reason.ERROR
+
+
+def test_the_orphan_stop_is_recorded_and_the_workers_sigterm_does_not_replace_it(
+    etcd: EmbeddedEtcd, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = connect(etcd.client_settings())
+    try:
+        prefix = f"/kfp-elastic-test/{run_id}"
+        handler = object.__new__(ElasticEtcdRendezvousHandler)  # only what the stop uses
+        handler._client = client
+        handler._config = SimpleNamespace(run_prefix=prefix)
+        stopped: list[float] = []
+        monkeypatch.setattr(orphan, "stop_agent", stopped.append)
+        monkeypatch.setenv(WORKER_NAME_VARS[0], "worker-1-0")
+        handler._stop_orphaned(300.0)
+        assert stopped == [300.0]
+        # The SIGTERM the agent sent itself reaches the worker, which records its end too.
+        record_end(client, prefix, "worker-1-0", WorkerEnd(END_SIGTERM, 1.0, 7, 2))
+        end = read_end(client, prefix, "worker-1-0")
+        assert end is not None and (end.end, end.message) == (END_ORPHANED, "no master for 300 s")
+        # Any other worker's SIGTERM is recorded as it is.
+        record_end(client, prefix, "worker-2-0", WorkerEnd(END_SIGTERM, 1.0, 7, 2))
+        other = read_end(client, prefix, "worker-2-0")
+        assert other is not None and other.end == END_SIGTERM
+    finally:
+        client.close()
