@@ -30,6 +30,7 @@ import inspect
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -60,6 +61,7 @@ BLOCK = re.compile(
     re.MULTILINE | re.DOTALL,
 )
 BLOCK_TIMEOUT_S = 120
+CLEANUP_S = 30  # after SIGTERM, for a block that timed out to stop what it started
 # What docs/deploy.md must let a reader check without a cluster.
 DEPLOY_MUST_RUN = (
     "kubectl kustomize manifests/overlays/production",
@@ -198,15 +200,35 @@ def run_python(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     cwd.mkdir(exist_ok=True)
     script = cwd / "snippet.py"  # a file, not -c: kfp reads a component's source from it
     script.write_text(code)
-    return subprocess.run(
-        [sys.executable, str(script)],
+    return run_block([sys.executable, str(script)], cwd=cwd, env=installed_only_env(tmp_path))
+
+
+def run_block(
+    command: list[str], cwd: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """Run a block in a session of its own; one that outlives ``BLOCK_TIMEOUT_S`` gets SIGTERM
+    (a benchmark then stops every process it started), SIGKILL ``CLEANUP_S`` later, and fails
+    the test: nothing a block started is left running."""
+    proc = subprocess.Popen(
+        command,
         cwd=cwd,
-        env=installed_only_env(tmp_path),
-        capture_output=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=BLOCK_TIMEOUT_S,
-        check=False,
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = proc.communicate(timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        for sig, wait_s in ((signal.SIGTERM, CLEANUP_S), (signal.SIGKILL, 10)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                stdout, stderr = proc.communicate(timeout=wait_s)
+                break
+        pytest.fail(f"{command[-1][:200]!r} ran longer than {BLOCK_TIMEOUT_S} s: mark it")
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
 def test_python_blocks_see_only_the_installed_names(tmp_path: Path) -> None:
@@ -292,15 +314,7 @@ def test_shell_block_runs(block: Block, tmp_path: Path) -> None:
         [str(Path(sys.executable).parent), str(Path(kubectl()).parent), os.environ["PATH"]]
     )
     env = dict(installed_only_env(tmp_path), PATH=path, KUBECONFIG=os.devnull)
-    proc = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", block.body],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=BLOCK_TIMEOUT_S,
-        check=False,
-    )
+    proc = run_block(["bash", "-euo", "pipefail", "-c", block.body], cwd=REPO_ROOT, env=env)
     assert proc.returncode == 0, failure(block, proc)
 
 
