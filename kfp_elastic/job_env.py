@@ -111,8 +111,17 @@ class JobEnv:
 
 SNAPSHOT_DIR_ENV = _env_name("snapshot_dir")
 #: The rendezvous round a worker was started in: set by the elastic-etcd handler in its agent
-#: (inherited by the workers torchrun starts), read by ``worker/peer_loss.py``.
+#: (inherited by the workers torchrun starts), read through :func:`rendezvous_round`.
 ROUND_ENV = "KFP_ELASTIC_RDZV_ROUND"
+
+
+def rendezvous_round(env: Mapping[str, str] = os.environ) -> int | None:
+    """The round this worker's world was formed in (None: not started by the elastic-etcd
+    handler, or not a round number)."""
+    text = env.get(ROUND_ENV, "").strip()
+    return int(text) if text.isdigit() else None
+
+
 #: Which worker an agent (and its workers) runs, in the master's words: the local launcher sets
 #: the first, a pod has its name in the second (downward API).
 WORKER_NAME_VARS = ("KFP_ELASTIC_WORKER_NAME", "POD_NAME")

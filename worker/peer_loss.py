@@ -28,7 +28,7 @@ from pyetcd.client import MultiEndpointEtcd3Client
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.keys import RunKeys
 from kfp_elastic.etcd.settings import EtcdSettings
-from kfp_elastic.job_env import ROUND_ENV
+from kfp_elastic.job_env import ROUND_ENV, rendezvous_round
 from kfp_elastic.rendezvous.cache import WatchedPrefix
 from kfp_elastic.rendezvous.membership_view import MembershipView
 from kfp_elastic.rendezvous.round_formation import NO_ROUND, NodeRecord, RoundRecord, is_waiting
@@ -123,14 +123,14 @@ def watch_stalls(
         return None
     stall = StallAbort(grace_s, abort)
     environ = os.environ if environ is None else environ
-    round_text = environ.get(ROUND_ENV, "").strip()
-    if not round_text or etcd is None:
+    round_number = rendezvous_round(environ)
+    if round_number is None or etcd is None:
         log.info("no round watch (%s unset or no etcd): the abort waits for SIGTERM", ROUND_ENV)
         return stall
     client = None
     try:
         client = connect(etcd)
-        watch = RoundWatch(client, etcd.run_prefix(run_id), int(round_text), stall.round_broken)
+        watch = RoundWatch(client, etcd.run_prefix(run_id), round_number, stall.round_broken)
         watch.start()
     except Exception as error:  # noqa: BLE001 - SIGTERM still starts the abort
         log.warning("no round watch (the abort waits for SIGTERM) error=%r", error)

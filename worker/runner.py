@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset, default_collate
 
 from kfp_elastic.etcd.client import connect
-from kfp_elastic.job_env import ROUND_ENV
+from kfp_elastic.job_env import rendezvous_round
 
 from .collective import EXIT_PREEMPTED, gathered, shared
 from .data_plan import epoch_order
@@ -70,7 +70,7 @@ class Trainer:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.policy = BatchPolicy.parse(args.policy)
         run_id = os.environ.get("TORCHELASTIC_RUN_ID", "local")
-        self.round = _int_env(ROUND_ENV)  # the rendezvous round this world was formed in
+        self.round = rendezvous_round() or 0  # the round this world was formed in (0: unknown)
         self.run_id = run_id
         self.progress: Progress | None = None
         if self.rank == 0:
@@ -464,11 +464,6 @@ class Trainer:
             step=step,
         )
         self._pending_losses.append((loss_sum, len(ids)))
-
-
-def _int_env(name: str) -> int:
-    text = os.environ.get(name, "").strip()
-    return int(text) if text.isdigit() else 0
 
 
 def main(argv: list[str] | None = None) -> int:
