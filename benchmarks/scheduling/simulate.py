@@ -1,6 +1,6 @@
 """A discrete-event simulation of a GPU cluster replaying a trace, gang against elastic.
 
-    python -m benchmarks scheduling simulate --trace /work/shared/traces/philly.csv \\
+    python -m benchmarks scheduling simulate --trace ../shared/traces/philly.csv \\
         --gpus 64 --jobs 80,160,320 --start-hour 8 --window-hours 8 --seed 1 \\
         --policies gang,elastic --json out.json
     python -m benchmarks scheduling simulate --quick --trace philly.csv   # 12 jobs on 8 GPUs

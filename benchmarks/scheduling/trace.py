@@ -1,7 +1,7 @@
 """Reading a cluster trace and sampling a workload from it.
 
 The trace is Pollux's ``philly.csv`` (``timestamp``, ``duration``, ``num_gpus``, ``gpu_time``,
-``cluster``; see ``/work/shared/traces/README.md``, kept outside the repository and passed with
+``cluster``; see ``../shared/traces/README.md`` (next to the checkout), kept outside the repository and passed with
 ``--trace``). :func:`sample` draws a workload the way the Pollux authors did:
 
 - **eligible**: ``duration >= 60`` s and ``gpu_time < 1000`` GPU-hours;
@@ -63,7 +63,7 @@ def read_trace(path: Path) -> list[TraceJob]:
     if not path.is_file():
         raise FileNotFoundError(
             f"trace {path} not found; pass --trace with the path of philly.csv "
-            "(e.g. /work/shared/traces/philly.csv)"
+            "(e.g. ../shared/traces/philly.csv)"
         )
     jobs = []
     with path.open(newline="") as f:
