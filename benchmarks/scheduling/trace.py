@@ -1,7 +1,8 @@
 """Reading a cluster trace and sampling a workload from it.
 
 The trace is Pollux's ``philly.csv`` (``timestamp``, ``duration``, ``num_gpus``, ``gpu_time``,
-``cluster``; see ``../shared/traces/README.md`` (next to the checkout), kept outside the repository and passed with
+``cluster``; see ``../shared/traces/README.md`` next to the checkout, kept outside the
+repository and passed with
 ``--trace``). :func:`sample` draws a workload the way the Pollux authors did:
 
 - **eligible**: ``duration >= 60`` s and ``gpu_time < 1000`` GPU-hours;
