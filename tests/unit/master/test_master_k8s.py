@@ -135,6 +135,17 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
         assert k8s.pod(replacement)["spec"]["priorityClassName"] == GUARANTEED
         k8s.set_phase(replacement, "Running")
         k8s.set_phase(names[2], "Running")
+        # The replacement is launched as soon as the preemption is announced (DisruptionTarget);
+        # the end is recorded when the pod is gone: this master records it before stepping down.
+        wait_for(
+            lambda: any(
+                e.name == names[1]
+                for e in of_type(read_timeline(client, spec.run_prefix), WorkerLost)
+            ),
+            30,
+            0.05,
+            "the preempted worker's end recorded",
+        )
         # The master steps down (its workers run on). While none runs, one pod is preempted
         # and gone, its worker having recorded the SIGTERM, and one vanishes without a word.
         job.request_stop(cancel=False)
