@@ -503,10 +503,12 @@ def test_a_spare_takes_the_leader_key_and_forms_the_next_round(make_handler) -> 
 def test_rank0_that_does_not_lead_publishes_the_bootstrap_address(make_handler) -> None:
     # Round 1: a leads and is rank 0 (MASTER_ADDR/PORT written with the round). Round 2: the
     # newcomer c leads (it waited first), a is rank 0 and publishes them itself.
-    a, b = (make_handler(1, 3, last_call_timeout=0.3) for _ in range(2))
+    # A last call long enough that a loaded machine starts all three joiners within it (the
+    # second round closes at once when the third joins: max_nodes=3).
+    a, b = (make_handler(1, 3, last_call_timeout=1.5) for _ in range(2))
     first = join_all([a, b], stagger=0.1)
     assert len({i.bootstrap_store_info.master_port for i in first}) == 1
-    c = make_handler(1, 3, last_call_timeout=0.3)
+    c = make_handler(1, 3, last_call_timeout=1.5)
     newcomer = Joiner(c)
     assert eventually(lambda: _leader_of(c) == c.node_id)
     infos = [j.result() for j in [Joiner(a), Joiner(b), newcomer]]
