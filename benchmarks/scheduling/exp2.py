@@ -2,9 +2,10 @@
 elastic training job that fills the rest.
 
     python -m benchmarks scheduling exp2            # 8 slots, serving 2 -> 6 -> 2, ~4 min
-    python -m benchmarks scheduling exp2 --quick    # 4 slots, serving 1 -> 3 -> 1, ~25 s
+    python -m benchmarks scheduling exp2 --quick    # 3 slots, serving 1 -> 2 -> 1
 
-The cluster: ``--slots`` slots (nodes of 4 ``nvidia.com/gpu``; every pod here asks for one). The
+The cluster: ``--slots`` slots (nodes of up to 4 ``nvidia.com/gpu``; every pod here asks for
+one). The
 serving deployment is a ReplicaSet (``testing/cluster/replica_set.py``) of pods of priority 0
 (no PriorityClass: above the workers' -3 and -5) that run ``benchmarks/scheduling/serving_app.py``,
 a real HTTP server. A traffic script sends GET requests to the serving pods' ports (each pod
@@ -115,6 +116,12 @@ def rate_at(curve: Sequence[Phase], t: float) -> float:
         if t < elapsed:
             return phase.rate
     return curve[-1].rate
+
+
+def node_gpus(slots: int, per_node: int = GPUS_PER_NODE) -> list[int]:
+    """The nodes' GPU counts for ``slots`` slots: full nodes of ``per_node``, the rest on one."""
+    full, rest = divmod(slots, per_node)
+    return [per_node] * full + ([rest] if rest else [])
 
 
 def parse_curve(text: str) -> list[Phase]:
@@ -386,7 +393,7 @@ def serving_template(endpoints_mount: str = "/endpoints") -> dict[str, Any]:
 # -- options ---------------------------------------------------------------------------------
 
 FULL = {"slots": 8, "serving": (2, 6), "min_workers": 2, "curve": "40:8,60:28,70:8"}
-QUICK = {"slots": 4, "serving": (1, 3), "min_workers": 1, "curve": "1:4,5:14,2:4"}
+QUICK = {"slots": 3, "serving": (1, 2), "min_workers": 1, "curve": "1:4,5:9,2:4"}
 
 
 def _serving(text: str) -> tuple[int, int]:
@@ -408,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 1)[1],
     )
     add_common_options(
-        parser, f"{QUICK['slots']} slots, serving 1 -> 3 -> 1, curve {QUICK['curve']}"
+        parser, f"{QUICK['slots']} slots, serving 1 -> 2 -> 1, curve {QUICK['curve']}"
     )
     parser.add_argument("--slots", type=int, default=None, help="slots (GPUs) in the cluster")
     parser.add_argument(
@@ -450,8 +457,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.curve = args.curve or parse_curve(preset["curve"])
     if args.settle_timeout is None:
         args.settle_timeout = 0.0 if args.quick else 60.0
-    if args.slots < 2 or args.slots % GPUS_PER_NODE:
-        parser.error(f"--slots must be a multiple of {GPUS_PER_NODE} (nodes of {GPUS_PER_NODE})")
+    if args.slots < 2:
+        parser.error("--slots must be >= 2")
     if args.serving[1] >= args.slots:
         parser.error("--serving MAX must leave the training job a slot")
     if not 1 <= args.min_workers <= args.slots - args.serving[1]:
@@ -491,8 +498,8 @@ def run_experiment(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     lo, hi = args.serving
     curve_s = sum(p.seconds for p in args.curve)
     nodes = {
-        f"node-{i + 1}": {"gpu": GPUS_PER_NODE, "cpu": "64", "memory": "256Gi"}
-        for i in range(args.slots // GPUS_PER_NODE)
+        f"node-{i + 1}": {"gpu": gpus, "cpu": "64", "memory": "256Gi"}
+        for i, gpus in enumerate(node_gpus(args.slots))
     }
 
     def world_beside(serving: int) -> int:  # the job's max is the cluster: it fills the rest
