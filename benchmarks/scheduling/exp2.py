@@ -75,6 +75,8 @@ SERVING_GRACE_S = 5  # the serving pods' terminationGracePeriodSeconds (they sto
 REQUEST_TIMEOUT_S = 2.0
 UTILIZATION_GOAL = 0.95  # total, outside reaction windows
 ROOM_GOAL_S = 2.0  # a new serving pod waits at most this long for room (created -> bound)
+# A world that made no commit for this long is paused (it commits every step of < 1.2 s)
+WORLD_GAP_S = 2.0
 
 
 # -- pure parts -----------------------------------------------------------------------------
@@ -173,6 +175,23 @@ def utilization_over(
     return held / (slots * span)
 
 
+WORLD = "world"  # the owner of world_samples' slots
+
+
+def world_samples(commits: Sequence[tuple[float, int]], gap_s: float) -> list[Sample]:
+    """Slots in a training world over time from the job's ``commits`` ((seconds, world size)):
+    a commit's world counts until the next commit, at most ``gap_s`` (a world that stopped
+    committing is paused: it trains on none of its slots)."""
+    ordered = sorted(commits)
+    out: list[Sample] = []
+    for i, (t, world) in enumerate(ordered):
+        out.append(Sample(t, {WORLD: world}))
+        following = ordered[i + 1][0] if i + 1 < len(ordered) else math.inf
+        if following - t > gap_s:
+            out.append(Sample(t + gap_s, {}))
+    return out
+
+
 def first_after(times: Sequence[float], after: float) -> float | None:
     later = [t for t in times if t >= after]
     return min(later) if later else None
@@ -195,6 +214,7 @@ class ScaleEvent:
     victims: dict[str, float | None] = field(default_factory=dict)
     serving_settled_s: float | None = None  # new pods running, removed ones gone
     training_first_step_s: float | None = None  # first committed step of the new world
+    training_pause_s: float | None = None  # the job's last commit before that -> that
     settled_s: float | None = None  # the reaction window's length (None: not within the run)
 
 
@@ -234,6 +254,8 @@ def settle(
         }
     step = first_after([t for t, world in commits if world == event.training_world], event.t)
     event.training_first_step_s = None if step is None else round(step - event.t, 3)
+    before = [t for t, _ in commits if step is not None and t < step]
+    event.training_pause_s = round(step - max(before), 3) if step is not None and before else None
     if event.serving_settled_s is not None and event.training_first_step_s is not None:
         event.settled_s = max(event.serving_settled_s, event.training_first_step_s)
     return event
@@ -610,6 +632,7 @@ def run_experiment(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "lost_steps": stats.lost_steps,
         "steps": stats.steps_total,
         "workers_lost": lost,
+        "commits": commits,
         "traffic": {
             "per_second": {str(k): v for k, v in sorted(traffic.per_second.items())},
             "sent": sum(v[0] for v in traffic.per_second.values()),
@@ -628,11 +651,14 @@ def report(args: argparse.Namespace, measured: Mapping[str, Any]) -> tuple[dict,
     outside = complement(windows, start, end)
     inside = [(max(lo, start), min(hi, end)) for lo, hi in windows if min(hi, end) > max(lo, start)]
 
+    worlds = world_samples(measured["commits"], WORLD_GAP_S)
+
     def util(intervals: Sequence[tuple[float, float]]) -> dict[str, float | None]:
         values = {
             "training": utilization_over(samples, args.slots, intervals, training),
             "serving": utilization_over(samples, args.slots, intervals, serving),
             "total": utilization_over(samples, args.slots, intervals),
+            "training_in_world": utilization_over(worlds, args.slots, intervals, [WORLD]),
         }
         return {k: None if v is None else round(v, 4) for k, v in values.items()}
 
@@ -667,6 +693,7 @@ def report(args: argparse.Namespace, measured: Mapping[str, Any]) -> tuple[dict,
                     (v for v in e.victims.values() if v is not None), default=None
                 ),
                 "training_world_s": e.training_first_step_s,
+                "training_pause_s": e.training_pause_s,
                 "window_s": e.settled_s,
             }
             for i, e in enumerate(events)
