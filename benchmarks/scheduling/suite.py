@@ -8,6 +8,7 @@ Subcommands (``python -m benchmarks scheduling <subcommand> --help``):
 
   simulate    a discrete-event simulation of a GPU cluster replaying a trace; the default when
               the options start without a subcommand (docs/scheduling.md, "Simulation")
+  exp2        serving beside training on the test cluster (docs/scheduling.md, "Experiment 2")
 """
 
 from __future__ import annotations
