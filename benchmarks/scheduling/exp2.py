@@ -1,33 +1,34 @@
 """Serving beside training on the test cluster: a serving deployment scaled by traffic and an
 elastic training job that fills the rest.
 
-    python -m benchmarks scheduling exp2            # 8 slots, serving 2 -> 6 -> 2, ~4 min
+    python -m benchmarks scheduling exp2            # 8 slots, serving 2 -> 6 -> 2, ~5 min
     python -m benchmarks scheduling exp2 --quick    # 3 slots, serving 1 -> 2 -> 1
 
 The cluster: ``--slots`` slots (nodes of up to 4 ``nvidia.com/gpu``; every pod here asks for
-one). The
-serving deployment is a ReplicaSet (``testing/cluster/replica_set.py``) of pods of priority 0
-(no PriorityClass: above the workers' -3 and -5) that run ``benchmarks/scheduling/serving_app.py``,
-a real HTTP server. A traffic script sends GET requests to the serving pods' ports (each pod
-writes its port to a shared directory: a Service's endpoints) at the rate a request-rate curve
-gives over time, and an HPA stand-in sets the replicas every ``--hpa-period`` seconds to
-:func:`desired_replicas` of that rate. The training job is the compiled pipeline's
-``elastic-train`` task on the test cluster (``TrainingRun``: master pod, etcd with TLS, the
-production settings), min ``--min-workers``, max ``--slots`` workers of one slot each, training
-``benchmarks.scheduling.paced_imagenet`` (each step as long as ImageNet's on the world's GPUs,
-sleeping: the 2 cores stay free). It fills what serving leaves: when serving scales up, the
-scheduler preempts opportunistic workers (SIGTERM: they snapshot, nothing is lost); when it
-scales down, the Pending workers the master keeps run and the world grows back.
+one). The serving deployment is a ReplicaSet (``testing/cluster/replica_set.py``) of pods of
+priority 0 (no PriorityClass: above the workers' -3 and -5) that run
+``benchmarks/scheduling/serving_app.py``, a real HTTP server. A traffic script sends GET
+requests to the serving pods' ports (each pod writes its port to a shared directory: a Service's
+endpoints) at the rate a request-rate curve gives over time, and an HPA stand-in sets the
+replicas every ``--hpa-period`` seconds to :func:`desired_replicas` of that rate. The training
+job is the compiled pipeline's ``elastic-train`` task on the test cluster (``TrainingRun``:
+master pod, etcd with TLS, the production settings), min ``--min-workers``, max ``--slots``
+workers of one slot each, training ``benchmarks.scheduling.paced_imagenet`` (each step as long
+as ImageNet's on the world's GPUs, sleeping: the 2 cores stay free). It fills what serving
+leaves: when serving scales up, the scheduler preempts opportunistic workers (SIGTERM: they
+snapshot, nothing is lost); when it scales down, the Pending workers the master keeps run and
+the world grows back.
 
 Measured (``benchmarks/scheduling/occupancy.py``: a pod holds its slot from binding until it has
 terminated): who holds the slots over time (training: the job's run id; serving: its ``app``
 label), the utilization outside and inside reaction windows, and per scale event how long the
 new serving pods waited for room (created -> bound, and -> running) and how long the training
 world took to change (scale event -> first committed step of a world of the new size). A
-*reaction window* runs from a scale event until the cluster has settled: every serving pod of the
-new count runs (those scaled away are gone) and the training job committed a step in a world of
-``min(max_workers, slots - serving)`` workers. The measured span starts once the job first
-committed in its full world beside the first serving replicas, and ends with the curve.
+*reaction window* runs from a scale event until the cluster has settled: every serving pod of
+the new count runs (those scaled away are gone) and the training job committed a step in a world
+of ``slots - serving`` workers (the job's max is the cluster). The measured span starts once the
+job first committed in its full world beside the first serving replicas, and ends with the
+curve.
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ class ScaleEvent:
     t: float
     replicas_from: int
     replicas_to: int
-    training_world: int  # the world the job should reach: min(max_workers, slots - serving)
+    training_world: int  # the world the job should reach: slots - serving
     created: list[str] = field(default_factory=list)  # serving pods created for it
     deleted: list[str] = field(default_factory=list)  # serving pods scaled away
     room_s: list[float] = field(default_factory=list)  # per created pod: created -> bound
