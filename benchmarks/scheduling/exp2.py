@@ -416,7 +416,7 @@ def serving_template(endpoints_mount: str = "/endpoints") -> dict[str, Any]:
 # -- options ---------------------------------------------------------------------------------
 
 FULL = {"slots": 8, "serving": (2, 6), "min_workers": 2, "curve": "40:8,60:28,70:8"}
-QUICK = {"slots": 3, "serving": (1, 2), "min_workers": 1, "curve": "1:4,5:9,2:4"}
+QUICK = {"slots": 3, "serving": (1, 2), "min_workers": 1, "curve": "1:4,8:9,2:4"}
 
 
 def _serving(text: str) -> tuple[int, int]:
