@@ -3,6 +3,8 @@
 Subcommands (``python -m benchmarks scheduling <subcommand> --help``):
 
     simulate   a discrete-event simulation of a GPU cluster replaying a trace (the default)
+    exp2       serving beside training on the test cluster (``exp2``, ``serving_app``,
+               ``paced_imagenet``)
 
 Modules: ``throughput`` (seconds per step of a job type on n GPUs, from measured curves),
 ``trace`` (reading and sampling a trace), ``placement`` (the test cluster scheduler's ``plan``
