@@ -66,6 +66,9 @@ class Prices:
         return self.spot or self.on_demand
 
 
+NO_PRICES = Prices()
+
+
 @dataclass(frozen=True)
 class Cost:
     """What the job used and cost so far. Money fields are None without prices; the fixed-size
