@@ -22,7 +22,7 @@ this fold, over the same timeline. docs/scheduling.md, "What it costs".
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from kfp_elastic.master.pod_spec import is_guaranteed
@@ -111,7 +111,7 @@ class SlotUsage:
     _last_commit: tuple[int, int, int, float] | None = None  # (round, world, step, at)
     _trained: dict[int, tuple[int, float]] = field(default_factory=dict)  # world -> (steps, s)
 
-    def add_all(self, events: list[Event]) -> SlotUsage:
+    def add_all(self, events: Iterable[Event]) -> SlotUsage:
         for event in events:
             self.add(event)
         return self

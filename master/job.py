@@ -43,6 +43,7 @@ from kfp_elastic.master.state import (
     start_refusal,
 )
 from kfp_elastic.master.timeline import (
+    Event,
     JobDone,
     JobFailed,
     LaunchFailed,
@@ -459,7 +460,7 @@ class ElasticJob:
         self._table[name] = self.state.update_worker(name, running_at=time.time())
         self._append(WorkerRunning(name=name, index=status.worker_index))
 
-    def _append(self, event: Any) -> None:
+    def _append(self, event: Event) -> None:
         """Put a worker event on the timeline and in the metrics' fold."""
         self._stats.add(self.state.append_event(event))
 

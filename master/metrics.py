@@ -7,6 +7,7 @@ commit's ``at``, a round's ``formed_at``) and rounds, never the time a master sa
 observer puts every commit and round on the timeline from the workers' records, also those made
 while no master watched, so a master that was away for a while (a crash, a KFP retry) reports
 the same numbers as one that never left. The definitions are in docs/master.md ("Metrics").
+Slot-seconds and cost come from the same fold (``TimelineStats.usage``: ``master.cost``).
 """
 
 from __future__ import annotations
