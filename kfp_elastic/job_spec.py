@@ -14,6 +14,7 @@ Every field has a CLI flag and a component parameter, both spelled from its name
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
@@ -24,6 +25,7 @@ from kfp_elastic.etcd.keys import run_prefix_of
 from kfp_elastic.etcd.settings import DEFAULT_KEY_PREFIX, EtcdSettings
 
 if TYPE_CHECKING:
+    from kfp_elastic.master.cost import Prices
     from kfp_elastic.master.scaling import ScalingPolicy
     from kfp_elastic.worker.progress import Manifest
 
@@ -89,6 +91,13 @@ PRIORITY_CLASS_ENV = "KFP_ELASTIC_WORKER_PRIORITY_CLASS"
 SERVICE_ACCOUNT_ENV = "KFP_ELASTIC_WORKER_SERVICE_ACCOUNT"
 TLS_SECRET_ENV = "KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET"
 PASSWORD_SECRET_ENV = "KFP_ELASTIC_ETCD_PASSWORD_SECRET"
+# Prices per worker slot-hour (master/cost.py): guaranteed workers and the fixed-size comparison
+# at the on-demand price, opportunistic workers at the spot price. 0: not given (no cost shown;
+# no spot price: opportunistic workers at the on-demand price). docs/scheduling.md.
+DEFAULT_ON_DEMAND_PRICE = 0.0
+DEFAULT_SPOT_PRICE = 0.0
+ON_DEMAND_PRICE_ENV = "KFP_ELASTIC_ON_DEMAND_PRICE"
+SPOT_PRICE_ENV = "KFP_ELASTIC_SPOT_PRICE"
 # Every variable KubernetesSettings.resolved reads (the etcd connection's are in
 # kfp_elastic/etcd/settings.py ENV_VARS): the kfp-elastic-config ConfigMap's keys come from these.
 KUBERNETES_ENV_VARS = (
@@ -99,6 +108,8 @@ KUBERNETES_ENV_VARS = (
     OPPORTUNISTIC_PRIORITY_CLASS_ENV,
     PRIORITY_CLASS_ENV,
     SERVICE_ACCOUNT_ENV,
+    ON_DEMAND_PRICE_ENV,
+    SPOT_PRICE_ENV,
 )
 # tolerationSeconds of worker pods for the not-ready and unreachable NoExecute taints: how long
 # a worker pod stays bound to a lost node (after Kubernetes' node monitor grace, 40-50 s) before
@@ -330,6 +341,16 @@ class KubernetesSettings:
         flag="--node-loss-toleration",
         param=None,
     )
+    on_demand_price: float = _option(
+        DEFAULT_ON_DEMAND_PRICE,
+        "price per worker slot-hour on on-demand nodes: guaranteed workers and the fixed-size "
+        f"comparison (0: ${ON_DEMAND_PRICE_ENV}, else no cost shown)",
+    )
+    spot_price: float = _option(
+        DEFAULT_SPOT_PRICE,
+        "price per worker slot-hour on spot nodes: opportunistic workers (0: "
+        f"${SPOT_PRICE_ENV}, else the on-demand price)",
+    )
     # tolerations, node_selector, affinity, volumes, volume_mounts (the KFP task's settings)
     pod_overrides: Mapping[str, Any] = _option(factory=dict, flag=None, param=None)
 
@@ -374,7 +395,42 @@ class KubernetesSettings:
             or DEFAULT_SERVICE_ACCOUNT,
             etcd_tls_secret=self.etcd_tls_secret or env.get(TLS_SECRET_ENV, ""),
             etcd_password_secret=self.etcd_password_secret or env.get(PASSWORD_SECRET_ENV, ""),
+            on_demand_price=self.on_demand_price or _price(env, ON_DEMAND_PRICE_ENV),
+            spot_price=self.spot_price or _price(env, SPOT_PRICE_ENV),
         )
+
+    def prices(self, env: Mapping[str, str]) -> Prices:
+        """The prices per slot-hour (``master.cost``): the job's, else ``env``'s (the ConfigMap's
+        variables); ``ValueError`` naming the setting for a bad one, before any worker starts."""
+        from kfp_elastic.master.cost import Prices
+
+        resolved = self.resolved(env)
+        for name in ("on_demand_price", "spot_price"):
+            if getattr(resolved, name) < 0:
+                raise field_error(name, f"must be >= 0, got {getattr(resolved, name)}", type(self))
+        if resolved.spot_price and not resolved.on_demand_price:
+            raise field_error(
+                "on_demand_price",
+                f"is needed with spot_price={resolved.spot_price:g}: guaranteed workers and the "
+                f"fixed-size comparison run on on-demand nodes (or ${ON_DEMAND_PRICE_ENV})",
+                type(self),
+            )
+        return Prices(resolved.on_demand_price, resolved.spot_price)
+
+
+def _price(env: Mapping[str, str], variable: str) -> float:
+    """A price from ``env`` (empty: 0, not given); ``ValueError`` naming the variable."""
+    text = env.get(variable, "").strip()
+    try:
+        value = float(text) if text else 0.0
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"{variable}={text!r} (from the kfp-elastic-config ConfigMap or the environment) "
+            "must be a price >= 0 per worker slot-hour"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -541,6 +597,8 @@ class JobSpec:
             "gpus": (self.launch.kubernetes.gpus, 0),
             "worker_max_restarts": (self.launch.worker_max_restarts, 0),
             "node_loss_toleration_s": (self.launch.kubernetes.node_loss_toleration_s, 0),
+            "on_demand_price": (self.launch.kubernetes.on_demand_price, 0),
+            "spot_price": (self.launch.kubernetes.spot_price, 0),
         }
         for name, (value, low) in at_least.items():
             if value < low:

@@ -179,6 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             etcd = etcd_settings.from_args(args)
             spec = make_spec(args, entry, etcd)
             spec.validate()
+            spec.launch.kubernetes.prices(os.environ)  # a bad price variable fails here
             client = connect(etcd)
         except (ConfigError, ValueError) as error:
             parser.exit(2, f"kfp-elastic master: error: {error}\n")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -24,6 +25,7 @@ from pyetcd.client import MultiEndpointEtcd3Client
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS
 from kfp_elastic.etcd.keys import RunKeys
 from kfp_elastic.job_spec import JobSpec
+from kfp_elastic.master.cost import SlotUsage, cost_of
 from kfp_elastic.master.launcher import (
     Launcher,
     LauncherForbidden,
@@ -41,6 +43,7 @@ from kfp_elastic.master.state import (
     start_refusal,
 )
 from kfp_elastic.master.timeline import (
+    Event,
     JobDone,
     JobFailed,
     LaunchFailed,
@@ -50,6 +53,7 @@ from kfp_elastic.master.timeline import (
     WorkerCompleted,
     WorkerLaunched,
     WorkerLost,
+    WorkerRunning,
     read_timeline,
 )
 from kfp_elastic.rendezvous.orphan import ORPHANED_EXIT_CODE
@@ -142,6 +146,8 @@ class ElasticJob:
         id (``master.state.start_refusal``): the KFP component passes its KFP run; None (the
         CLI) is never a retry."""
         spec.validate()
+        # Prices of the cost metrics: the job's, else the ConfigMap's (a bad one fails here).
+        self.prices = spec.launch.kubernetes.prices(os.environ)
         self.spec = spec
         self.client = client
         self.make_launcher = make_launcher
@@ -163,6 +169,7 @@ class ElasticJob:
         self._deleted_at: dict[str, float] = {}
         self._worker_errors: dict[str, tuple[str, int]] = {}  # name -> (error, errors counted)
         self._forbidden: LauncherForbidden | None = None  # the event watch was refused
+        self._stats = TimelineStats()  # the observer's: the master's own events go in it too
 
     # -- control from outside ----------------------------------------------------------------
     def request_stop(self, cancel: bool, reason: str = "SIGTERM") -> None:
@@ -226,13 +233,17 @@ class ElasticJob:
         if not recovered:
             state.set_status("running")
         manifest = spec.manifest()
+        size = spec.size
         observer = Observer(
             self.client,
             state,
             spec.size.nproc_per_worker,
-            TimelineStats().add_all(read_timeline(self.client, spec.run_prefix)),
+            TimelineStats(
+                usage=SlotUsage(size.min_workers, size.max_workers, size.nproc_per_worker)
+            ).add_all(read_timeline(self.client, spec.run_prefix)),
             self._wake.set,
         )
+        self._stats = observer.stats
         if manifest is not None:
             stored = observer.progress.publish_manifest(manifest)
             if stored != manifest:
@@ -424,6 +435,8 @@ class ElasticJob:
                     name,
                     status.worker_index,
                 )
+            if status.phase == WorkerPhase.RUNNING:
+                self._record_running(name, status)
             if not (name in recorded and status.phase == WorkerPhase.DELETED):
                 workers.append(self._with_worker_error(status, recorded))
         for name, record in self._table.items():
@@ -437,6 +450,19 @@ class ElasticJob:
                     )
                 )
         return workers
+
+    def _record_running(self, name: str, status: WorkerStatus) -> None:
+        """The first time any master sees a worker Running: it holds a slot from now on
+        (``master.cost``). Once per worker: the table's ``running_at`` survives a new master."""
+        record = self._table.get(name)
+        if record is None or record.get("running_at") or record.get("ended"):
+            return
+        self._table[name] = self.state.update_worker(name, running_at=time.time())
+        self._append(WorkerRunning(name=name, index=status.worker_index))
+
+    def _append(self, event: Event) -> None:
+        """Put a worker event on the timeline and in the metrics' fold."""
+        self._stats.add(self.state.append_event(event))
 
     def _with_worker_error(self, status: WorkerStatus, recorded: set[str]) -> WorkerStatus:
         """A worker that ended with an error, with what its agent left in etcd
@@ -483,9 +509,9 @@ class ElasticJob:
                 "exit_code": outcome.exit_code,
             }
             if outcome.completed:
-                self.state.append_event(WorkerCompleted(**worker))
+                self._append(WorkerCompleted(**worker))
             else:
-                self.state.append_event(
+                self._append(
                     WorkerLost(
                         cause=outcome.cause,
                         failure=outcome.failure,
@@ -525,9 +551,7 @@ class ElasticJob:
             self._table[handle.name] = self.state.update_worker(
                 handle.name, index=index, attempt=handle.attempt, launched_at=time.time()
             )
-            self.state.append_event(
-                WorkerLaunched(name=handle.name, index=index, attempt=handle.attempt)
-            )
+            self._append(WorkerLaunched(name=handle.name, index=index, attempt=handle.attempt))
             log.info(
                 "worker launched name=%s index=%d attempt=%d", handle.name, index, handle.attempt
             )
@@ -604,4 +628,5 @@ class ElasticJob:
             steps_per_second=round(stats.rate(at=time.time()), 3),
             lost_steps=stats.lost_steps,
             failures=failures,
+            cost=cost_of(stats.usage, self.prices, at=time.time()),
         )

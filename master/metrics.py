@@ -7,6 +7,7 @@ commit's ``at``, a round's ``formed_at``) and rounds, never the time a master sa
 observer puts every commit and round on the timeline from the workers' records, also those made
 while no master watched, so a master that was away for a while (a crash, a KFP retry) reports
 the same numbers as one that never left. The definitions are in docs/master.md ("Metrics").
+Slot-seconds and cost come from the same fold (``TimelineStats.usage``: ``master.cost``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kfp_elastic.master.cost import TIERS, Cost, SlotUsage
 from kfp_elastic.master.timeline import Committed, Event, RoundFormed
 
 log = logging.getLogger(__name__)
@@ -108,6 +110,7 @@ class TimelineStats:
     _worlds: dict[tuple[int, int], _Round] = field(default_factory=dict)
     _numbering: int = 0
     _lost: int | None = None
+    usage: SlotUsage = field(default_factory=SlotUsage)  # slot-seconds per tier (master.cost)
 
     @property
     def restarts(self) -> int:
@@ -130,6 +133,7 @@ class TimelineStats:
         return self
 
     def add(self, event: Event) -> None:
+        self.usage.add(event)
         if isinstance(event, RoundFormed):
             self._round(event.round, event.formed_at or event.t, event.world_size)
         elif isinstance(event, Committed):
@@ -177,6 +181,7 @@ class Snapshot:
     steps_per_second: float = 0.0
     lost_steps: int = 0
     failures: int = 0
+    cost: Cost = field(default_factory=Cost)
 
 
 PHASES = ("Pending", "Running", "Succeeded", "Failed")
@@ -238,6 +243,42 @@ class SnapshotCollector(Collector):
             "Workers that exited with an error.",
             value=snapshot.failures,
         )
+        yield from _cost_metrics(snapshot.cost)
+
+
+def _cost_metrics(cost: Cost) -> Iterator[Metric]:
+    """Slot-seconds per tier; with prices, the cost per tier and against a fixed-size job."""
+    held = CounterMetricFamily(
+        "kfp_elastic_slot_seconds",
+        "Seconds worker slots (pods) were held, by tier: guaranteed (index < min_workers), "
+        "opportunistic.",
+        labels=["tier"],
+    )
+    for tier in TIERS:
+        held.add_metric([tier], cost.slot_seconds.get(tier, 0.0))
+    yield held
+    if cost.cost is None:  # no prices given: no money series rather than zeros
+        return
+    money = GaugeMetricFamily(
+        "kfp_elastic_cost",
+        "Cost so far by tier (slot-hours x price: guaranteed on-demand, opportunistic spot).",
+        labels=["tier"],
+    )
+    for tier in TIERS:
+        money.add_metric([tier], cost.cost[tier])
+    yield money
+    if cost.fixed_cost is None:
+        return
+    yield GaugeMetricFamily(
+        "kfp_elastic_fixed_size_cost",
+        "Cost of the committed steps at max_workers on on-demand nodes (estimate).",
+        value=cost.fixed_cost,
+    )
+    yield GaugeMetricFamily(
+        "kfp_elastic_cost_saving",
+        "kfp_elastic_fixed_size_cost minus the job's cost (negative: the job cost more).",
+        value=cost.saving,
+    )
 
 
 def render(snapshot: Snapshot) -> str:

@@ -36,6 +36,7 @@ class EventKind(str, enum.Enum):
     MASTER_RECOVERED = "master_recovered"
     MASTER_STEPPED_DOWN = "master_stepped_down"
     WORKER_LAUNCHED = "worker_launched"
+    WORKER_RUNNING = "worker_running"
     LAUNCH_FAILED = "launch_failed"
     WORKER_LOST = "worker_lost"
     WORKER_COMPLETED = "worker_completed"
@@ -110,6 +111,16 @@ class WorkerLaunched(Event):
     name: str = ""
     index: int = 0
     attempt: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerRunning(Event):
+    """The master first saw the worker's pod (process) Running: from here it holds a slot
+    (``master.cost``)."""
+
+    kind = EventKind.WORKER_RUNNING
+    name: str = ""
+    index: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,6 +227,7 @@ EVENT_TYPES: dict[EventKind, type[Event]] = {
         MasterRecovered,
         MasterSteppedDown,
         WorkerLaunched,
+        WorkerRunning,
         LaunchFailed,
         WorkerLost,
         WorkerCompleted,

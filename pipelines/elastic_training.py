@@ -93,6 +93,8 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
         max_wait_s: float = 600.0,
         max_failures: int = 3,
         orphan_timeout_s: float = 300.0,
+        on_demand_price: float = 0.0,
+        spot_price: float = 0.0,
     ) -> None:
         """Shard the dataset, train with min..max elastic workers, evaluate the model.
 
@@ -108,6 +110,11 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
                 kfp-elastic-worker-opportunistic.
             priority_class: one PriorityClass for every worker instead (no tiers); not
                 together with the two above.
+            on_demand_price: price per worker slot-hour on on-demand nodes (guaranteed
+                workers, and the fixed-size job the report compares with); 0: the ConfigMap's
+                KFP_ELASTIC_ON_DEMAND_PRICE, else no cost shown.
+            spot_price: price per worker slot-hour on spot nodes (opportunistic workers); 0:
+                the ConfigMap's KFP_ELASTIC_SPOT_PRICE, else the on-demand price.
         """
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         cleanup = stop_workers(run_id=run_id, launcher=launcher)
@@ -144,6 +151,8 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
                 max_wait_s=max_wait_s,
                 max_failures=max_failures,
                 orphan_timeout_s=orphan_timeout_s,
+                on_demand_price=on_demand_price,
+                spot_price=spot_price,
                 run_id=run_id,
             )
             train.set_display_name("elastic training")

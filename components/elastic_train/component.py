@@ -55,6 +55,8 @@ def elastic_train(
     max_wait_s: float = 600.0,
     max_failures: int = 3,
     orphan_timeout_s: float = 300.0,
+    on_demand_price: float = 0.0,
+    spot_price: float = 0.0,
     run_id: str = "",
     log_level: str = "WARNING",
 ) -> NamedTuple(
@@ -74,7 +76,8 @@ def elastic_train(
         shard_manifest: the output of ``shard_dataset``.
         model: the final weights (``state_dict`` of ``model_def.model()``, ``torch.save``).
         metrics: final_loss, steps, restarts, lost_steps, goodput and more (docs/pipelines.md).
-        report: HTML page: world size over time, loss curve, restarts and their causes.
+        report: HTML page: what it costs, world size over time, loss curve, restarts and
+            their causes.
         task_config: filled by KFP from the task's Kubernetes settings (tolerations, node
             selector, affinity, volumes); they are applied to the worker pods.
         model_def: module with model(), loss(model, batch), dataset(split).
@@ -111,6 +114,11 @@ def elastic_train(
         orphan_timeout_s: seconds the workers go on without a master (the run terminated,
             the task's pod gone and not retried) before they snapshot and stop on their own;
             longer than a KFP retry of this task takes to start (docs/master.md).
+        on_demand_price: price per worker slot-hour (one pod) on on-demand nodes: what
+            guaranteed workers cost, and the fixed-size job the report compares with; 0:
+            $KFP_ELASTIC_ON_DEMAND_PRICE, else no cost shown (slot-hours only).
+        spot_price: price per worker slot-hour on spot nodes: what opportunistic workers cost;
+            0: $KFP_ELASTIC_SPOT_PRICE, else the on-demand price.
         run_id: names the job in etcd and its pods; the pipeline passes the KFP run id.
         log_level: level of the master's own logs (progress lines are always printed).
     """
@@ -121,6 +129,7 @@ def elastic_train(
     from kfp_elastic.components.elastic_train import run_job
     from kfp_elastic.components.elastic_train.report import render
     from kfp_elastic.components.elastic_train.summary import summarize
+    from kfp_elastic.master.cost import SlotUsage
 
     run_job.quiet_logs(log_level)
     rid = normalize_run_id(run_id)
@@ -162,6 +171,8 @@ def elastic_train(
             "max_wait_s": max_wait_s,
             "max_failures": max_failures,
             "orphan_timeout_s": orphan_timeout_s,
+            "on_demand_price": on_demand_price,
+            "spot_price": spot_price,
         },
         run_id=rid,
         launcher=launcher,
@@ -176,9 +187,14 @@ def elastic_train(
         f"elastic_train: run {rid}, {min_workers}..{max_workers} workers, launcher {kind}, " + what,
         flush=True,
     )
+    prices = spec.launch.kubernetes.prices(os.environ)
     result = run_job.run(spec, inject_faults, say=lambda line: print(line, flush=True))
     summary = summarize(
-        result.events, result.end_t, [(i.t, i.fault.action, i.target) for i in result.injected]
+        result.events,
+        result.end_t,
+        [(i.t, i.fault.action, i.target) for i in result.injected],
+        prices=prices,
+        usage=SlotUsage(min_workers, max_workers, nproc_per_worker),
     )
     start = result.events[0].t if result.events else result.end_t
     settings = {
@@ -193,6 +209,9 @@ def elastic_train(
         "snapshot_every": snapshot_every,
         "launcher": kind,
         "inject_faults": inject_faults or "-",
+        "prices per slot-hour": f"on-demand {prices.on_demand:g}, spot {prices.spot:g}"
+        if prices.given
+        else "-",
     }
     local = kind == "local"
     with open(report.path, "w") as stream:
@@ -203,6 +222,7 @@ def elastic_train(
                 settings=settings,
                 injected=[(i.t - start, i.fault.text, i.target) for i in result.injected],
                 log_dir=str(result.workdir / "workers") if local else "",
+                prices=prices,
             )
         )
     for name, value in summary.metrics().items():

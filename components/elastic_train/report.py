@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from html import escape
 
 from kfp_elastic.components.elastic_train.summary import Summary
+from kfp_elastic.master.cost import NO_PRICES, TIERS, Cost, Prices
 
 WIDTH, HEIGHT = 640, 240
 PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 56, 16, 16, 40
@@ -137,6 +138,59 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def cost_section(cost: Cost, prices: Prices) -> list[str]:
+    """Slot-hours per tier, their price and cost, and the same work at a fixed size on
+    on-demand nodes (``master.cost``; docs/scheduling.md, "What it costs")."""
+    rows: list[tuple[object, ...]] = []
+    for tier in TIERS:
+        price = prices.of(tier) if prices.given else None
+        money = cost.cost[tier] if cost.cost is not None else None
+        rows.append((tier, f"{cost.slot_seconds[tier] / 3600:.4f}", _money(price), _money(money)))
+    held = sum(cost.slot_seconds.values())
+    rows.append(("total", f"{held / 3600:.4f}", "", _money(cost.total)))
+    if cost.fixed_slot_seconds is not None:
+        rows.append(
+            (
+                f"fixed size: {cost.fixed_workers} workers, on-demand",
+                f"{cost.fixed_slot_seconds / 3600:.4f}",
+                _money(prices.on_demand if prices.given else None),
+                _money(cost.fixed_cost),
+            )
+        )
+    parts = [
+        "<h2>What it costs</h2>",
+        _table(("tier", "slot-hours", "price per slot-hour", "cost"), rows),
+    ]
+    if cost.saving is not None:
+        parts.append(f"<p>Saving against the fixed-size job: {cost.saving:.4f}.</p>")
+    how = (
+        "Slot: one worker pod, held from when the master saw it Running until its end. "
+        "Guaranteed: workers 0..min_workers-1 (on-demand price); opportunistic: the others "
+        "(spot price, else on-demand)."
+    )
+    if cost.steps_per_second is not None:
+        how += (
+            f" Fixed size: the {cost.steps} committed steps at {cost.fixed_workers} workers and "
+            f"{cost.steps_per_second:.3g} steps/s, "
+            + (
+                "measured at that size."
+                if cost.throughput_measured
+                else "scaled linearly from the largest size measured (never trained at that "
+                "size; real scaling is at most linear)."
+            )
+        )
+    else:
+        how += " Fixed size: no throughput measured (fewer than two commits in one round)."
+    if not prices.given:
+        how += " No prices given (on_demand_price, spot_price): slot-hours only."
+    parts.append(f'<p class="note">{escape(how)}</p>')
+    return parts
+
+
 def _why_it_failed(summary: Summary) -> list[str]:
     """The master's verdict and the errors the failed workers left (exception, traceback tail)."""
     if summary.end_state != "failed":
@@ -155,6 +209,7 @@ def render(
     settings: dict[str, object],
     injected: Sequence[tuple[float, str, str]] = (),
     log_dir: str = "",
+    prices: Prices = NO_PRICES,
 ) -> str:
     """The whole page. ``injected``: (seconds since start, fault, worker) of injected faults."""
     markers = [(t, f"{worker} lost ({cause})", LOST) for t, worker, cause, _ in summary.lost_rows]
@@ -189,6 +244,7 @@ def render(
         *_why_it_failed(summary),
         "<h2>Metrics</h2>",
         _table(("metric", "value"), metric_rows),
+        *cost_section(summary.cost, prices),
         "<h2>World size over time</h2>",
         world_chart,
         '<p class="note">Dashed lines: red, a worker lost (hover for the cause); orange, a '

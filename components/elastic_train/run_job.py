@@ -109,6 +109,7 @@ class TrainResult:
 def validate(spec: JobSpec, inject_faults: str = "") -> tuple[Fault, ...]:
     """Check every input before anything starts; ``ValueError`` names the input at fault."""
     spec.validate()
+    spec.launch.kubernetes.prices(os.environ)  # a bad price variable fails here
     return parse_faults(inject_faults, spec.size.max_workers)
 
 

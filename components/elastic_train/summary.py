@@ -10,7 +10,10 @@ Definitions (also in docs/pipelines.md):
   across a master retry; docs/master.md, "Metrics");
 - ``goodput``: ``steps / (steps + lost_steps)``, the share of the training work that reached
   the final model (1.0: nothing was redone);
-- ``final_loss``: the mean training loss of the last committed step (0.0 if none was recorded).
+- ``final_loss``: the mean training loss of the last committed step (0.0 if none was recorded);
+- ``slot_seconds_guaranteed``/``_opportunistic``, ``cost``, ``fixed_size_cost``,
+  ``cost_saving``: what the job used and cost (``master.cost``, the fold ``/metrics`` uses;
+  docs/scheduling.md, "What it costs"); the money ones only with prices.
 """
 
 from __future__ import annotations
@@ -19,6 +22,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kfp_elastic.master.cost import (
+    GUARANTEED,
+    NO_PRICES,
+    OPPORTUNISTIC,
+    Cost,
+    Prices,
+    SlotUsage,
+    cost_of,
+)
 from kfp_elastic.master.launcher import DISRUPTIONS as DISRUPTION_REASONS
 from kfp_elastic.master.metrics import TimelineStats
 from kfp_elastic.master.scaling import CAUSES
@@ -72,6 +84,7 @@ class Summary:
     lost_rows: tuple[tuple[float, str, str, str], ...] = ()  # (t, worker, cause, message)
     end_state: str = ""
     end_message: str = ""
+    cost: Cost = field(default_factory=Cost)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
@@ -88,25 +101,40 @@ class Summary:
             "epochs": self.epochs_done,
             "max_world_size": self.max_world_size,
             "duration_s": round(self.duration_s, 1),
+            **self.cost_metrics(),
         }
+
+    def cost_metrics(self) -> dict[str, float]:
+        cost = self.cost
+        numbers = {
+            "slot_seconds_guaranteed": round(cost.slot_seconds.get(GUARANTEED, 0.0), 1),
+            "slot_seconds_opportunistic": round(cost.slot_seconds.get(OPPORTUNISTIC, 0.0), 1),
+        }
+        money = {"cost": cost.total, "fixed_size_cost": cost.fixed_cost, "cost_saving": cost.saving}
+        numbers.update({k: round(v, 4) for k, v in money.items() if v is not None})
+        return numbers
 
 
 def summarize(
     events: Sequence[Event],
     end_t: float | None = None,
     injected: Sequence[tuple[float, str, str]] = (),
+    prices: Prices = NO_PRICES,
+    usage: SlotUsage | None = None,
 ) -> Summary:
     """Fold ``events`` (oldest first, as ``master.timeline.read_timeline`` returns them).
 
     ``injected``: faults injected by this component, (unix time, action, worker name); they
-    show among the events before the restart they caused."""
+    show among the events before the restart they caused. ``prices``: per slot-hour, for the
+    cost; ``usage``: the slot fold to add the events to, with the job's size (default: the
+    size on the timeline's ``master_started``)."""
     if not events:
         return Summary()
     faults = [FaultInjected(t=t, action=action, name=name) for t, action, name in injected]
     events = sorted([*events, *faults], key=lambda e: e.t)
     start = events[0].t
     last_t = events[-1].t if end_t is None else end_t
-    stats = TimelineStats().add_all(events)
+    stats = TimelineStats(usage=usage or SlotUsage()).add_all(events)
     world = 0
     world_series: list[tuple[float, int]] = [(0.0, 0)]
     losses: list[tuple[int, float]] = []
@@ -178,6 +206,7 @@ def summarize(
         lost_rows=tuple(lost_rows),
         end_state=end_state,
         end_message=end_message,
+        cost=cost_of(stats.usage, prices, at=last_t),
     )
 
 

@@ -50,6 +50,7 @@ def test_pipeline_runs_locally_through_a_preemption(
     assert metrics["disruptions"] >= 1 and metrics["worker_failures"] == 0
     assert 0 < metrics["goodput"] <= 1 and metrics["final_loss"] > 0
     assert metrics["max_world_size"] == 2
+    assert metrics["slot_seconds_guaranteed"] > 0 and metrics["slot_seconds_opportunistic"] == 0
 
     model = torch.load(found["model"], weights_only=True)
     assert set(model) == {"0.weight", "0.bias", "2.weight", "2.bias"}

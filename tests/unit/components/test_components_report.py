@@ -6,8 +6,11 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 
+import pytest
+
 from kfp_elastic.components.elastic_train.report import loss_segments, render, svg_chart
 from kfp_elastic.components.elastic_train.summary import Summary, describe, summarize
+from kfp_elastic.master.cost import Prices
 from kfp_elastic.master.timeline import Event, from_record
 
 T0 = 1_000.0
@@ -27,12 +30,24 @@ def timeline() -> list[Event]:
         (
             "committed",
             7.0,
-            {"step": 5, "epoch": 0, "world_size": 2, "losses": [2.0, 1.9, 1.8, 1.7, 1.6]},
+            {
+                "step": 5,
+                "epoch": 0,
+                "world_size": 2,
+                "round": 1,
+                "losses": [2.0, 1.9, 1.8, 1.7, 1.6],
+            },
         ),
         (
             "committed",
             9.0,
-            {"step": 10, "epoch": 0, "world_size": 2, "losses": [1.5, 1.4, 1.3, 1.2, 1.1]},
+            {
+                "step": 10,
+                "epoch": 0,
+                "world_size": 2,
+                "round": 1,
+                "losses": [1.5, 1.4, 1.3, 1.2, 1.1],
+            },
         ),
         (
             "worker_lost",
@@ -48,7 +63,11 @@ def timeline() -> list[Event]:
         ("worker_launched", 11.1, {"name": "worker-1-1", "index": 1}),
         ("round_formed", 12.0, {"round": 2, "nodes": 1, "world_size": 1}),
         ("round_formed", 20.0, {"round": 3, "nodes": 2, "world_size": 2}),
-        ("committed", 22.0, {"step": 20, "epoch": 0, "world_size": 2, "losses": [1.0] * 10}),
+        (
+            "committed",
+            22.0,
+            {"step": 20, "epoch": 0, "world_size": 2, "round": 3, "losses": [1.0] * 10},
+        ),
         ("epoch_end", 22.1, {"epoch": 0, "step": 20}),
         (
             "committed",
@@ -57,6 +76,7 @@ def timeline() -> list[Event]:
                 "step": 30,
                 "epoch": 1,
                 "world_size": 2,
+                "round": 3,
                 "complete": True,
                 "losses": [0.5] * 9 + [0.25],
             },
@@ -70,6 +90,33 @@ def timeline() -> list[Event]:
         from_record({"kind": kind, "t": T0 + t, **fields}, seq=i + 1)
         for i, (kind, t, fields) in enumerate(events)
     ]
+
+
+def running(events: list[Event]) -> list[Event]:
+    """``events`` with the times the master saw each worker Running (worker-1-1 ran from 11.5 s
+    until the job's end)."""
+    seen = [("worker-0-0", 0, 1.0), ("worker-1-0", 1, 2.0), ("worker-1-1", 1, 11.5)]
+    more = [
+        from_record({"kind": "worker_running", "t": T0 + t, "name": name, "index": index})
+        for name, index, t in seen
+    ]
+    return sorted([*events, *more], key=lambda e: e.t)
+
+
+def test_slot_seconds_per_tier_and_the_cost() -> None:
+    summary = summarize(running(timeline()), prices=Prices(on_demand=3.6, spot=1.8))
+    cost = summary.cost
+    # min_workers 1: worker 0 guaranteed (1.0..26.0 s), the others opportunistic.
+    assert cost.slot_seconds == {"guaranteed": 25.0, "opportunistic": 9.0 + 15.0}
+    assert cost.cost == pytest.approx({"guaranteed": 0.025, "opportunistic": 0.012})
+    # Measured at 2 workers: 15 steps in 4 s of commits; 30 steps on 2 slots take 16 s.
+    assert (cost.steps_per_second, cost.throughput_measured) == (3.75, True)
+    assert cost.fixed_cost == pytest.approx(0.016)
+    metrics = summary.metrics()
+    assert metrics["slot_seconds_guaranteed"] == 25.0
+    assert metrics["cost"] == 0.037 and metrics["cost_saving"] == -0.021
+    assert "cost" not in summarize(running(timeline())).metrics()  # no prices, no money
+    assert summarize(timeline()).cost.slot_seconds["guaranteed"] == 0.0  # never seen Running
 
 
 def test_summary_numbers() -> None:
@@ -132,17 +179,20 @@ def test_charts_are_well_formed_svg() -> None:
 def test_report_has_charts_tables_and_escapes_text() -> None:
     events = timeline()
     events[6] = replace(events[6], message="<script>alert(1)</script>")
+    prices = Prices(on_demand=3.6, spot=1.8)
     html = render(
-        summarize(events, injected=[(T0 + 10.5, "preempt", "worker-1-0")]),
+        summarize(running(events), injected=[(T0 + 10.5, "preempt", "worker-1-0")], prices=prices),
         title="Elastic training r",
         settings={"run_id": "r"},
         injected=[(10.5, "preempt:worker-1@step10", "worker-1-0")],
         log_dir="/tmp/logs",
+        prices=prices,
     )
     assert html.startswith("<!DOCTYPE html>") and "<script>" not in html
     assert len(re.findall(r"<svg ", html)) == 2
     for heading in (
         "Metrics",
+        "What it costs",
         "World size over time",
         "Loss curve",
         "Restarts and their causes",
@@ -151,6 +201,9 @@ def test_report_has_charts_tables_and_escapes_text() -> None:
     ):
         assert f"<h2>{heading}</h2>" in html
     assert "2 → 1" in html and "Job succeeded" in html and "/tmp/logs" in html
+    costs = html.split("<h2>What it costs</h2>")[1].split("<h2>")[0]
+    assert "<td>opportunistic</td><td>0.0067</td><td>1.8000</td><td>0.0120</td>" in costs
+    assert "fixed size: 2 workers, on-demand" in costs and "Saving" in costs
     for svg in re.findall(r"<svg .*?</svg>", html, re.S):
         ET.fromstring(svg)
 

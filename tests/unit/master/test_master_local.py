@@ -24,7 +24,16 @@ from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.gpus import GpuShortage
-from kfp_elastic.job_spec import Data, Entry, JobSpec, Policy, Size
+from kfp_elastic.job_spec import (
+    Data,
+    Entry,
+    JobSpec,
+    KubernetesSettings,
+    Launch,
+    Policy,
+    Size,
+)
+from kfp_elastic.master.cost import SlotUsage
 from kfp_elastic.master.job import ElasticJob, JobResult
 from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
 from kfp_elastic.master.local_launcher import LocalLauncher
@@ -41,6 +50,7 @@ from kfp_elastic.master.timeline import (
     WorkerCompleted,
     WorkerLaunched,
     WorkerLost,
+    WorkerRunning,
     of_type,
     read_timeline,
 )
@@ -263,6 +273,7 @@ def test_job_replaces_a_killed_worker_and_succeeds(
         size=Size(min_workers=2, max_workers=3),
         data=Data(dataset_length=320, shard_size=40, epochs=2),
         policy=Policy(max_wait_s=60, leader_ttl_s=2),
+        launch=Launch(kubernetes=KubernetesSettings(on_demand_price=3.6, spot_price=1.8)),
         entry=Entry(
             command=(
                 ENTRY,
@@ -308,6 +319,10 @@ def test_job_replaces_a_killed_worker_and_succeeds(
         assert metrics['kfp_elastic_workers{phase="Running"}'] == 3
         assert metrics["kfp_elastic_committed_step"] >= 4
         assert 'kfp_elastic_shard_queue{epoch="1",state="todo"}' in metrics
+        # Workers 0 and 1 guaranteed, 2 opportunistic: all three hold slots, priced per tier.
+        assert metrics['kfp_elastic_slot_seconds_total{tier="guaranteed"}'] > 0
+        assert metrics['kfp_elastic_slot_seconds_total{tier="opportunistic"}'] > 0
+        assert metrics['kfp_elastic_cost{tier="opportunistic"}'] > 0
         victim = "worker-1-0"
         launchers[0].kill(victim)
         thread.join(120)
@@ -328,6 +343,10 @@ def test_job_replaces_a_killed_worker_and_succeeds(
     assert of_type(timeline, Committed)[-1].complete is True
     assert [e.epoch for e in of_type(timeline, EpochEnd)] == [0, 1]
     assert isinstance(timeline[0], MasterStarted) and isinstance(timeline[-1], JobDone)
+    running = {e.name for e in of_type(timeline, WorkerRunning)}
+    assert running >= {"worker-0-0", "worker-1-0", "worker-2-0"}
+    held = SlotUsage().add_all(timeline).slot_seconds()  # the job's end closed every slot
+    assert held["guaranteed"] > held["opportunistic"] > 0
     state = MasterState(client, prefix)
     assert state.status()["state"] == "succeeded" and state.failures() == 0
     assert all(r.get("ended") for r in state.workers().values())

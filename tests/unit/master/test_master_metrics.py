@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kfp_elastic.master.cost import Cost
 from kfp_elastic.master.metrics import Metrics, Snapshot, TimelineStats, render
 from kfp_elastic.master.timeline import Committed, RoundFormed
 
@@ -105,6 +106,11 @@ SNAPSHOT = Snapshot(
     steps_per_second=2.5,
     lost_steps=3,
     failures=1,
+    cost=Cost(
+        slot_seconds={"guaranteed": 7200.0, "opportunistic": 3600.0},
+        cost={"guaranteed": 6.0, "opportunistic": 1.0},
+        fixed_cost=10.0,
+    ),
 )
 
 
@@ -129,6 +135,10 @@ def test_collector_output_parses_with_the_documented_names_and_types() -> None:
         "kfp_elastic_steps_per_second": "gauge",
         "kfp_elastic_lost_steps": "gauge",
         "kfp_elastic_worker_failures": "counter",
+        "kfp_elastic_slot_seconds": "counter",
+        "kfp_elastic_cost": "gauge",
+        "kfp_elastic_fixed_size_cost": "gauge",
+        "kfp_elastic_cost_saving": "gauge",
     }
     samples = samples_of(text)
     assert samples[("kfp_elastic_world_size", ())] == 3
@@ -140,6 +150,20 @@ def test_collector_output_parses_with_the_documented_names_and_types() -> None:
     assert samples[("kfp_elastic_restarts_total", ())] == 1
     assert samples[("kfp_elastic_lost_steps", ())] == 3
     assert samples[("kfp_elastic_worker_failures_total", ())] == 1
+    assert samples[("kfp_elastic_slot_seconds_total", (("tier", "guaranteed"),))] == 7200
+    assert samples[("kfp_elastic_slot_seconds_total", (("tier", "opportunistic"),))] == 3600
+    assert samples[("kfp_elastic_cost", (("tier", "guaranteed"),))] == 6.0
+    assert samples[("kfp_elastic_cost", (("tier", "opportunistic"),))] == 1.0
+    assert samples[("kfp_elastic_fixed_size_cost", ())] == 10.0
+    assert samples[("kfp_elastic_cost_saving", ())] == 3.0
+
+
+def test_without_prices_only_slot_seconds_are_shown() -> None:
+    """No prices given: slot-seconds per tier, and no money series rather than zeros."""
+    text = render(Snapshot(cost=Cost(slot_seconds={"guaranteed": 5.0, "opportunistic": 0.0})))
+    names = {name for name, _ in samples_of(text)}
+    assert "kfp_elastic_slot_seconds_total" in names
+    assert not {"kfp_elastic_cost", "kfp_elastic_fixed_size_cost"} & names
 
 
 def test_every_documented_metric_is_exposed() -> None:
