@@ -116,7 +116,9 @@ class State:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.step = self.epoch = self.position = 0
         self.snapshots = Snapshotter(directory)
-        self.rescues = Rescues(directory, self.settings.run_id)
+        # Each optimizer step first waits for the last snapshot's copies of what it changes.
+        self.snapshots.guard(optimizer)
+        self.rescues = Rescues(directory, self.settings.run_id, self.snapshots.buffer)
         every = self.settings.snapshot_every or None  # 0: auto
         self.snapshot_policy = SnapshotPolicy(every)
         self.progress: Progress | None = None
