@@ -35,6 +35,10 @@ Five added lines make a DDP script (e.g. pytorch/examples' DDP tutorial) elastic
   ``worker/peer_loss.py``), started by SIGTERM or the round breaking; each
   ``optimizer.step()`` then waits for the gradients' allreduce and raises
   ``CollectiveAborted`` instead of applying partial gradients.
+* On a GPU a snapshot's copies of the parameters and optimizer state overlap the next forward
+  and backward; ``optimizer.step()`` first waits for them (a step pre-hook,
+  ``Snapshotter.guard``). Change parameters only in ``optimizer.step()`` (not between
+  ``commit()`` and the next step), or a snapshot may hold the changed values.
 
 Settings come from the environment the master sets (``kfp_elastic/job_env.py``); under a plain
 ``torchrun --rdzv-backend=elastic-etcd`` the rendezvous plugin gives the etcd connection and
