@@ -1,14 +1,14 @@
 """Training-state snapshots: a fast node-local copy, a persisted copy, then a commit in etcd.
 
 Only rank 0 writes (DDP replicas are identical). ``save`` copies the state's tensor bytes into
-a reused buffer (``snapshot_format.pack``; on a GPU, the parameters' and optimizer state's copies
-overlap the next forward/backward, ``guard`` and ``worker/host_copy.py``), so training goes on
-while a background
-thread writes ``snapshot-{step:09d}.pt`` first into the node-local directory, then into the
-persisted one (a PVC in a cluster), each by write-to-temp and rename, and only then calls
-``on_persisted`` (the etcd commit). A snapshot that is committed therefore always exists in the
-persisted directory; a node that survives restores from its local copy, anyone else from the
-persisted one, and newcomers get it by broadcast. Files are in ``snapshot_format`` (checksummed
+a reused buffer (``snapshot_format.pack``; on a GPU the copies of parameters and optimizer
+state overlap the next forward and backward: ``guard``, ``worker/host_copy.py``), so training
+goes on while a background thread writes ``snapshot-{step:09d}.pt`` first into the node-local
+directory, then into the persisted one (a PVC in a cluster), each by write-to-temp and
+rename, and only then calls ``on_persisted`` (the etcd commit). A snapshot that is committed
+therefore always exists in the persisted directory; a node that survives restores from its
+local copy, anyone else from the persisted one, and newcomers get it by broadcast (as tensors,
+``collective.shared_state``). Files are in ``snapshot_format`` (checksummed
 raw tensors) unless the state holds something that format cannot store; then ``torch.save``.
 """
 
