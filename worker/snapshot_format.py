@@ -277,13 +277,18 @@ def pack(
     copier.start()
     copied = DONE
     for pending in (False, True):  # what must be copied now, then what may follow
+        queued = False
         for source, entry, late in zip(sources, laid.table, later, strict=True):
             if late == pending and entry["nbytes"]:
                 copier.copy(flat[entry["offset"] : entry["offset"] + entry["nbytes"]], source)
-        copied = copier.mark()
-        if not pending:
-            copied.wait_host()
-    return Packed(laid.tree, laid.table, buffer, laid.size, copied=copied if any(later) else DONE)
+                queued = queued or copier.asynchronous(source)
+        if pending:
+            copied = copier.mark() if queued else DONE
+        elif queued or not any(later):
+            # Waiting would also wait for the step still queued on the device: only when a
+            # copy that must be done now is asynchronous (SyncCopier: its devices' streams).
+            copier.mark().wait_host()
+    return Packed(laid.tree, laid.table, buffer, laid.size, copied=copied)
 
 
 def buffer_pinned(buffer: bytearray | torch.Tensor | None) -> bool:
