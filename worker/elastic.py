@@ -69,7 +69,7 @@ from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.job_env import SNAPSHOT_DIR_ENV, JobEnv
 
-from .collective import EXIT_PREEMPTED, gathered, shared
+from .collective import EXIT_PREEMPTED, gathered, group_device, shared
 from .data_plan import epoch_order, step_ids, steps_left
 from .device import nccl_error_handling_not_set, settle
 from .finite_loss import NonFiniteLoss, skips_step
@@ -446,9 +446,7 @@ def _nccl() -> bool:
 
 def _collective_device() -> torch.device:
     """Where this process's collective tensors live: NCCL reduces device tensors only."""
-    if _nccl():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return group_device()
 
 
 class ElasticSampler:

@@ -150,7 +150,19 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 def cgroup_memory(root: Path = CGROUP_ROOT) -> tuple[int | None, int | None]:
     """(limit, usage) in bytes of this container's memory cgroup (v2, else v1); None where
-    unknown or unlimited."""
+    unknown or unlimited. Usage is anonymous memory where ``memory.stat`` says (page cache is
+    reclaimed before an OOM kill), else the whole charge."""
+
+    def anonymous(name: str, key: str) -> int | None:
+        try:
+            lines = (root / name).read_text().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            field, _, value = line.partition(" ")
+            if field == key and value.strip().isdigit():
+                return int(value)
+        return None
 
     def read(*names: str) -> int | None:
         for name in names:
@@ -164,10 +176,12 @@ def cgroup_memory(root: Path = CGROUP_ROOT) -> tuple[int | None, int | None]:
             return None  # "max": unlimited
         return None
 
-    return (
-        read("memory.max", "memory/memory.limit_in_bytes"),
-        read("memory.current", "memory/memory.usage_in_bytes"),
-    )
+    used = anonymous("memory.stat", "anon")
+    if used is None:
+        used = anonymous("memory/memory.stat", "total_rss")
+    if used is None:
+        used = read("memory.current", "memory/memory.usage_in_bytes")
+    return read("memory.max", "memory/memory.limit_in_bytes"), used
 
 
 def memory_problem(nbytes: int, limit: int | None, used: int | None) -> str | None:

@@ -191,6 +191,9 @@ def test_a_buffer_that_does_not_fit_the_memory_limit_is_named(tmp_path: Path) ->
     assert cgroup_memory(tmp_path) == (None, 123)
     (tmp_path / "memory.max").write_text("4096\n")
     assert cgroup_memory(tmp_path) == (4096, 123)
+    # Page cache is reclaimable: anonymous memory is what the buffer competes with.
+    (tmp_path / "memory.stat").write_text("anon 100\nfile 23\n")
+    assert cgroup_memory(tmp_path) == (4096, 100)
     v1 = tmp_path / "v1"
     (v1 / "memory").mkdir(parents=True)
     (v1 / "memory" / "memory.limit_in_bytes").write_text(str(2**63 - 4096))
