@@ -37,7 +37,10 @@ disrupt     3 nodes (--nnodes=2:3) train with --snapshot-every K (5) and --step-
             the trigger step is stratified over the snapshot interval.
 micro       In-process, on the ``--model`` state: the synchronous part of a snapshot (what
             Trainer._commit does on the training thread: state_dict, optimizer state, RNG, then
-            Snapshotter.save's copy into the snapshot buffer), its background part (header +
+            Snapshotter.save's copy into the snapshot buffer), the time a snapshot adds to the
+            step after it (with ``--device cuda`` the copies of parameters and optimizer state
+            overlap that step's forward and backward; CUDA is synchronised before every clock
+            read), its background part (header +
             CRC32C + write of the snapshot file, Progress.commit to etcd; torch.save of the
             same state for comparison), how much 10 training steps slow down while that
             background part runs (the GIL), and Progress.commit's cost against the number of
@@ -743,13 +746,18 @@ def bench_micro(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path) ->
 
     n = args.micro_n
     snapshotter = Snapshotter(work_dir / "micro-snapshots")
-    save_times = []
+    snapshotter.guard(optimizer)  # as the runtime: the next optimizer.step() waits for the copy
+    save_times, steps_with_save = [], []
     for step in range(n):
-        settle()
+        settle()  # the step before is done: what follows is this snapshot's cost alone
         began = time.perf_counter()
         snapshotter.save(step, state(), lambda name: None)  # _commit's synchronous part
-        settle()
         save_times.append(time.perf_counter() - began)
+        # On a GPU the parameters' copies go on behind save(): the step that follows pays for
+        # what of them its forward and backward do not hide (settle() waits for all of it).
+        train_step()
+        settle()
+        steps_with_save.append(time.perf_counter() - began)
         snapshotter.wait()  # the background part, not timed here
     cpu = state()
     packed = snapshot_format.pack(cpu)
@@ -779,11 +787,18 @@ def bench_micro(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path) ->
         thread.join()
 
     noop_commit = lambda name: None  # noqa: E731
+    step_ms = statistics.median(timed(train_step, n)) * 1e3
     results = {
-        "train_step_1proc_ms": statistics.median(timed(train_step, n)) * 1e3,
+        "train_step_1proc_ms": step_ms,
+        # A step with a snapshot before it, and what the snapshot adds to it: the time the
+        # snapshot blocks training (on a GPU: its copy, less what the step overlaps).
+        "step_with_snapshot_ms": statistics.median(steps_with_save) * 1e3,
+        "snapshot_blocking_ms": max(0.0, statistics.median(steps_with_save) * 1e3 - step_ms),
         "state_build_ms": statistics.median(timed(state, n)) * 1e3,
         "pack_copy_ms": statistics.median(timed(pack_reused, n)) * 1e3,
-        "sync_save_call_ms": statistics.median(save_times) * 1e3,  # incl. state build
+        # save()'s own time on the training thread (incl. the state build; on a GPU without
+        # the parameters' copies, which go on behind it)
+        "sync_save_call_ms": statistics.median(save_times) * 1e3,
         "packed_write_ms": statistics.median(timed(write_packed, n)) * 1e3,
         "state_bytes": (work_dir / "micro.snap").stat().st_size,
         "torch_save_ms": statistics.median(
@@ -976,6 +991,7 @@ def summarize(report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
         summary["sync_snapshot_ms"] = micro["sync_save_call_ms"]
         summary["snapshot_write_ms"] = micro["packed_write_ms"]
         summary["torch_save_ms"] = micro["torch_save_ms"]
+        summary["snapshot_blocking_ms"] = micro["snapshot_blocking_ms"]
         print(
             f"(c) micro, in-process, medians of {args.micro_n}:\n"
             f"    synchronous part of a snapshot (Trainer._commit state + Snapshotter.save): "
@@ -983,6 +999,9 @@ def summarize(report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
             f" % of a {fmt(step_ms, '.2f')} ms K=inf step; of it state_dict+optimizer+rng "
             f"{micro['state_build_ms']:.3f} ms, copy into the snapshot buffer "
             f"{micro['pack_copy_ms']:.3f} ms"
+            f"\n    a step with a snapshot before it: {micro['step_with_snapshot_ms']:.2f} ms, "
+            f"{micro['snapshot_blocking_ms']:.2f} ms more than a step alone "
+            f"({micro['snapshot_blocking_ms'] / micro['torch_save_ms']:.3f} x torch.save)"
             f"\n    background part: write + CRC32C {micro['packed_write_ms']:.2f} ms "
             f"({micro['state_bytes']} B; torch.save of the same state: "
             f"{micro['torch_save_ms']:.2f} ms); Progress.commit {commits} "

@@ -308,6 +308,14 @@ class KubernetesSettings:
     memory: str = _option(
         "", "memory request and limit per worker pod (empty: none)", param="worker_memory"
     )
+    snapshot_buffer: str = _option(
+        "",
+        "host memory each worker process pins for snapshots and rescues: the training state's "
+        "size (parameters + optimizer state, e.g. 9Gi for 1 B fp32 parameters with momentum); "
+        "added, once per process, to the worker pod's memory request and limit (empty: not "
+        "known before the start, count it in the memory yourself)",
+        param=None,
+    )
     gpus: int = _option(
         0,
         "GPUs per worker pod (0: one per process when the built-in runtime runs on cuda)",
@@ -664,6 +672,13 @@ class JobSpec:
         self.launch.kubernetes.check_priority_classes()
         if self.launch.kind == "kubernetes":
             self.worker_pod_gpus()  # a GPU count that does not fit the processes fails here
+        if self.launch.kubernetes.snapshot_buffer:
+            from kfp_elastic.master.pod_spec_checks import parse_quantity
+
+            try:
+                parse_quantity(self.launch.kubernetes.snapshot_buffer)
+            except ValueError as error:
+                raise field_error("snapshot_buffer", str(error), KubernetesSettings) from None
         capacity = self.launch.local.capacity
         if capacity is not None and capacity < 0:
             raise field_error("capacity", f"must be >= 0, got {capacity}")

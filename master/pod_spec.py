@@ -71,6 +71,9 @@ class WorkerPodSpec:
     cpu_limit: str | int | float | None = None  # no CPU limit by default: throttling hurts DDP
     memory_limit: str | None = None  # defaults to ``memory``: an overrun is an OOM kill, not a
     # noisy neighbour
+    # Host memory each process pins for snapshots and rescues (the training state's size,
+    # ``worker/host_copy.py``): added, once per process, to the memory request and limit.
+    snapshot_buffer: str | None = None
     gpu: int = 0
     gpu_resource: str = "nvidia.com/gpu"
     # Worker indexes below min_nodes get the guaranteed class, the others the opportunistic one
@@ -357,10 +360,12 @@ def _resources(spec: WorkerPodSpec) -> dict[str, Any]:
         requests["cpu"] = str(spec.cpu)
     if spec.cpu_limit is not None:
         limits["cpu"] = str(spec.cpu_limit)
-    if spec.memory is not None:
-        requests["memory"] = spec.memory
-    if spec.memory_limit is not None or spec.memory is not None:
-        limits["memory"] = spec.memory_limit or spec.memory
+    memory = with_snapshot_buffers(spec.memory, spec.snapshot_buffer, processes(spec))
+    if memory is not None:
+        requests["memory"] = memory
+    if spec.memory_limit is not None or memory is not None:
+        limit = with_snapshot_buffers(spec.memory_limit, spec.snapshot_buffer, processes(spec))
+        limits["memory"] = limit or memory
     if spec.gpu:
         # Extended resources cannot be overcommitted: Kubernetes wants limits == requests.
         requests[spec.gpu_resource] = limits[spec.gpu_resource] = str(spec.gpu)
@@ -370,3 +375,20 @@ def _resources(spec: WorkerPodSpec) -> dict[str, Any]:
     if limits:
         out["limits"] = limits
     return out
+
+
+def processes(spec: WorkerPodSpec) -> int:
+    """Worker processes of one pod: ``nproc_per_node``, or its GPUs for a word (``gpu``,
+    ``auto``), at least one."""
+    if isinstance(spec.nproc_per_node, int) or str(spec.nproc_per_node).isdigit():
+        return int(spec.nproc_per_node)
+    return max(1, spec.gpu)
+
+
+def with_snapshot_buffers(memory: str | None, buffer: str | None, count: int) -> str | None:
+    """``memory`` plus ``count`` snapshot buffers of ``buffer`` bytes (Kubernetes quantities).
+    Without a ``memory`` there is no limit to overrun and nothing is added."""
+    if memory is None or not buffer:
+        return memory
+    total = int(parse_quantity(memory) + count * parse_quantity(buffer))
+    return f"{total // 2**20}Mi" if total % 2**20 == 0 else str(total)

@@ -240,7 +240,7 @@ def _validate_rdzv(spec: WorkerPodSpec) -> None:
 
 def _validate_resources(spec: WorkerPodSpec) -> None:
     values: dict[str, Decimal] = {}
-    for key in ("cpu", "memory", "cpu_limit", "memory_limit", "shm_size"):
+    for key in ("cpu", "memory", "cpu_limit", "memory_limit", "shm_size", "snapshot_buffer"):
         raw = getattr(spec, key)
         if raw is None:
             continue

@@ -162,6 +162,7 @@ def worker_pod_template(spec: JobSpec) -> Any:
         service_account=k8s.service_account,
         cpu=k8s.cpu or None,
         memory=k8s.memory or None,
+        snapshot_buffer=k8s.snapshot_buffer or None,
         gpu=spec.worker_pod_gpus(),
         shm_size=spec.worker_shm_size(),
         namespace=pod_namespace(k8s.namespace),

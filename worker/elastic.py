@@ -35,6 +35,10 @@ Five added lines make a DDP script (e.g. pytorch/examples' DDP tutorial) elastic
   ``worker/peer_loss.py``), started by SIGTERM or the round breaking; each
   ``optimizer.step()`` then waits for the gradients' allreduce and raises
   ``CollectiveAborted`` instead of applying partial gradients.
+* On a GPU a snapshot's copies of the parameters and optimizer state overlap the next forward
+  and backward; ``optimizer.step()`` first waits for them (a step pre-hook,
+  ``Snapshotter.guard``). Change parameters only in ``optimizer.step()`` (not between
+  ``commit()`` and the next step), or a snapshot may hold the changed values.
 
 Settings come from the environment the master sets (``kfp_elastic/job_env.py``); under a plain
 ``torchrun --rdzv-backend=elastic-etcd`` the rendezvous plugin gives the etcd connection and
@@ -65,7 +69,7 @@ from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.job_env import SNAPSHOT_DIR_ENV, JobEnv
 
-from .collective import EXIT_PREEMPTED, gathered, shared
+from .collective import EXIT_PREEMPTED, gathered, group_device, shared
 from .data_plan import epoch_order, step_ids, steps_left
 from .device import nccl_error_handling_not_set, settle
 from .finite_loss import NonFiniteLoss, skips_step
@@ -116,7 +120,9 @@ class State:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.step = self.epoch = self.position = 0
         self.snapshots = Snapshotter(directory)
-        self.rescues = Rescues(directory, self.settings.run_id)
+        # Each optimizer step first waits for the last snapshot's copies of what it changes.
+        self.snapshots.guard(optimizer)
+        self.rescues = Rescues(directory, self.settings.run_id, self.snapshots.buffer)
         every = self.settings.snapshot_every or None  # 0: auto
         self.snapshot_policy = SnapshotPolicy(every)
         self.progress: Progress | None = None
@@ -440,9 +446,7 @@ def _nccl() -> bool:
 
 def _collective_device() -> torch.device:
     """Where this process's collective tensors live: NCCL reduces device tensors only."""
-    if _nccl():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return group_device()
 
 
 class ElasticSampler:

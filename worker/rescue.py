@@ -31,10 +31,15 @@ from typing import Any
 import torch
 
 from . import snapshot_format
+from .host_copy import HostBuffer
 from .snapshot import read_state
 from .snapshot_format import CorruptSnapshot, NotPackable
 
 log = logging.getLogger(__name__)
+
+# Seconds a rescue waits for the snapshot in flight to give the process's host buffer back
+# before it copies into fresh pageable memory instead (torchrun SIGKILLs 30 s after SIGTERM).
+BUFFER_WAIT_S = 5.0
 
 _NAME = re.compile(r"^rescue-(\d{9})-r(\d+)\.pt$")
 
@@ -60,11 +65,24 @@ def _rescues(directory: Path) -> list[Found]:
 
 
 class Rescues:
-    """Rescue files of one run in ``directory`` (node-local if the node has a local one)."""
+    """Rescue files of one run in ``directory`` (node-local if the node has a local one).
 
-    def __init__(self, directory: str | os.PathLike[str], run_id: str) -> None:
+    ``buffer``: the process's snapshot buffer (``Snapshotter.buffer``), which a rescue reuses
+    when it is free within ``buffer_wait_s`` and big enough; a rescue never pins memory of its
+    own (pinning gigabytes after SIGTERM takes seconds): otherwise it copies into pageable
+    memory."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        run_id: str,
+        buffer: HostBuffer | None = None,
+        buffer_wait_s: float = BUFFER_WAIT_S,
+    ) -> None:
         self.directory = Path(directory)
         self.run_id = run_id
+        self.buffer = buffer
+        self.buffer_wait_s = buffer_wait_s
 
     def write(self, step: int, rank: int, state: dict[str, Any]) -> Path:
         """Write ``state`` (its ``step`` is ``step``) and drop this rank's older rescues."""
@@ -72,10 +90,17 @@ class Rescues:
         name = rescue_name(step, rank)
         temporary = self.directory / f".{name}.tmp{os.getpid()}"
         state = {**state, "run_id": self.run_id}
+        buffer = self.buffer
+        if buffer is not None and not buffer.take(timeout=self.buffer_wait_s):
+            log.warning("snapshot buffer busy: rescue copies into pageable memory")
+            buffer = None
         try:
-            snapshot_format.pack(state).write_to(temporary)
+            snapshot_format.pack(state, buffer, pin=False).write_to(temporary)
         except NotPackable:
             torch.save(state, temporary)
+        finally:
+            if buffer is not None:
+                buffer.release()
         os.replace(temporary, self.directory / name)
         for old in _rescues(self.directory):
             if old.step < step and old.path.name.endswith(f"-r{rank}.pt"):

@@ -1,7 +1,8 @@
 """Where a (re)started world's training state comes from, for the built-in runtime and the
 script API alike: the newest state any rank holds — a survivor's rescue (``worker/rescue.py``)
 newer than the committed step — else the committed snapshot, rolled back to an older readable
-one when it is corrupt or missing. ``newest_state`` is collective: every rank calls it.
+one when it is corrupt or missing. ``newest_state`` is collective: every rank calls it; the
+state reaches the others as tensors (``collective.shared_state``), never pickled.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .collective import shared
+from .collective import shared, shared_state
 from .progress import INITIAL, Committed, Manifest, Progress
 from .rescue import Rescues, best_holder
 from .snapshot import SnapshotError, Snapshotter
@@ -52,14 +53,15 @@ def newest_state(
     rescues.discard_up_to(committed.step)
     holder = best_holder(steps, committed.step)
     if holder is not None:
-        state = shared(mine[1] if rank == holder and mine else None, src=holder)
+        state = shared_state(mine[1] if rank == holder and mine else None, src=holder)
         return Restored(committed, revision, state, holder)
-    committed, revision, state = shared(
-        load_committed(progress, manifest, snapshots, committed, revision, world)
-        if rank == 0
-        else None
-    )
-    return Restored(committed, revision, state)
+    state = None
+    if rank == 0:
+        committed, revision, state = load_committed(
+            progress, manifest, snapshots, committed, revision, world
+        )
+    committed, revision = shared((committed, revision))
+    return Restored(committed, revision, shared_state(state))
 
 
 def committed_head(progress: Progress | None, manifest: Manifest) -> tuple[Committed, int]:

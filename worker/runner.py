@@ -77,7 +77,9 @@ class Trainer:
             client = connect(args.etcd_settings)
             self.progress = Progress(client, args.etcd_settings.run_prefix(run_id))
         self.snapshots = Snapshotter(args.snapshot_dir, args.local_snapshot_dir)
-        self.rescues = Rescues(args.local_snapshot_dir or args.snapshot_dir, run_id)
+        self.rescues = Rescues(
+            args.local_snapshot_dir or args.snapshot_dir, run_id, self.snapshots.buffer
+        )
         self.snapshot_policy = SnapshotPolicy(
             args.snapshot_every, args.snapshot_overhead, args.snapshot_max_interval
         )
@@ -102,6 +104,8 @@ class Trainer:
             if model_def.optimizer
             else torch.optim.SGD(self.model.parameters(), lr=args.lr)
         )
+        # Each optimizer step first waits for the last snapshot's copies of what it changes.
+        self.snapshots.guard(self.optimizer)
         scheduler = (
             checked_scheduler(model_def.name, model_def.scheduler(self.optimizer), self.optimizer)
             if model_def.scheduler

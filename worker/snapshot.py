@@ -1,12 +1,14 @@
 """Training-state snapshots: a fast node-local copy, a persisted copy, then a commit in etcd.
 
 Only rank 0 writes (DDP replicas are identical). ``save`` copies the state's tensor bytes into
-a reused buffer at once (``snapshot_format.pack``), so training goes on while a background
-thread writes ``snapshot-{step:09d}.pt`` first into the node-local directory, then into the
-persisted one (a PVC in a cluster), each by write-to-temp and rename, and only then calls
-``on_persisted`` (the etcd commit). A snapshot that is committed therefore always exists in the
-persisted directory; a node that survives restores from its local copy, anyone else from the
-persisted one, and newcomers get it by broadcast. Files are in ``snapshot_format`` (checksummed
+a reused buffer (``snapshot_format.pack``; on a GPU the copies of parameters and optimizer
+state overlap the next forward and backward: ``guard``, ``worker/host_copy.py``), so training
+goes on while a background thread writes ``snapshot-{step:09d}.pt`` first into the node-local
+directory, then into the persisted one (a PVC in a cluster), each by write-to-temp and
+rename, and only then calls ``on_persisted`` (the etcd commit). A snapshot that is committed
+therefore always exists in the persisted directory; a node that survives restores from its
+local copy, anyone else from the persisted one, and newcomers get it by broadcast (as tensors,
+``collective.shared_state``). Files are in ``snapshot_format`` (checksummed
 raw tensors) unless the state holds something that format cannot store; then ``torch.save``.
 """
 
@@ -24,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from . import snapshot_format
+from .host_copy import DONE, Copied, Copier, HostBuffer
 from .snapshot_format import CorruptSnapshot, NotPackable, Packed
 
 log = logging.getLogger(__name__)
@@ -61,7 +65,10 @@ def _to_cpu(value: Any) -> Any:
 
 class Snapshotter:
     def __init__(
-        self, persist_dir: str | os.PathLike[str], local_dir: str | os.PathLike[str] | None = None
+        self,
+        persist_dir: str | os.PathLike[str],
+        local_dir: str | os.PathLike[str] | None = None,
+        copier: Copier | None = None,  # how tensors reach the buffer (default: by device)
     ) -> None:
         self.persist_dir = Path(persist_dir)
         self.local_dir = Path(local_dir) if local_dir else None
@@ -72,8 +79,12 @@ class Snapshotter:
         self._idle = threading.Event()
         self._idle.set()
         self._error: BaseException | None = None
-        # Reused (pinned host memory when the state is on a device): one snapshot is in flight.
-        self._buffer: bytearray | torch.Tensor | None = None
+        # Reused (pinned host memory when the state is on a device): one snapshot is in flight;
+        # the rescue borrows it (``Rescues``).
+        self.buffer = HostBuffer()
+        self._copier = copier
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._copied: Copied = DONE  # the last snapshot's copies the next step must wait for
         self._packable = True
         self._sync_part_s = 0.0
         # What the last snapshot cost: the training thread's copy (wall) + the writer's CPU.
@@ -97,12 +108,18 @@ class Snapshotter:
         began = time.perf_counter()
         packed: Packed | dict[str, Any] | None = None
         if self._packable:
+            self.buffer.take()
             try:
-                packed = snapshot_format.pack(state, self._buffer)
-                self._buffer = packed.buffer
+                packed = snapshot_format.pack(
+                    state, self.buffer, stepped=self._stepped(), copier=self._copier
+                )
+                self._copied = packed.copied
             except NotPackable as why:
                 log.warning("snapshot state not packable (%s); using torch.save", why)
                 self._packable = False
+            finally:
+                if packed is None:
+                    self.buffer.release()
         if packed is None:
             packed = _to_cpu(state)
         self._sync_part_s = time.perf_counter() - began
@@ -115,6 +132,35 @@ class Snapshotter:
         self._queue.put((step, packed, on_persisted))
         if wait:
             self.wait()
+
+    def guard(self, optimizer: torch.optim.Optimizer) -> RemovableHandle:
+        """Let a snapshot's copies of what only ``optimizer.step()`` changes (parameters,
+        optimizer state) overlap the next forward and backward: each ``optimizer.step()``
+        first waits for them (``wait_copied``; a GPU-side wait, see ``host_copy``). Call once,
+        with the optimizer that steps the snapshotted state; without it every copy blocks
+        ``save``. The state must then not change those tensors outside ``optimizer.step()``."""
+        self._optimizer = optimizer
+        return optimizer.register_step_pre_hook(lambda *_: self.wait_copied())
+
+    def wait_copied(self) -> None:
+        """Before changing the state's parameters or optimizer state: wait for the last
+        snapshot's copies of them (no-op on CPU, where ``save`` copies everything at once)."""
+        copied, self._copied = self._copied, DONE
+        copied.wait_device()
+
+    def _stepped(self) -> Callable[[torch.Tensor], bool] | None:
+        """Whether only the guarded optimizer's step changes a tensor (None: not guarded)."""
+        if self._optimizer is None:
+            return None
+        optimizer = self._optimizer
+        owned = {p.data_ptr() for g in optimizer.param_groups for p in g["params"]}
+        owned |= {
+            value.data_ptr()
+            for per_param in optimizer.state.values()
+            for value in per_param.values()
+            if isinstance(value, torch.Tensor)
+        }
+        return lambda tensor: tensor.data_ptr() in owned
 
     def wait(self) -> None:
         """Block until the snapshot in flight is persisted and committed (re-raise its error)."""
@@ -134,6 +180,8 @@ class Snapshotter:
             try:
                 self._write(step, state, on_persisted)
             finally:
+                if isinstance(state, Packed):
+                    self.buffer.release()
                 self.last_cost_s = self._sync_part_s + time.thread_time() - began
                 self._idle.set()
 

@@ -23,10 +23,13 @@ import os
 import struct
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from .host_copy import DONE, Copied, Copier, HostBuffer, copier_for, deferred
 
 try:  # hardware CRC32C (SSE4.2/ARMv8): ~12 GB/s against zlib's ~1.5 GB/s
     from google_crc32c import extend as _crc32c_extend
@@ -74,10 +77,14 @@ class Packed:
     table: list[dict[str, Any]]
     buffer: bytearray | torch.Tensor  # a pinned uint8 tensor when the state was on a device
     size: int
+    # Device → host copies that may still be in flight (``pack``'s ``stepped``): every read
+    # of the buffer waits for them first.
+    copied: Copied = DONE
     _header: bytes | None = None
 
     @property
     def payload(self) -> memoryview:
+        self.copied.wait_host()
         raw = self.buffer if isinstance(self.buffer, bytearray) else self.buffer.numpy()
         return memoryview(raw).cast("B")[: self.size]
 
@@ -155,26 +162,19 @@ def _tree(value: Any, tensors: list[torch.Tensor]) -> Any:
     raise NotPackable(f"cannot store a {type(value).__qualname__} in a snapshot")
 
 
-def _buffer_for(
-    size: int, on_device: bool, reuse: bytearray | torch.Tensor | None
-) -> bytearray | torch.Tensor:
-    """``reuse`` when it fits, else a new buffer: pinned host memory (a uint8 tensor) for device
-    tensors, so that device → host copies are asynchronous DMA; a bytearray otherwise."""
-    if (
-        reuse is not None
-        and (len(reuse) if isinstance(reuse, bytearray) else reuse.numel()) >= size
-    ):
-        return reuse
-    if on_device:
-        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
-    return bytearray(size)
+@dataclass(frozen=True)
+class Layout:
+    """Where a state's tensors go in the payload: the tree, the tensors, their table (dtype,
+    shape, offset, bytes) and the payload's size."""
+
+    tree: Any
+    tensors: list[torch.Tensor]
+    table: list[dict[str, Any]]
+    size: int
 
 
-def pack(state: dict[str, Any], reuse: bytearray | torch.Tensor | None = None) -> Packed:
-    """Copy ``state`` into ``reuse`` (grown if needed) and describe it; call on the thread that
-    owns the state, before it changes again. Tensors on an accelerator are copied into pinned
-    host memory with non-blocking copies; this returns once those copies are done, so the
-    caller blocks for the copy only (checksum and write happen later, on the writer)."""
+def layout(state: dict[str, Any]) -> Layout:
+    """``state``'s payload layout (``NotPackable`` when the format cannot store it)."""
     tensors: list[torch.Tensor] = []
     tree = _tree(state, tensors)
     table, offset = [], 0
@@ -189,22 +189,110 @@ def pack(state: dict[str, Any], reuse: bytearray | torch.Tensor | None = None) -
             }
         )
         offset += -(-nbytes // ALIGN) * ALIGN
-    devices = {t.device for t in tensors if t.device.type != "cpu"}
-    buffer = _buffer_for(offset, bool(devices), reuse)
-    if offset:
-        flat = (
-            buffer
-            if isinstance(buffer, torch.Tensor)
-            else torch.frombuffer(buffer, dtype=torch.uint8, count=offset)
-        )
-        for tensor, entry in zip(tensors, table, strict=True):
-            if entry["nbytes"]:
-                source = tensor.contiguous().reshape(-1).view(torch.uint8)
-                target = flat[entry["offset"] : entry["offset"] + entry["nbytes"]]
-                target.copy_(source, non_blocking=source.device.type != "cpu")
-    for device in devices:  # the copies were queued on each device's current stream
-        torch.accelerator.current_stream(device).synchronize()
-    return Packed(tree, table, buffer, offset)
+    return Layout(tree, tensors, table, offset)
+
+
+def pieces(table: list[dict[str, Any]], start: int, length: int) -> list[tuple[int, int, int, int]]:
+    """The tensors' bytes in payload bytes ``[start, start + length)``: (tensor index, offset
+    in the tensor, offset in that range, bytes) each; alignment padding is in none."""
+    out, end = [], start + length
+    for index, entry in enumerate(table):
+        low, high = max(start, entry["offset"]), min(end, entry["offset"] + entry["nbytes"])
+        if low < high:
+            out.append((index, low - entry["offset"], low - start, high - low))
+    return out
+
+
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A dense tensor's bytes as a flat uint8 tensor (a copy only when not contiguous)."""
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def from_bytes(raw: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
+    """The tensor a table entry describes, on ``raw``'s storage (``nbytes`` uint8)."""
+    dtype = getattr(torch, entry["dtype"])
+    if not entry["nbytes"]:
+        return torch.empty(entry["shape"], dtype=dtype, device=raw.device)
+    return raw.view(dtype).reshape(entry["shape"])
+
+
+def _buffer_for(
+    size: int,
+    pinned: bool,
+    reuse: HostBuffer | bytearray | torch.Tensor | None,
+    may_pin: bool,
+) -> bytearray | torch.Tensor:
+    """``reuse`` when it fits, else a new buffer (a grown ``HostBuffer``): pinned host memory (a
+    uint8 tensor) when ``pinned``, so that copies to and from a device are asynchronous DMA; a
+    bytearray otherwise, and whenever pinning is not allowed (it takes seconds per GB)."""
+    raw = reuse.data if isinstance(reuse, HostBuffer) else reuse
+    if raw is not None and (len(raw) if isinstance(raw, bytearray) else raw.numel()) >= size:
+        if not pinned or not may_pin or buffer_pinned(raw):
+            return raw
+    if not may_pin:
+        return bytearray(size)
+    if isinstance(reuse, HostBuffer):
+        return reuse.fit(size, pinned)
+    if pinned:
+        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    return bytearray(size)
+
+
+def pack(
+    state: dict[str, Any],
+    reuse: HostBuffer | bytearray | torch.Tensor | None = None,
+    *,
+    stepped: Callable[[torch.Tensor], bool] | None = None,
+    pin: bool | None = None,
+    copier: Copier | None = None,
+) -> Packed:
+    """Copy ``state`` into ``reuse`` (grown if needed) and describe it; call on the thread that
+    owns the state, before it changes again. Tensors on an accelerator are copied into pinned
+    host memory with asynchronous copies. ``pin``: None pins a new buffer for a state on an
+    accelerator, True always, False never (a buffer that fits is reused, else a bytearray).
+
+    ``stepped(tensor)``: whether only ``optimizer.step()`` changes ``tensor``. Without it this
+    returns once every copy is done, so the caller blocks for the copy only (checksum and write
+    happen later, on the writer). With it, on one CUDA device, those tensors' copies may still
+    be in flight (``host_copy``): ``Packed.copied`` says when they are done; the caller must
+    make the next ``optimizer.step()`` wait for it (``Snapshotter.guard``)."""
+    laid = layout(state)
+    devices = {t.device for t in laid.tensors if t.device.type != "cpu"}
+    pinned = bool(devices) if pin is None else pin
+    buffer = _buffer_for(laid.size, pinned, reuse, may_pin=pin is not False)
+    if copier is None:
+        copier = copier_for(devices, overlap=stepped is not None and buffer_pinned(buffer))
+    later = deferred(
+        [copier.asynchronous(t) for t in laid.tensors],
+        [stepped(t) for t in laid.tensors] if stepped is not None else [False] * len(laid.tensors),
+    )
+    # Sources first (a non-contiguous tensor's temporary is queued work), then the copies.
+    sources = [as_bytes(t) if t.numel() else t for t in laid.tensors]
+    if isinstance(buffer, torch.Tensor):
+        flat = buffer
+    elif laid.size:
+        flat = torch.frombuffer(buffer, dtype=torch.uint8, count=laid.size)
+    else:
+        flat = torch.empty(0, dtype=torch.uint8)
+    copier.start()
+    copied = DONE
+    for pending in (False, True):  # what must be copied now, then what may follow
+        queued = False
+        for source, entry, late in zip(sources, laid.table, later, strict=True):
+            if late == pending and entry["nbytes"]:
+                copier.copy(flat[entry["offset"] : entry["offset"] + entry["nbytes"]], source)
+                queued = queued or copier.asynchronous(source)
+        if pending:
+            copied = copier.mark() if queued else DONE
+        elif queued or not any(later):
+            # Waiting would also wait for the step still queued on the device: only when a
+            # copy that must be done now is asynchronous (SyncCopier: its devices' streams).
+            copier.mark().wait_host()
+    return Packed(laid.tree, laid.table, buffer, laid.size, copied=copied)
+
+
+def buffer_pinned(buffer: bytearray | torch.Tensor | None) -> bool:
+    return isinstance(buffer, torch.Tensor) and buffer.is_pinned()
 
 
 def is_packed_file(path: str | os.PathLike[str]) -> bool:
@@ -256,15 +344,15 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
         if len(payload)
         else torch.empty(0, dtype=torch.uint8)
     )
-    tensors = []
-    for entry in header["tensors"]:
-        dtype = getattr(torch, entry["dtype"])
-        raw = flat[entry["offset"] : entry["offset"] + entry["nbytes"]]
-        # Own storage per tensor (a copy): a view would keep, and torch.save would write, the
-        # whole payload for any one tensor of it.
-        tensors.append(
-            raw.view(dtype).reshape(entry["shape"]).clone()
-            if entry["nbytes"]
-            else torch.empty(entry["shape"], dtype=dtype)
-        )
-    return _untree(header["state"], tensors)
+    # Own storage per tensor (a copy): a view would keep, and torch.save would write, the
+    # whole payload for any one tensor of it.
+    tensors = [
+        from_bytes(flat[e["offset"] : e["offset"] + e["nbytes"]], e).clone()
+        for e in header["tensors"]
+    ]
+    return build(header["state"], tensors)
+
+
+def build(tree: Any, tensors: list[torch.Tensor]) -> Any:
+    """The state a layout's tree describes, with ``tensors`` in place of its ``{"$t": i}``."""
+    return _untree(tree, tensors)

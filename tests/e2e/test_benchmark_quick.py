@@ -54,6 +54,9 @@ def test_quick_runtime_micro_writes_its_result_to_a_temporary_directory(tmp_path
     assert report["environment"]["cpus"] == os.cpu_count()
     assert report["summary"]["sync_snapshot_ms"] > 0
     assert report["micro"]["state_bytes"] > 0
+    assert (
+        report["micro"]["step_with_snapshot_ms"] > 0 and "snapshot_blocking_ms" in report["summary"]
+    )
     assert "summary: runtime" in output and f"wrote {written[0]}" in output
     assert committed_results() == before
     assert not list(tmp_path.glob("runtime-bench-*")), "the work directory was left behind"

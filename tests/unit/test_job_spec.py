@@ -371,6 +371,7 @@ def test_the_worker_pods_get_the_same_spec(monkeypatch: pytest.MonkeyPatch) -> N
         ),
     )
     template = worker_pod_template(spec)
+    assert template.snapshot_buffer is None
     assert template.rdzv_conf == spec.worker_rdzv_conf() and template.max_restarts == 7
     assert template.rdzv_conf["last_call_timeout"] == "1"
     assert template.guaranteed_priority_class == "from-configmap"
@@ -460,3 +461,22 @@ def test_the_builtin_runtime_is_preloaded_by_the_zygotes() -> None:
     assert "warm_start_preload" not in command.worker_rdzv_conf()
     own = job(launch=Launch(rdzv_conf={"warm_start_preload": "transformers"}))
     assert own.worker_rdzv_conf()["warm_start_preload"] == "transformers"
+
+
+def test_the_snapshot_buffer_reaches_the_pods_and_a_bad_one_is_named() -> None:
+    spec = JobSpec(
+        run_id="r",
+        entry=Entry(model_def="m"),
+        training=Training(snapshot_dir="/mnt/snap/r"),
+        etcd=ETCD,
+        launch=Launch(
+            kind="kubernetes", kubernetes=KubernetesSettings(memory="4Gi", snapshot_buffer="9Gi")
+        ),
+    )
+    spec.validate()
+    assert worker_pod_template(spec).snapshot_buffer == "9Gi"
+    bad = replace(
+        spec, launch=replace(spec.launch, kubernetes=KubernetesSettings(snapshot_buffer="9 GB"))
+    )
+    with pytest.raises(ValueError, match="snapshot_buffer \\(--snapshot-buffer\\) '9 GB' is not"):
+        bad.validate()

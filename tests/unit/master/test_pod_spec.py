@@ -258,6 +258,21 @@ def test_memory_limit_defaults_to_request_and_cpu_is_not_limited() -> None:
     assert resources == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
 
 
+def test_each_process_snapshot_buffer_is_added_to_the_memory_request_and_limit() -> None:
+    two = replace(BASE, memory="8Gi", snapshot_buffer="9Gi", nproc_per_node=2)
+    resources = container(build_pod(two))["resources"]
+    assert resources["requests"]["memory"] == resources["limits"]["memory"] == "26624Mi"
+    limited = container(build_pod(replace(two, memory_limit="10Gi")))["resources"]
+    assert (limited["requests"]["memory"], limited["limits"]["memory"]) == ("26624Mi", "28672Mi")
+    by_gpu = replace(two, nproc_per_node="gpu", gpu=4, snapshot_buffer="1Gi")
+    assert container(build_pod(by_gpu))["resources"]["requests"]["memory"] == "12288Mi"
+    odd = replace(BASE, memory="1000", snapshot_buffer="24")
+    assert container(build_pod(odd))["resources"]["requests"]["memory"] == "1024"
+    # No memory given: no limit to overrun, nothing to add to.
+    unlimited = container(build_pod(replace(BASE, snapshot_buffer="9Gi")))
+    assert "memory" not in str(unlimited.get("resources", {}))
+
+
 @pytest.mark.parametrize(
     ("min_nodes", "max_nodes", "guaranteed"),
     [(1, 1, [0]), (2, 4, [0, 1]), (3, 3, [0, 1, 2]), (1, 5, [0])],
@@ -379,6 +394,7 @@ def test_parse_quantity(text: str, value: Decimal) -> None:
         ({"cpu": "-1"}, "cpu='-1' must not be negative"),
         ({"memory": "-2Gi"}, "memory='-2Gi' must not be negative"),
         ({"memory": "lots"}, "memory: 'lots' is not a Kubernetes quantity"),
+        ({"snapshot_buffer": "lots"}, "snapshot_buffer: 'lots' is not a Kubernetes quantity"),
         ({"cpu": "1", "cpu_limit": "500m"}, "cpu_limit='500m' is below cpu='1'"),
         ({"memory": "8Gi", "memory_limit": "4Gi"}, "memory_limit='4Gi' is below memory='8Gi'"),
         ({"gpu": -1}, "gpu=-1 must be an integer >= 0"),
