@@ -22,8 +22,9 @@ LR_DECAY = None                                 # optional: {"epochs": [6, 9], "
 ``optimizer.step()`` only, so the scheduler and the snapshots always hold the unscaled LR and a
 restore at another world size continues the same schedule. ``LR_DECAY`` multiplies it too: by
 ``gamma`` at each milestone epoch, counted in samples seen, so a run whose world changes decays at
-the same data as one that never changed (``worker/policy.py`` ``LrDecay``). ``ReduceLROnPlateau`` needs a metric
-per step and is refused. ``AMP="fp16"`` adds a ``GradScaler``; ``"bf16"`` needs none.
+the same data as one that never changed (``worker/policy.py`` ``LrDecay``).
+``ReduceLROnPlateau`` needs a metric per step and is refused. ``AMP="fp16"`` adds a
+``GradScaler``; ``"bf16"`` needs none.
 ``GRAD_ACCUMULATION = k`` makes ``--batch-size`` the micro-batch of one forward/backward and
 an optimizer step ``k`` of them per worker at the base world size: it is the batch policy's one
 accumulation count at that size (``fixed-global-batch`` raises it when workers are missing).
