@@ -8,6 +8,7 @@ Subcommands (``python -m benchmarks scheduling <subcommand> --help``):
 
   simulate    a discrete-event simulation of a GPU cluster replaying a trace; the default when
               the options start without a subcommand (docs/scheduling.md, "Simulation")
+  convergence real training, gang against elastic (LR x world, step decay): the same accuracy?
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from benchmarks.scheduling import simulate
+from benchmarks.scheduling import convergence, simulate
 
 # subcommand -> its module (each has build_parser(), parse_args(argv), main(argv))
-COMMANDS = {"simulate": simulate}
+COMMANDS = {"simulate": simulate, "convergence": convergence}
 DEFAULT_COMMAND = "simulate"
 
 
