@@ -270,10 +270,12 @@ def train(
             )
 
     grown = [plan.later == 0]
+    grow_requested: dict[str, Any] = {}  # when the later agents were started
 
     def grow(epoch: int) -> None:
         if not grown[0] and plan.grow_at is not None and epoch >= plan.grow_at:
             grown[0] = True
+            grow_requested.update(epoch=epoch, at=time.time())
             print(f"{plan.name}: epoch {epoch} committed, {plan.later} more agent(s) join")
             start(plan.later)
 
@@ -314,6 +316,7 @@ def train(
         "agents": {"first": plan.first, "later": plan.later, "grow_at_epoch": plan.grow_at},
         "nnodes": plan.nnodes,
         "worlds": worlds_seen(watched.commits),
+        "grow_requested": grow_requested or None,
         "wall_s": round(wall, 1),
         "final_accuracy": round(final.accuracy, 4),
         "final_loss": round(final.loss, 4),
@@ -350,15 +353,18 @@ def plot(runs: Mapping[str, Mapping[str, Any]], out: Path, title: str) -> None:
         axis.grid(alpha=0.3)
         axis.legend()
     elastic = runs.get("elastic")
-    if elastic:
-        rows = [{"step": 0, "world": 0, "lr": 0.0}, *elastic["commits"]]
-        steps = [row["step"] for row in rows]
+    if elastic and elastic["commits"]:
+        commits = elastic["commits"]
         # A commit's world and LR are those of the steps since the previous commit.
-        world_ax.step(steps, [row["world"] for row in rows], where="pre", color="tab:orange")
-        world_ax.set(xlabel="elastic run: optimizer steps", ylabel="world size")
-        world_ax.set_ylim(0, max(row["world"] for row in rows) + 1)
+        steps = [0] + [row["step"] for row in commits]
+        worlds = [commits[0]["world"]] + [row["world"] for row in commits]
+        lrs = [commits[0]["lr"]] + [row["lr"] for row in commits]
+        world_ax.step(steps, worlds, where="pre", color="tab:orange", label="world size")
+        world_ax.set(xlabel="elastic run: optimizer steps", ylabel="world size (orange)")
+        world_ax.set_ylim(0, max(worlds) + 1)
+        world_ax.yaxis.get_major_locator().set_params(integer=True)
         lr_ax = world_ax.twinx()
-        lr_ax.step(steps[1:], [row["lr"] for row in rows[1:]], where="pre", color="tab:green")
+        lr_ax.step(steps, lrs, where="pre", color="tab:green", label="effective LR")
         lr_ax.set_yscale("log")
         lr_ax.set_ylabel("effective LR (green)")
         world_ax.grid(alpha=0.3)
