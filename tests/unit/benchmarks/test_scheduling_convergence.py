@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.scheduling import convergence
+from benchmarks.scheduling import convergence, suite
 from benchmarks.scheduling.convergence import Plan, commit_row, plans, verdict, worlds_seen
 from kfp_elastic.testing.model_defs import clustered_classes
 from kfp_elastic.worker.model_def import load_model_def
@@ -42,6 +42,7 @@ def test_verdict_passes_within_the_goal(
 
 
 def test_quick_and_bad_options() -> None:
+    assert suite.COMMANDS["convergence"] is convergence
     quick = convergence.parse_args(["--quick"])
     assert (quick.epochs, quick.world) == (2, 2) and quick.grow_at < quick.epochs
     for bad in (["--world", "1"], ["--grow-at", "12"], ["--epochs", "0"]):
