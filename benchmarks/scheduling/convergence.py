@@ -2,7 +2,7 @@
 
     python -m benchmarks scheduling convergence            # world 2, 12 epochs (a few minutes)
     python -m benchmarks scheduling convergence --world 4  # 4 processes on the 2-core machine
-    python -m benchmarks scheduling convergence --quick    # 2 epochs: both runs, curves, figure
+    python -m benchmarks scheduling convergence --quick    # 2 short epochs, no growth: the plumbing
 
 Both runs train ``kfp_elastic.testing.model_defs.clustered_classes`` (ten overlapping classes,
 ≈ 88 % held-out accuracy) for real: local torchrun agents (``kfp_elastic.testing.nodes``
@@ -62,7 +62,7 @@ from kfp_elastic.worker.snapshot import read_state
 log = logging.getLogger(__name__)
 
 MODEL_DEF = "kfp_elastic.testing.model_defs.clustered_classes"
-QUICK = {"epochs": 2, "grow_at": 1, "world": 2, "batch_size": 128}
+QUICK = {"epochs": 2, "grow_at": None, "world": 2, "batch_size": 128}
 POLL_S = 0.05  # the committed record is read this often (an epoch takes seconds)
 SNAPSHOT_EVERY = 10**9  # beyond any run: snapshots at epoch ends (and stops) only
 LAST_CALL_S = 1  # rendezvous: wait this long for more nodes once the minimum is there
@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_common_options(
         parser,
-        f"--epochs {QUICK['epochs']} --grow-at {QUICK['grow_at']} --world {QUICK['world']} "
-        f"--batch-size {QUICK['batch_size']}: the growth may come after the end",
+        f"--epochs {QUICK['epochs']} --world {QUICK['world']} --batch-size "
+        f"{QUICK['batch_size']}, no growth: the elastic run stays at half the world",
     )
     parser.add_argument(
         "--world", type=int, default=2, help="the gang's world size, the elastic run's maximum"
@@ -110,7 +110,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--world must be >= 2 (the elastic run starts at half of it)")
     if args.epochs < 1 or args.batch_size < 1:
         parser.error("--epochs and --batch-size must be >= 1")
-    if not 0 < args.grow_at < args.epochs:
+    if args.grow_at is not None and not 0 < args.grow_at < args.epochs:
         parser.error(f"--grow-at must be between 1 and --epochs - 1 ({args.epochs - 1})")
     if args.goal_points < 0 or args.run_timeout <= 0:
         parser.error("--goal-points must be >= 0 and --run-timeout > 0")
@@ -132,12 +132,14 @@ class Plan:
     nnodes: str
 
 
-def plans(world: int, grow_at: int) -> list[Plan]:
-    """The gang run (``world`` from start to end) and the elastic one (half, then all)."""
+def plans(world: int, grow_at: int | None) -> list[Plan]:
+    """The gang run (``world`` from start to end) and the elastic one (half, then all; only
+    half when ``grow_at`` is None)."""
     half = world // 2
+    later = 0 if grow_at is None else world - half
     return [
         Plan("gang", world, 0, None, f"{world}:{world}"),
-        Plan("elastic", half, world - half, grow_at, f"{half}:{world}"),
+        Plan("elastic", half, later, grow_at, f"{half}:{world}"),
     ]
 
 

@@ -17,6 +17,7 @@ def test_gang_keeps_its_world_and_elastic_starts_at_half_then_grows() -> None:
     assert gang == Plan("gang", 4, 0, None, "4:4")
     assert elastic == Plan("elastic", 2, 2, 3, "2:4")
     assert plans(3, 1)[1] == Plan("elastic", 1, 2, 1, "1:3")
+    assert plans(2, None)[1] == Plan("elastic", 1, 0, None, "1:2")  # --quick: no growth
 
 
 def test_commit_row_says_where_in_the_data_the_commit_is() -> None:
@@ -44,7 +45,7 @@ def test_verdict_passes_within_the_goal(
 def test_quick_and_bad_options() -> None:
     assert suite.COMMANDS["convergence"] is convergence
     quick = convergence.parse_args(["--quick"])
-    assert (quick.epochs, quick.world) == (2, 2) and quick.grow_at < quick.epochs
+    assert (quick.epochs, quick.world, quick.grow_at) == (2, 2, None)
     for bad in (["--world", "1"], ["--grow-at", "12"], ["--epochs", "0"]):
         with pytest.raises(SystemExit):
             convergence.parse_args(bad)
