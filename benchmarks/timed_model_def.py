@@ -3,8 +3,8 @@
 optimizer step.
 
 Nothing of the runtime changes: model, loss, data, collate, optimizer and the training-state
-hooks (scheduler, AMP, clipping, accumulation) are the wrapped module's; the optimizer only
-gets a ``register_step_post_hook`` that appends one line
+hooks (scheduler, AMP, clipping, accumulation, LR decay) are the wrapped module's; the optimizer
+only gets a ``register_step_post_hook`` that appends one line
 
     {"t": time.time(), "step": S, "rank": R, "world": W, "pid": P, "lr": LR}
 
@@ -93,6 +93,8 @@ if _inner.scheduler is not None:
 AMP = _inner.amp
 CLIP_GRAD_NORM = _inner.clip_grad_norm
 GRAD_ACCUMULATION = _inner.grad_accumulation
+if _inner.lr_decay is not None:
+    LR_DECAY = {"epochs": list(_inner.lr_decay.epochs), "gamma": _inner.lr_decay.gamma}
 
 
 class StepClock:

@@ -15,12 +15,16 @@ LOSS_REDUCTION = "mean"                         # optional: "sum" if loss() sums
 AMP = None                                      # optional: "bf16" | "fp16" autocast
 CLIP_GRAD_NORM = None                           # optional: max global gradient L2 norm
 GRAD_ACCUMULATION = 1                           # optional: micro-batches per optimizer step
+LR_DECAY = None                                 # optional: {"epochs": [6, 9], "gamma": 0.1}
 
 ``scheduler`` owns the learning rate's *schedule*; the batch policy's LR scaling (``linear``,
 ``sqrt``: ``worker/policy.py``) multiplies whatever LR the scheduler set, for the duration of
 ``optimizer.step()`` only, so the scheduler and the snapshots always hold the unscaled LR and a
-restore at another world size continues the same schedule. ``ReduceLROnPlateau`` needs a metric
-per step and is refused. ``AMP="fp16"`` adds a ``GradScaler``; ``"bf16"`` needs none.
+restore at another world size continues the same schedule. ``LR_DECAY`` multiplies it too: by
+``gamma`` at each milestone epoch, counted in samples seen, so a run whose world changes decays at
+the same data as one that never changed (``worker/policy.py`` ``LrDecay``).
+``ReduceLROnPlateau`` needs a metric per step and is refused. ``AMP="fp16"`` adds a
+``GradScaler``; ``"bf16"`` needs none.
 ``GRAD_ACCUMULATION = k`` makes ``--batch-size`` the micro-batch of one forward/backward and
 an optimizer step ``k`` of them per worker at the base world size: it is the batch policy's one
 accumulation count at that size (``fixed-global-batch`` raises it when workers are missing).
@@ -44,6 +48,8 @@ from torch.utils.data import default_collate
 
 from kfp_elastic.job_spec import is_file_reference
 
+from .policy import LrDecay
+
 REQUIRED = ("model", "loss", "dataset")
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -66,6 +72,7 @@ class ModelDef:
     amp: str | None = None  # a key of AMP_DTYPES
     clip_grad_norm: float | None = None
     grad_accumulation: int = 1
+    lr_decay: LrDecay | None = None
 
 
 def load_model_def(name: str) -> ModelDef:
@@ -150,6 +157,10 @@ def model_def_from(module: ModuleType, name: str) -> ModelDef:
         raise ModelDefError(
             f"--model-def {name}: GRAD_ACCUMULATION must be an integer >= 1, got {accumulation!r}"
         )
+    try:
+        lr_decay = LrDecay.parse(getattr(module, "LR_DECAY", None))
+    except ValueError as error:
+        raise ModelDefError(f"--model-def {name}: {error}") from None
     return ModelDef(
         name=name,
         model=module.model,
@@ -163,6 +174,7 @@ def model_def_from(module: ModuleType, name: str) -> ModelDef:
         amp=amp,
         clip_grad_norm=None if clip is None else float(clip),
         grad_accumulation=accumulation,
+        lr_decay=lr_decay,
     )
 
 

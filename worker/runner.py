@@ -42,7 +42,7 @@ from .ending import END_COMPLETED, END_SIGTERM, now_end, record_end, worker_name
 from .model_def import ModelDef, checked_scheduler, load_model_def
 from .options import parse_args
 from .peer_loss import watch_stalls
-from .policy import BatchPolicy, step_shape
+from .policy import BatchPolicy, lr_factor, step_shape
 from .progress import (
     Committed,
     Manifest,
@@ -316,7 +316,7 @@ class Trainer:
             self.args.batch_size,
             self.md.grad_accumulation,
         )
-        self.stepper.lr_scale = shape.lr_scale
+        self.stepper.lr_scale = lr_factor(shape, self.md.lr_decay, epoch, position, total)
         self._interval_shape = (shape.global_batch, self.stepper.lr)
         every = self.snapshot_policy.every
         sync_at = next_sync_step(step, None, every)
@@ -331,6 +331,7 @@ class Trainer:
             while position < total:
                 began = time.monotonic()
                 ids = order[position : position + shape.global_batch]
+                self.stepper.lr_scale = lr_factor(shape, self.md.lr_decay, epoch, position, total)
                 lr = self.stepper.lr  # the scheduler moves it on within the step
                 self._train_step(ids, shape.accumulation, step + 1)
                 step, position = step + 1, position + len(ids)

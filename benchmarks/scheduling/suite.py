@@ -9,6 +9,7 @@ Subcommands (``python -m benchmarks scheduling <subcommand> --help``):
   simulate    a discrete-event simulation of a GPU cluster replaying a trace; the default when
               the options start without a subcommand (docs/scheduling.md, "Simulation")
   exp2        serving beside training on the test cluster (docs/scheduling.md, "Experiment 2")
+  convergence real training, gang against elastic (LR x world, step decay): the same accuracy?
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from benchmarks.scheduling import exp2, simulate
+from benchmarks.scheduling import convergence, exp2, simulate
 
 # subcommand -> its module (each has build_parser(), parse_args(argv), main(argv))
-COMMANDS = {"simulate": simulate, "exp2": exp2}
+COMMANDS = {"simulate": simulate, "exp2": exp2, "convergence": convergence}
 DEFAULT_COMMAND = "simulate"
 
 

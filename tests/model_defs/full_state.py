@@ -1,6 +1,7 @@
-"""A model definition that uses every training-state hook: an LR schedule (warm-up, then
-cosine), AMP (``$FULL_STATE_AMP``, default fp16 with its GradScaler; "none" turns it off),
-gradient clipping, gradient accumulation, SGD momentum and dropout (the RNG).
+"""A model definition that uses every training-state hook: an LR schedule (warm-up, then cosine)
+and a step decay (``LR_DECAY``: × 0.5 half way through the third epoch), AMP
+(``$FULL_STATE_AMP``, default fp16 with its GradScaler; "none" turns it off), gradient clipping,
+gradient accumulation, SGD momentum and dropout (the RNG).
 
 Everything is seeded, so two runs from the same state take the same steps bit for bit (on CPU,
 equal batches per rank: 96 samples, ``--batch-size 4``, world 1 or 2).
@@ -19,6 +20,7 @@ AMP = None if _AMP == "none" else _AMP
 CLIP_GRAD_NORM = 1.0
 GRAD_ACCUMULATION = 2
 WARMUP_STEPS = 4
+LR_DECAY = {"epochs": [2.5], "gamma": 0.5}
 
 
 def model() -> nn.Module:

@@ -290,7 +290,7 @@ def test_bad_simulations_are_refused() -> None:
 
 def test_the_suite_s_subcommands_and_quick() -> None:
     suite = suite_module("scheduling")
-    assert list(suite.COMMANDS) == ["simulate"]
+    assert "simulate" in suite.COMMANDS
     assert suite.parse_args(["--quick"]).jobs == [12]  # no subcommand: simulate
     args = suite.parse_args(["simulate", "--gpus", "64,512", "--jobs", "80,160"])
     assert (args.gpus, args.jobs, args.policies) == ([64, 512], [80, 160], ["gang", "elastic"])

@@ -67,6 +67,9 @@ def _module(**attributes: Any) -> types.ModuleType:
         ({"GRAD_ACCUMULATION": 0}, "GRAD_ACCUMULATION must be an integer >= 1, got 0"),
         ({"GRAD_ACCUMULATION": 2.0}, "GRAD_ACCUMULATION must be an integer >= 1, got 2.0"),
         ({"scheduler": "cosine"}, "scheduler must be a function of the optimizer"),
+        ({"LR_DECAY": 0.1}, "LR_DECAY must be None or"),
+        ({"LR_DECAY": {"epochs": [9, 6], "gamma": 0.1}}, "LR_DECAY epochs must be a non-empty"),
+        ({"LR_DECAY": {"epochs": [2], "gamma": 0}}, "LR_DECAY gamma must be a number in"),
     ],
 )
 def test_bad_hook_values_are_named(attributes: dict, message: str) -> None:

@@ -14,7 +14,7 @@ from kfp_elastic.worker.data_plan import (
     steps_left,
 )
 from kfp_elastic.worker.model_def import ModelDefError, load_model_def
-from kfp_elastic.worker.policy import BatchPolicy, step_shape
+from kfp_elastic.worker.policy import BatchPolicy, LrDecay, lr_factor, step_shape
 from kfp_elastic.worker.progress import Committed, Manifest, manifest_from_shards
 
 
@@ -30,6 +30,26 @@ def test_linear_and_sqrt_scale_the_learning_rate() -> None:
     assert (linear.global_batch, linear.lr_scale) == (16, 0.5)
     sqrt = step_shape(BatchPolicy.SQRT, 16, 4, 8)
     assert (sqrt.global_batch, sqrt.lr_scale) == (128, 2.0)
+
+
+def test_lr_decay_steps_down_at_each_milestone_epoch() -> None:
+    decay = LrDecay.parse({"epochs": [2, 3.5], "gamma": 0.1})
+    assert decay == LrDecay((2.0, 3.5), 0.1)
+    factors = [decay.factor(p) for p in (0.0, 1.99, 2.0, 3.49, 3.5, 10.0)]
+    assert factors == pytest.approx([1.0, 1.0, 0.1, 0.1, 0.01, 0.01])
+    assert LrDecay.parse(None) is None
+
+
+def test_lr_factor_decays_at_the_same_sample_whatever_the_world() -> None:
+    """lr x world size times the decay: a world of 1 and a world of 4 (the same data, 4 times
+    the steps) decay at the same position of the same epoch."""
+    decay = LrDecay((1.5,), 0.5)
+    small = step_shape(BatchPolicy.LINEAR, 1, 4, 8)
+    big = step_shape(BatchPolicy.LINEAR, 4, 4, 8)
+    assert lr_factor(small, decay, 1, 499, 1000) == 0.25
+    assert lr_factor(small, decay, 1, 500, 1000) == 0.125
+    assert lr_factor(big, decay, 1, 500, 1000) == 0.5
+    assert lr_factor(big, None, 7, 0, 1000) == 1.0
 
 
 def test_unknown_policy_names_the_choices() -> None:
