@@ -285,14 +285,17 @@ class State:
 
 def _show_logs() -> None:
     """A script that configured no logging still shows what happened to its state (restored,
-    committed, stopping, rescued): the lines the master's worker logs are read for."""
-    if logging.getLogger().handlers or log.handlers:
+    committed, stopping, rescued): the lines the master's worker logs are read for. They come
+    from the worker's loggers (``kfp_elastic.worker``: ``loop.py``'s, this module's and those of
+    the modules the loop uses)."""
+    worker = logging.getLogger("kfp_elastic.worker")
+    if logging.getLogger().handlers or worker.handlers:
         return
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("[%(asctime)s] elastic %(levelname)s %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(os.environ.get("KFP_ELASTIC_LOG_LEVEL", "INFO").upper())
-    log.propagate = False
+    worker.addHandler(handler)
+    worker.setLevel(os.environ.get("KFP_ELASTIC_LOG_LEVEL", "INFO").upper())
+    worker.propagate = False
 
 
 def _nccl() -> bool:
