@@ -36,7 +36,7 @@ disrupt     3 nodes (--nnodes=2:3) train with --snapshot-every K (5) and --step-
             victim's rank cycles 0, 1, 2 over the repeats (rank 0 writes the snapshots) and
             the trigger step is stratified over the snapshot interval.
 micro       In-process, on the ``--model`` state: the synchronous part of a snapshot (what
-            Trainer._commit does on the training thread: state_dict, optimizer state, RNG, then
+            ElasticLoop.commit does on the training thread: state_dict, optimizer state, RNG, then
             Snapshotter.save's copy into the snapshot buffer), its background part (header +
             CRC32C + write of the snapshot file, Progress.commit to etcd; torch.save of the
             same state for comparison), how much 10 training steps slow down while that
@@ -716,7 +716,7 @@ def bench_micro(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path) ->
     for _ in range(20):
         train_step()  # momentum buffers exist, caches warm
 
-    def state() -> dict[str, Any]:  # what Trainer._commit builds on the training thread
+    def state() -> dict[str, Any]:  # what ElasticLoop.commit builds on the training thread
         return {
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
@@ -978,7 +978,7 @@ def summarize(report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
         summary["torch_save_ms"] = micro["torch_save_ms"]
         print(
             f"(c) micro, in-process, medians of {args.micro_n}:\n"
-            f"    synchronous part of a snapshot (Trainer._commit state + Snapshotter.save): "
+            f"    synchronous part of a snapshot (ElasticLoop.commit state + Snapshotter.save): "
             f"{micro['sync_save_call_ms']:.3f} ms = {fmt(100 * share if share else None, '.1f')}"
             f" % of a {fmt(step_ms, '.2f')} ms K=inf step; of it state_dict+optimizer+rng "
             f"{micro['state_build_ms']:.3f} ms, copy into the snapshot buffer "
