@@ -29,12 +29,17 @@ Five added lines make a DDP script (e.g. pytorch/examples' DDP tutorial) elastic
   snapshots when due (rank 0 writes, in the background; etcd records the step and data
   position) and, when any rank got SIGTERM, makes every rank stop at the same step after a
   committed snapshot: nothing trained is lost. An uncaught exception (a peer died) first
-  writes this rank's rescue: the state after its last counted step, which the next world
-  restores when it is the newest. Under NCCL a rank blocked in a collective whose peer died is
-  freed first: the same stall abort as the runtime's (``worker/device.py``,
-  ``worker/peer_loss.py``), started by SIGTERM or the round breaking; each
+  writes the node's rescue (local rank 0's): the state after its last counted step, which the
+  next world restores when it is the newest (none when it came between an
+  ``optimizer.step()`` and its ``commit()``: the parameters are then ahead of the counted
+  step). Under NCCL a rank blocked
+  in a collective whose peer died is freed first: the same stall abort as the runtime's
+  (``worker/device.py``, ``worker/peer_loss.py``), started by SIGTERM or the round breaking; each
   ``optimizer.step()`` then waits for the gradients' allreduce and raises
   ``CollectiveAborted`` instead of applying partial gradients.
+
+The restore, syncs, snapshots, the stop, the abort, rescues and the worker's end are the
+elastic loop the ``--model-def`` runner runs too (``worker/loop.py``).
 
 Settings come from the environment the master sets (``kfp_elastic/job_env.py``); under a plain
 ``torchrun --rdzv-backend=elastic-etcd`` the rendezvous plugin gives the etcd connection and
