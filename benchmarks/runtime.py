@@ -36,7 +36,7 @@ disrupt     3 nodes (--nnodes=2:3) train with --snapshot-every K (5) and --step-
             victim's rank cycles 0, 1, 2 over the repeats (rank 0 writes the snapshots) and
             the trigger step is stratified over the snapshot interval.
 micro       In-process, on the ``--model`` state: the synchronous part of a snapshot (what
-            Trainer._commit does on the training thread: state_dict, optimizer state, RNG, then
+            ElasticLoop.commit does on the training thread: state_dict, optimizer state, RNG, then
             Snapshotter.save's copy into the snapshot buffer), the time a snapshot adds to the
             step after it (with ``--device cuda`` the copies of parameters and optimizer state
             overlap that step's forward and backward; CUDA is synchronised before every clock
@@ -719,7 +719,7 @@ def bench_micro(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path) ->
     for _ in range(20):
         train_step()  # momentum buffers exist, caches warm
 
-    def state() -> dict[str, Any]:  # what Trainer._commit builds on the training thread
+    def state() -> dict[str, Any]:  # what ElasticLoop.commit builds on the training thread
         return {
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
@@ -994,7 +994,7 @@ def summarize(report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
         summary["snapshot_blocking_ms"] = micro["snapshot_blocking_ms"]
         print(
             f"(c) micro, in-process, medians of {args.micro_n}:\n"
-            f"    synchronous part of a snapshot (Trainer._commit state + Snapshotter.save): "
+            f"    synchronous part of a snapshot (ElasticLoop.commit state + Snapshotter.save): "
             f"{micro['sync_save_call_ms']:.3f} ms = {fmt(100 * share if share else None, '.1f')}"
             f" % of a {fmt(step_ms, '.2f')} ms K=inf step; of it state_dict+optimizer+rng "
             f"{micro['state_build_ms']:.3f} ms, copy into the snapshot buffer "

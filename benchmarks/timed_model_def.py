@@ -161,7 +161,9 @@ def _runner_step() -> int | None:
     """The runtime's global step count before the step now finishing (None when not found)."""
     frame = sys._getframe(2)
     while frame is not None:
-        if frame.f_code.co_name in ("run", "_train") and "step" in frame.f_code.co_varnames:
+        # Only the runner's loop: ``TrainStep.run``, inside it, has a ``step`` too (the step's
+        # own number, one more).
+        if frame.f_code.co_name == "_train" and "step" in frame.f_code.co_varnames:
             value = frame.f_locals.get("step")
             if isinstance(value, int):
                 return value

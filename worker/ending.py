@@ -1,11 +1,12 @@
 """How a worker ended, in its own words: ``{run}/ends/{worker}`` (``RunKeys.worker_end``).
 
-The worker runtime writes it when it knows: a SIGTERM it stopped on, or the job finished;
-from each node's local rank 0, as it ends. (An error is not an end the runtime can tell: its
-agent may start it again; the agent records the errors it counts, and whether it gave up, in
-``errors/{worker}``, ``rendezvous/peer_failures.py``.) The master reads it only for a
-worker whose pod (or process tree) is gone without a status to tell why: one that ended while
-no master watched (``master.job.vanished_status``). No lease: it outlives the worker.
+The worker's loop (``worker/loop.py``: the runtime and the script API alike) writes it when it
+knows: a SIGTERM it stopped on, or the job finished; from each node's local rank 0, as it ends. (An
+error is not an end the runtime can tell: its agent may start it again; the agent records the errors
+it counts, and whether it gave up, in ``errors/{worker}``, ``rendezvous/peer_failures.py``.) The
+master reads it only for a worker whose pod (or process tree) is gone without a status to tell why:
+one that ended while no master watched (``master.job.vanished_status``). No lease: it outlives the
+worker.
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ was started in (``KFP_ELASTIC_RDZV_ROUND``, set by the agent's handler) loses a 
 record, sees a participant restart, or is replaced by a newer round. Newcomers waiting to join
 do not count: they break no collective, and the agreed stop handles them.
 
-Both ways in use ``watch_stalls``: the runtime (``worker/runner.py``) and the script API
-(``worker/elastic.py``). Without the round variable (a plain run, not under the ``elastic-etcd``
-rendezvous) or without etcd, only SIGTERM starts the abort.
+Both ways in use ``watch_stalls`` through the loop they share (``worker/loop.py``): the runtime
+(``worker/runner.py``) and the script API (``worker/elastic.py``). Without the round variable (a
+plain run, not under the ``elastic-etcd`` rendezvous) or without etcd, only SIGTERM starts the
+abort.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import torch
 
 from kfp_elastic.job_env import JobEnv
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
-from kfp_elastic.worker import elastic, peer_loss
+from kfp_elastic.worker import elastic, loop, peer_loss
 from kfp_elastic.worker.device import CollectiveAborted, StallAbort
 from kfp_elastic.worker.rescue import Rescues
 
@@ -38,7 +38,7 @@ def test_a_script_stalled_after_its_round_broke_is_aborted_and_rescued(
         made.append(stall)
         return stall
 
-    monkeypatch.setattr(elastic, "watch_stalls", nccl_stall)
+    monkeypatch.setattr(loop, "watch_stalls", nccl_stall)
     model = torch.nn.Linear(1, 1, bias=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     settings = JobEnv(

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
-from kfp_elastic.worker import runner
+from kfp_elastic.worker import loop, runner
 from kfp_elastic.worker.device import CollectiveAborted, Placement, StallAbort
 from kfp_elastic.worker.model_def import load_model_def
 from kfp_elastic.worker.options import parse_args
@@ -54,7 +54,7 @@ def test_the_runtime_stalled_after_its_round_broke_is_aborted_and_rescued(
         made.append(BreaksAfterFirstStep(aborted))
         return made[0]
 
-    monkeypatch.setattr(runner, "watch_stalls", nccl_stall)
+    monkeypatch.setattr(loop, "watch_stalls", nccl_stall)
     args = parse_args(
         ["--model-def", "kfp_elastic.testing.model_defs.counting", "--snapshot-dir", str(tmp_path)]
         + ["--collective-abort", "7", "--batch-size", "4", "--snapshot-every", "100"]
