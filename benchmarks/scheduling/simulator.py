@@ -16,8 +16,11 @@ batch), ``speed(w) = gpus × step(gpus) / step(w)`` (``benchmarks/scheduling/thr
   queue is walked in submission order and every job whose GPUs are free now starts; no
   reservation for the head of the queue), then its master asks for its workers. All its
   workers are guaranteed (nothing can preempt them; they preempt nothing: only lower priorities
-  are preempted).
-- ``elastic``: MIN = ``min_workers`` (default 1, at most the job's GPUs), MAX = the job's GPUs;
+  are preempted). ``gang_queue=False`` drops the admission queue, as on the test cluster: the
+  master runs from the submission and asks for all its workers at once, those that fit bind
+  and wait for the others.
+- ``elastic``: MIN = ``min_workers`` (default 1; ``"half"``: ``ceil(gpus / 2)``; at most the
+  job's GPUs), MAX = the job's GPUs;
   every job's master runs from its submission. Workers ``0 .. MIN-1`` are *guaranteed*
   (priority -3, may preempt), the others *opportunistic* (priority -5, never preempt): a new
   job's guaranteed workers take GPUs from other jobs' opportunistic workers; opportunistic
@@ -29,13 +32,18 @@ preempted; ``max_wait_s`` infinite: a queued job waits); then the scheduler's ``
 (:mod:`benchmarks.scheduling.placement`) binds pending pods and picks victims; victims leave at
 once (their grace period is not modelled), which may let the preemptors bind on the next pass.
 
+**A job trains** on its ready workers once there are at least MIN of them (the rendezvous waits
+for MIN): at world ``w`` with ``w >= MIN``, none below.
+
 **Costs** (seconds; defaults from ``docs/benchmarks.md``, "The cluster path", worker pods,
 ``benchmarks/results/cluster/cluster_recovery.json``):
 
-- ``join_s`` = 4.91, "capacity freed → first step of the bigger world": a bound worker holds its
-  GPU that long before it trains (pod start, agent, rendezvous); meanwhile the job's current
-  world keeps training (the old members train until the round forms). A job's first workers
-  pay it too, before its first step.
+- ``join_s`` = 4.91, "capacity freed → first step of the bigger world": a worker bound while
+  its job trains holds its GPU that long before it trains (pod start, agent, rendezvous);
+  meanwhile the job's current world keeps training (the old members train until the round
+  forms), except for the last ``join_pause_s`` (default 0), when it stands still.
+- ``start_s`` (default ``join_s``): the same for a worker bound while its job does not train
+  (its first workers; a job below MIN).
 - ``shrink_s`` = 1.29, "preemption → first step of the smaller world": a job that loses a
   training worker stops training that long. Work is not lost beyond that pause: a preempted
   worker is SIGTERMed and the job commits a snapshot first (``docs/benchmarks.md``: steps lost
@@ -46,7 +54,8 @@ submission to last finish), ``mean_pending_s`` (submission to the first step), `
 (GPU-seconds held by a worker pod / GPU-seconds from the first submission to the last finish),
 ``idle_while_waiting`` (free GPU-seconds while at least one job holds fewer GPUs than it asks for,
 / all GPU-seconds of that span), ``resizes`` (world changes after a job's first step),
-``lost_work_s`` (GPU-seconds held by workers of a job paused by a shrink), ``preemptions``.
+``lost_work_s`` (GPU-seconds held by workers of a job paused by a shrink), ``preemptions``;
+the average JCT and mean pending time of the 1-GPU jobs and of the others apart.
 """
 
 from __future__ import annotations
@@ -159,6 +168,13 @@ class Result:
     lost_work_s: float
     preemptions: int
     jobs: int
+    # the same split by the GPUs a job asks for: 1 against more (elasticity can only change
+    # how a 1-GPU job waits through the others)
+    jobs_1gpu: int = 0
+    avg_jct_1gpu_s: float = 0.0
+    mean_pending_1gpu_s: float = 0.0
+    avg_jct_multi_s: float = 0.0
+    mean_pending_multi_s: float = 0.0
 
     def as_dict(self) -> dict[str, float | int]:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in vars(self).items()}
@@ -494,6 +510,12 @@ class Simulation:
         first = min(s.job.submit_s for s in self.jobs)
         last = max(s.finished_at for s in self.jobs)  # type: ignore[type-var]
         span = (last - first) * self.gpus
+        one = [i for i, s in enumerate(self.jobs) if s.job.gpus == 1]
+        multi = [i for i, s in enumerate(self.jobs) if s.job.gpus > 1]
+
+        def mean(values: Sequence[float], which: Sequence[int]) -> float:
+            return sum(values[i] for i in which) / len(which) if which else 0.0
+
         self.job_times = {
             s.job.name: (s.job.submit_s, s.started_at, s.finished_at) for s in self.jobs
         }
@@ -508,6 +530,11 @@ class Simulation:
             lost_work_s=self.lost_s,
             preemptions=self.preemptions,
             jobs=len(self.jobs),
+            jobs_1gpu=len(one),
+            avg_jct_1gpu_s=mean(jct, one),
+            mean_pending_1gpu_s=mean(pending, one),
+            avg_jct_multi_s=mean(jct, multi),
+            mean_pending_multi_s=mean(pending, multi),
         )
 
 
