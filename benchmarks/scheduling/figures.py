@@ -20,6 +20,16 @@ def png_next_to(json_path: Path) -> Path:
     return json_path.with_suffix(".png")
 
 
+def load_title(settings: Mapping[str, Any]) -> str:
+    """The figure's title: the workload and the model (a result's ``settings``)."""
+    return (
+        f"{Path(str(settings['trace'])).name}, hours {settings['start_hour']:g}"
+        f"+{settings['window_hours']:g}, seed {settings['seed']}\n{settings['scaling']} scaling, "
+        f"elastic MIN {settings['min_workers']}, join {settings['join_s']:g} s, "
+        f"shrink {settings['shrink_s']:g} s"
+    )
+
+
 def plot_loads(runs: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path:
     """Average JCT (top) and mean pending time (bottom), hours, against the jobs submitted in
     the window, one line per policy, one column per cluster size. Writes a PNG."""
@@ -30,7 +40,7 @@ def plot_loads(runs: Sequence[Mapping[str, Any]], path: Path, title: str) -> Pat
 
     sizes = sorted({run["gpus"] for run in runs})
     fig, axes = plt.subplots(
-        2, len(sizes), figsize=(4.2 * len(sizes), 6), squeeze=False, sharex="col"
+        2, len(sizes), figsize=(max(6.4, 4.2 * len(sizes)), 6), squeeze=False, sharex="col"
     )
     for column, gpus in enumerate(sizes):
         mine = sorted((r for r in runs if r["gpus"] == gpus), key=lambda r: r["jobs"])

@@ -39,7 +39,7 @@ from benchmarks.harness import (
     write_result,
 )
 from benchmarks.scheduling import workload
-from benchmarks.scheduling.figures import plot_loads, png_next_to
+from benchmarks.scheduling.figures import load_title, plot_loads, png_next_to
 from benchmarks.scheduling.occupancy import plot_slots
 from benchmarks.scheduling.simulator import (
     GPUS_PER_NODE,
@@ -263,13 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(runs) == 1:
         report["policies"] = runs[0]["policies"]
     out = write_result("scheduling", args, began, True, summary, report)
-    figure = plot_loads(
-        runs,
-        png_next_to(out),
-        f"{args.trace.name}, hours {args.start_hour:g}+{args.window_hours:g}, seed {args.seed}, "
-        f"{args.scaling}, elastic MIN {args.min_workers}, join {args.join_s:g} s, "
-        f"shrink {args.shrink_s:g} s",
-    )
+    figure = plot_loads(runs, png_next_to(out), load_title(vars(args)))
     print(f"wrote {figure}")
     return 0
 
