@@ -287,7 +287,7 @@ def _main_workload(args: argparse.Namespace, began: float) -> int:
         "workload": str(args.workload),
         "slots": measured.slots,
         "job_type": measured.job_type,
-        "costs": vars(measured.costs),
+        "costs": {p: vars(c) for p, c in measured.costs.items()},
         "step_s": workload.step_check(measured),
         "policies": {p: sim.result.as_dict() for p, sim in simulated.items()},
         "comparison": comparison,

@@ -8,14 +8,19 @@ with what the test cluster measured.
   ``throughput.step_seconds(job_type, world, global_batch)`` (the paced model definition,
   ``benchmarks/timed_model_def.py``, sleeps that long); ``job_type`` null: linear scaling from
   ``solo_s`` (seconds a job runs alone at its size), for a reference run of another system;
-- ``max_workers`` (per job or at the top; the slots a job asks for) and ``min_workers``
-  (per job, per policy or at the top; gang: ``max_workers``, elastic: 1 unless given);
-- ``measured_costs``: ``pod_start_s`` (a worker bound while its job does not train → its first
-  step), ``join_s`` (a worker bound while its job trains → the first step of the bigger world),
-  ``shrink_s`` (a training worker lost → the first step of the smaller world), optionally
-  ``join_pause_s`` (the part of ``join_s`` the running world stands still) and ``step_s``
-  (solo seconds per step by world size, for the check of the curve); a number, or a list of
-  measurements (the median is used);
+- ``max_workers`` (per job, or ``workers``/``max_workers`` at the top; the slots a job asks
+  for) and ``min_workers`` (per job or per policy; gang: ``max_workers``, elastic: 1 unless
+  given);
+- ``measured_costs``, per policy (``measured_costs.<policy>``, as experiment 1 writes them) or
+  one set for both: ``pod_start_s`` (a worker bound while its job does not train → its first
+  step), ``join_s`` (a worker bound while its job trains → the first step of the bigger world;
+  the pod start where none was measured: nothing joins under gang), ``shrink_s`` (a training
+  worker lost → the first step of the smaller world; 0 where none was measured: nothing shrinks
+  in experiment 1), optionally ``join_pause_s`` (the part of ``join_s`` the running world stands
+  still), ``submit_to_first_bind_s`` (by job: the master's start; the job reaches the cluster
+  that much after its submission) and ``step_s`` ({world: s}) or ``step_s_by_world``
+  ({policy: {job: {world: s}}}) for the check of the curve; each a number, a list of
+  measurements or measurements by job (the median is used);
 - ``policies.<gang|elastic>``: ``makespan_s``, ``utilization`` and ``jobs[i]`` with
   ``submit_s``, ``first_step_s``, ``end_s``, ``pending_s``, ``jct_s`` (seconds since the
   experiment's start).
@@ -53,6 +58,7 @@ class MeasuredJob:
     min_workers: int
     first_step_s: float | None
     jct_s: float | None
+    master_start_s: float = 0.0  # submission -> its first worker pod bound (the master starts)
 
 
 @dataclass(frozen=True)
@@ -64,8 +70,8 @@ class Measured:
     global_batch: float | None
     steps: int | None
     solo_s: float | None
-    costs: Costs
-    step_s: Mapping[int, float]  # measured solo seconds per step by world size
+    costs: Mapping[str, Costs]  # per policy
+    step_s: Mapping[int, float]  # measured seconds per step by world size (median over jobs)
     jobs: Mapping[str, Sequence[MeasuredJob]]  # policy -> its jobs
     makespan_s: Mapping[str, float | None]
     utilization: Mapping[str, float | None]
@@ -125,26 +131,22 @@ def measured_from(data: Mapping[str, Any], source: str = "<dict>") -> Measured:
     if job_type is None and solo_s is None:
         raise ValueError(f"workload {source}: without a job_type, give solo_s")
     raw = need(data, "measured_costs", "the result")
-    costs = Costs(
-        join_s=_number(need(raw, "join_s", "measured_costs"), "measured_costs.join_s"),
-        shrink_s=_number(need(raw, "shrink_s", "measured_costs"), "measured_costs.shrink_s"),
-        start_s=_number(need(raw, "pod_start_s", "measured_costs"), "measured_costs.pod_start_s"),
-        join_pause_s=_optional(raw, "join_pause_s") or 0.0,
-    )
-    step_s = {
-        int(world): _number(v, f"measured_costs.step_s[{world}]")
-        for world, v in (raw.get("step_s") or {}).items()
-    }
     policies = need(data, "policies", "the result")
     if not policies:
         raise ValueError(f"workload {source}: no policies")
+    costs = {policy: _costs(raw, policy, source) for policy in policies}
+    step_s = _step_times(raw)
     jobs, makespan, utilization = {}, {}, {}
     for policy, measured in policies.items():
+        cost = raw.get(policy) if isinstance(raw.get(policy), dict) else raw
+        master = cost.get("submit_to_first_bind_s") or {}
         rows = need(measured, "jobs", f"policies.{policy}")
         listed = []
         for i, row in enumerate(rows):
             where = f"policies.{policy}.jobs[{i}]"
-            max_workers = int(row.get("max_workers") or need(data, "max_workers", where))
+            max_workers = int(
+                row.get("max_workers") or data.get("workers") or need(data, "max_workers", where)
+            )
             default_min = max_workers if policy == "gang" else 1
             min_workers = int(row.get("min_workers") or measured.get("min_workers") or default_min)
             if not 1 <= min_workers <= max_workers <= slots:
@@ -160,6 +162,7 @@ def measured_from(data: Mapping[str, Any], source: str = "<dict>") -> Measured:
                     min_workers,
                     _optional(row, "first_step_s"),
                     _optional(row, "jct_s"),
+                    _number(master.get(str(row.get("name") or f"job-{i + 1}"), 0.0), where),
                 )
             )
         jobs[policy] = listed
@@ -178,6 +181,49 @@ def measured_from(data: Mapping[str, Any], source: str = "<dict>") -> Measured:
         utilization,
         source,
     )
+
+
+def _seconds(value: Any, what: str) -> float:
+    """A cost: a number, a list of measurements or measurements by job (their median)."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    return _number(value, what)
+
+
+def _costs(raw: Mapping[str, Any], policy: str, source: str) -> Costs:
+    """A policy's costs: ``measured_costs.<policy>`` where the file measures them per policy
+    (experiment 1 does), else ``measured_costs`` itself. A cost the run did not measure
+    because nothing paid it there (a shrink in experiment 1; a join under gang) is 0; the pod
+    start must be given."""
+    cost = raw.get(policy) if isinstance(raw.get(policy), dict) else raw
+    where = f"measured_costs{'.' + policy if cost is not raw else ''}"
+    if cost.get("pod_start_s") in (None, {}, []):
+        raise ValueError(f"workload {source}: {where} has no 'pod_start_s'")
+    start = _seconds(cost["pod_start_s"], f"{where}.pod_start_s")
+    join = cost.get("join_s")
+    if join is None and cost is raw:
+        raise ValueError(f"workload {source}: {where} has no 'join_s'")
+    join_s = start if join is None else _seconds(join, f"{where}.join_s")
+    pause = min(_seconds(cost.get("join_pause_s") or 0.0, f"{where}.join_pause_s"), join_s)
+    return Costs(
+        join_s=join_s,
+        shrink_s=_seconds(cost.get("shrink_s") or 0.0, f"{where}.shrink_s"),
+        start_s=start,
+        join_pause_s=pause,
+    )
+
+
+def _step_times(raw: Mapping[str, Any]) -> dict[int, float]:
+    """Measured seconds per step by world size: ``step_s`` ({world: s}) or experiment 1's
+    ``step_s_by_world`` ({policy: {job: {world: s}}}), the median over jobs and policies."""
+    found: dict[int, list[float]] = {}
+    for world, value in (raw.get("step_s") or {}).items():
+        found.setdefault(int(world), []).append(_number(value, f"step_s[{world}]"))
+    for jobs in (raw.get("step_s_by_world") or {}).values():
+        for by_world in jobs.values():
+            for world, value in by_world.items():
+                found.setdefault(int(world), []).append(_number(value, f"step_s[{world}]"))
+    return {world: statistics.median(values) for world, values in sorted(found.items())}
 
 
 def solo_seconds(measured: Measured, gpus: int) -> float:
@@ -210,7 +256,7 @@ def jobs_of(measured: Measured, policy: str) -> list[Job]:
     return [
         Job(
             j.name,
-            j.submit_s,
+            j.submit_s + j.master_start_s,  # it reaches the cluster when its master asks
             j.max_workers,
             solo_seconds(measured, j.max_workers) * j.max_workers,
             measured.job_type,
@@ -240,7 +286,7 @@ def simulate_measured(
         jobs,
         measured.slots,
         policy,
-        costs or measured.costs,
+        costs or measured.costs[policy],
         scaling or ("linear" if measured.job_type is None else "pollux"),
         min_workers=mins.pop(),
         gpus_per_node=measured.slots,
@@ -297,7 +343,8 @@ def compare(
     for policy, sim in simulated.items():
         jobs = {}
         for job in measured.jobs[policy]:
-            submit, first, end = sim.job_times[job.name]
+            _, first, end = sim.job_times[job.name]
+            submit = job.submit_s
             jobs[job.name] = {
                 "jct": row(end - submit, job.jct_s),  # type: ignore[operator]
                 "pending": row(first - submit, job.first_step_s and job.first_step_s - submit),  # type: ignore[operator]

@@ -384,7 +384,8 @@ ELASTICDL = Path(workload.__file__).parent / "data" / "elasticdl-experiment-1.js
 
 def test_experiment_1_s_workload_simulated_by_hand() -> None:
     measured = workload.read_measured(FIXTURE)
-    costs = measured.costs
+    assert measured.costs["gang"] == measured.costs["elastic"]  # one set for both policies
+    costs = measured.costs["elastic"]
     assert (costs.first_start_s, costs.join_s, costs.join_pause_s, costs.shrink_s) == (
         6.0,  # the median of the measured pod starts
         5.0,
@@ -428,12 +429,45 @@ def test_experiment_1_s_workload_simulated_by_hand() -> None:
     )
 
 
+def test_experiment_1_s_costs_measured_per_policy_and_job() -> None:
+    """The shape the experiment writes: costs per policy, per job; the master's start
+    (submission -> first worker bound) delays the job's arrival, not its submission."""
+    data = json.loads(FIXTURE.read_text())
+    data.pop("max_workers")
+    data["workers"] = 4
+    for row in data["policies"]["elastic"]["jobs"]:
+        row.update(max_workers=4, min_workers=1)
+    data["measured_costs"] = {
+        "gang": {
+            "pod_start_s": {"job-1": 5.0, "job-2": 7.0},
+            "submit_to_first_bind_s": {"job-1": 2.0, "job-2": 3.0},
+            "gang_start_after_free_s": 9.0,
+        },
+        "elastic": {"pod_start_s": {"job-1": 6.0}, "join_s": 8.0},
+        "step_s_by_world": {"gang": {"job-1": {"4": 1.7}}, "elastic": {"job-2": {"4": 1.8}}},
+    }
+    measured = workload.measured_from(data)
+    gang, elastic = measured.costs["gang"], measured.costs["elastic"]
+    assert (gang.first_start_s, gang.join_s, gang.shrink_s) == (6.0, 6.0, 0.0)  # nothing joins
+    assert (elastic.first_start_s, elastic.join_s) == (6.0, 8.0)
+    assert measured.step_s == {4: pytest.approx(1.75)}
+    assert [j.master_start_s for j in measured.jobs["gang"]] == [2.0, 3.0]
+    assert [j.master_start_s for j in measured.jobs["elastic"]] == [0.0, 0.0]
+    sim = workload.simulate_measured(measured, "gang")
+    s4 = throughput.step_seconds("bert", 4, 64)
+    assert sim.job_times["job-1"] == pytest.approx((2.0, 8.0, 8.0 + 100 * s4))
+    comparison = workload.compare(measured, {"gang": sim})
+    jct = comparison["policies"]["gang"]["jobs"]["job-1"]["jct"]["simulated_s"]
+    assert jct == pytest.approx(8.0 + 100 * s4, abs=0.01)  # from the submission at 0
+
+
 def test_a_bad_workload_gets_a_clear_error(tmp_path: Path) -> None:
     good = json.loads(FIXTURE.read_text())
     for change, message in [
         (lambda d: d.pop("slots"), "has no 'slots'"),
         (lambda d: d.update(job_type="gpt"), "unknown job_type 'gpt'"),
         (lambda d: d["measured_costs"].pop("join_s"), "measured_costs has no 'join_s'"),
+        (lambda d: d["measured_costs"].pop("pod_start_s"), "has no 'pod_start_s'"),
         (lambda d: d.pop("max_workers"), "jobs\\[0\\] has no 'max_workers'"),
         (lambda d: d.update(max_workers=8), "max_workers \\(8\\) <= slots \\(6\\)"),
         (lambda d: d.update(job_type=None), "give solo_s"),
