@@ -4,6 +4,8 @@
         --gpus 64 --jobs 80,160,320 --start-hour 8 --window-hours 8 --seed 1 \\
         --policies gang,elastic --json out.json
     python -m benchmarks scheduling simulate --quick --trace philly.csv   # 12 jobs on 8 GPUs
+    python -m benchmarks scheduling simulate --gpus 64,512 --load 8,16,24 --json out.json
+    python -m benchmarks scheduling simulate --workload exp1.json --json out.json
 
 Samples ``--jobs`` jobs submitted within ``--window-hours`` from ``--start-hour`` of the day
 (any day of the trace; duration >= 60 s, GPU time < 1000 h; uniformly among the eligible jobs,
@@ -12,6 +14,13 @@ seeded: ``benchmarks/scheduling/trace.py``) and runs each policy over the same w
 costs and the metrics). ``--gpus`` and ``--jobs`` take comma-separated lists: every pair runs,
 each with its own sample. The result file holds ``runs`` (one per pair) and, when there is one
 pair, its ``policies`` at the top: ``{"policies": {"gang": {...}, "elastic": {...}}}``.
+``--load L`` (a list) samples ``round(L × gpus)`` jobs per cluster size instead of ``--jobs``.
+A PNG next to the JSON draws the average JCT and the mean pending time against the load.
+
+``--workload FILE`` simulates experiment 1's jobs instead (an experiment-1 result file:
+``benchmarks/scheduling/workload.py``), with its measured costs, and prints the simulated
+makespan and JCTs against the measured ones (relative error, PASS within 10 %); its PNG draws
+the slots each job holds over time.
 """
 
 from __future__ import annotations
@@ -29,13 +38,18 @@ from benchmarks.harness import (
     parse_options,
     write_result,
 )
+from benchmarks.scheduling import workload
+from benchmarks.scheduling.figures import load_title, plot_loads, png_next_to
+from benchmarks.scheduling.occupancy import plot_slots
 from benchmarks.scheduling.simulator import (
     GPUS_PER_NODE,
     JOIN_S,
+    MIN_RULES,
     POLICIES,
     SCALINGS,
     SHRINK_S,
     Costs,
+    min_workers_of,
     simulate,
 )
 from benchmarks.scheduling.trace import read_trace, sample
@@ -56,6 +70,32 @@ def _counts(text: str) -> list[int]:
     return values
 
 
+def _loads(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in comma_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected numbers > 0, got {text!r}")
+    return values
+
+
+def _min_rule(text: str) -> int | str:
+    if text in MIN_RULES:
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer >= 1 or one of {', '.join(MIN_RULES)}, got {text!r}"
+        )
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """``python -m benchmarks scheduling simulate``'s options."""
     parser = argparse.ArgumentParser(
@@ -73,6 +113,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--gpus", type=_counts, default=[64], help="GPUs in the cluster (list)")
     parser.add_argument("--jobs", type=_counts, default=[160], help="jobs to sample (list)")
+    parser.add_argument(
+        "--load",
+        type=_loads,
+        default=None,
+        help="jobs per GPU to sample (list; round(load × gpus) jobs), instead of --jobs",
+    )
+    parser.add_argument(
+        "--workload",
+        type=Path,
+        default=None,
+        help="an experiment-1 result file: simulate its jobs with its measured costs and "
+        "compare (benchmarks/scheduling/workload.py)",
+    )
     parser.add_argument("--start-hour", type=float, default=8.0, help="window start, hour of day")
     parser.add_argument("--window-hours", type=float, default=8.0)
     parser.add_argument("--seed", type=int, default=1)
@@ -86,7 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a job's speed at w GPUs: linear, or its type's measured curve (pollux)",
     )
     parser.add_argument(
-        "--min-workers", type=int, default=1, help="elastic: guaranteed workers per job"
+        "--min-workers",
+        type=_min_rule,
+        default=1,
+        help="elastic MIN (guaranteed workers) per job: a number (at most the job's GPUs), "
+        "one (1) or half (ceil(GPUs / 2))",
     )
     parser.add_argument("--gpus-per-node", type=int, default=GPUS_PER_NODE)
     parser.add_argument(
@@ -102,6 +159,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=SHRINK_S,
         help="a job's pause when it loses a worker (docs/benchmarks.md: preemption -> first "
         "step of the smaller world, worker pods)",
+    )
+    parser.add_argument(
+        "--start-s",
+        type=float,
+        default=None,
+        help="a worker bound while its job does not train: its wait before the first step "
+        "(default: --join-s)",
+    )
+    parser.add_argument(
+        "--join-pause-s",
+        type=float,
+        default=0.0,
+        help="the part of --join-s during which the job's running world stands still",
     )
     return parser
 
@@ -119,25 +189,37 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     unknown = [p for p in args.policies if p not in POLICIES]
     if unknown or not args.policies:
         parser.error(f"--policies: unknown {unknown}; choose among {', '.join(POLICIES)}")
-    if args.min_workers < 1 or args.gpus_per_node < 1:
-        parser.error("--min-workers and --gpus-per-node must be >= 1")
-    if args.join_s < 0 or args.shrink_s < 0:
-        parser.error("--join-s and --shrink-s must be >= 0")
+    if args.gpus_per_node < 1:
+        parser.error("--gpus-per-node must be >= 1")
+    if min(args.join_s, args.shrink_s, args.join_pause_s, args.start_s or 0.0) < 0:
+        parser.error("--join-s, --shrink-s, --start-s and --join-pause-s must be >= 0")
+    if args.join_pause_s > args.join_s:
+        parser.error("--join-pause-s is part of --join-s: at most --join-s")
+    if args.quick and args.workload is not None:
+        parser.error("--quick samples a trace; a --workload run is already small")
     return args
+
+
+def _jobs_per_size(args: argparse.Namespace, gpus: int) -> list[int]:
+    if args.load is None:
+        return args.jobs
+    return [max(1, round(load * gpus)) for load in args.load]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     began = time.time()
+    if args.workload is not None:
+        return _main_workload(args, began)
     try:
         trace = read_trace(args.trace)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    costs = Costs(args.join_s, args.shrink_s)
+    costs = Costs(args.join_s, args.shrink_s, args.start_s, args.join_pause_s)
     runs = []
     for gpus in args.gpus:
-        for count in args.jobs:
+        for count in _jobs_per_size(args, gpus):
             try:
                 jobs = sample(trace, count, args.start_hour, args.window_hours, args.seed, gpus)
             except ValueError as error:
@@ -162,7 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 {
                     "gpus": gpus,
                     "jobs": count,
+                    "jobs_per_gpu": round(count / gpus, 3),
                     "requested_gpus": sum(j.gpus for j in jobs),
+                    "multi_gpu_jobs": sum(j.gpus > 1 for j in jobs),
+                    "guaranteed_gpus": sum(min_workers_of(j.gpus, args.min_workers) for j in jobs),
                     "work_gpu_s": round(sum(j.work for j in jobs), 1),
                     "policies": policies,
                 }
@@ -177,5 +262,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict = {"runs": runs}
     if len(runs) == 1:
         report["policies"] = runs[0]["policies"]
-    write_result("scheduling", args, began, True, summary, report)
+    out = write_result("scheduling", args, began, True, summary, report)
+    figure = plot_loads(runs, png_next_to(out), load_title(vars(args)))
+    print(f"wrote {figure}")
+    return 0
+
+
+def _main_workload(args: argparse.Namespace, began: float) -> int:
+    """Simulate an experiment-1 result's jobs and compare with what it measured."""
+    try:
+        measured = workload.read_measured(args.workload)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    policies = [p for p in args.policies if p in measured.jobs]
+    if not policies:
+        print(f"error: {args.workload} measured none of {args.policies}", file=sys.stderr)
+        return 2
+    simulated = {p: workload.simulate_measured(measured, p) for p in policies}
+    comparison = workload.compare(measured, simulated)
+    for line in workload.comparison_lines(comparison):
+        print(line)
+    report = {
+        "workload": str(args.workload),
+        "slots": measured.slots,
+        "job_type": measured.job_type,
+        "costs": {p: vars(c) for p, c in measured.costs.items()},
+        "step_s": workload.step_check(measured),
+        "policies": {p: sim.result.as_dict() for p, sim in simulated.items()},
+        "comparison": comparison,
+    }
+    summary = {
+        p: {
+            "makespan_s": round(sim.result.makespan_s, 1),
+            "measured_makespan_s": measured.makespan_s[p],
+        }
+        for p, sim in simulated.items()
+    }
+    out = write_result("scheduling", args, began, True, summary, report)
+    figure = plot_slots(
+        {f"{p} (simulated)": simulated[p].samples for p in policies},
+        measured.slots,
+        png_next_to(out),
+        f"simulated slots per job: {args.workload.name}",
+    )
+    print(f"wrote {figure}")
     return 0

@@ -16,8 +16,11 @@ batch), ``speed(w) = gpus × step(gpus) / step(w)`` (``benchmarks/scheduling/thr
   queue is walked in submission order and every job whose GPUs are free now starts; no
   reservation for the head of the queue), then its master asks for its workers. All its
   workers are guaranteed (nothing can preempt them; they preempt nothing: only lower priorities
-  are preempted).
-- ``elastic``: MIN = ``min_workers`` (default 1, at most the job's GPUs), MAX = the job's GPUs;
+  are preempted). ``gang_queue=False`` drops the admission queue, as on the test cluster: the
+  master runs from the submission and asks for all its workers at once, those that fit bind
+  and wait for the others.
+- ``elastic``: MIN = ``min_workers`` (default 1; ``"half"``: ``ceil(gpus / 2)``; at most the
+  job's GPUs), MAX = the job's GPUs;
   every job's master runs from its submission. Workers ``0 .. MIN-1`` are *guaranteed*
   (priority -3, may preempt), the others *opportunistic* (priority -5, never preempt): a new
   job's guaranteed workers take GPUs from other jobs' opportunistic workers; opportunistic
@@ -29,13 +32,18 @@ preempted; ``max_wait_s`` infinite: a queued job waits); then the scheduler's ``
 (:mod:`benchmarks.scheduling.placement`) binds pending pods and picks victims; victims leave at
 once (their grace period is not modelled), which may let the preemptors bind on the next pass.
 
+**A job trains** on its ready workers once there are at least MIN of them (the rendezvous waits
+for MIN): at world ``w`` with ``w >= MIN``, none below.
+
 **Costs** (seconds; defaults from ``docs/benchmarks.md``, "The cluster path", worker pods,
 ``benchmarks/results/cluster/cluster_recovery.json``):
 
-- ``join_s`` = 4.91, "capacity freed → first step of the bigger world": a bound worker holds its
-  GPU that long before it trains (pod start, agent, rendezvous); meanwhile the job's current
-  world keeps training (the old members train until the round forms). A job's first workers
-  pay it too, before its first step.
+- ``join_s`` = 4.91, "capacity freed → first step of the bigger world": a worker bound while
+  its job trains holds its GPU that long before it trains (pod start, agent, rendezvous);
+  meanwhile the job's current world keeps training (the old members train until the round
+  forms), except for the last ``join_pause_s`` (default 0), when it stands still.
+- ``start_s`` (default ``join_s``): the same for a worker bound while its job does not train
+  (its first workers; a job below MIN).
 - ``shrink_s`` = 1.29, "preemption → first step of the smaller world": a job that loses a
   training worker stops training that long. Work is not lost beyond that pause: a preempted
   worker is SIGTERMed and the job commits a snapshot first (``docs/benchmarks.md``: steps lost
@@ -46,7 +54,8 @@ submission to last finish), ``mean_pending_s`` (submission to the first step), `
 (GPU-seconds held by a worker pod / GPU-seconds from the first submission to the last finish),
 ``idle_while_waiting`` (free GPU-seconds while at least one job holds fewer GPUs than it asks for,
 / all GPU-seconds of that span), ``resizes`` (world changes after a job's first step),
-``lost_work_s`` (GPU-seconds held by workers of a job paused by a shrink), ``preemptions``.
+``lost_work_s`` (GPU-seconds held by workers of a job paused by a shrink), ``preemptions``;
+the average JCT and mean pending time of the 1-GPU jobs and of the others apart.
 """
 
 from __future__ import annotations
@@ -79,8 +88,38 @@ _EPS = 1e-9
 
 @dataclass(frozen=True)
 class Costs:
-    join_s: float = JOIN_S
-    shrink_s: float = SHRINK_S
+    """Seconds a job pays around a change of its world (see the module's model)."""
+
+    join_s: float = JOIN_S  # a worker bound while its job trains: bound -> it trains
+    shrink_s: float = SHRINK_S  # a training worker lost: the smaller world's pause
+    start_s: float | None = None  # a worker bound while its job does not train (None: join_s)
+    join_pause_s: float = 0.0  # the running world's pause when a worker joins it
+
+    def __post_init__(self) -> None:
+        values = (self.join_s, self.shrink_s, self.join_pause_s, self.start_s or 0.0)
+        if min(values) < 0:
+            raise ValueError(f"costs must be >= 0, got {self}")
+        if self.join_pause_s > self.join_s:
+            raise ValueError(f"join_pause_s {self.join_pause_s} is part of join_s {self.join_s}")
+
+    @property
+    def first_start_s(self) -> float:
+        return self.join_s if self.start_s is None else self.start_s
+
+
+MIN_RULES = ("one", "half")
+
+
+def min_workers_of(gpus: int, rule: str | int) -> int:
+    """An elastic job's MIN for a job asking ``gpus``: ``one`` (1), ``half``
+    (``ceil(gpus / 2)``), or a number (at most ``gpus``)."""
+    if rule == "one":
+        return 1
+    if rule == "half":
+        return -(-gpus // 2)
+    if isinstance(rule, int) and rule >= 1:
+        return min(rule, gpus)
+    raise ValueError(f"unknown MIN rule {rule!r}; known: {', '.join(MIN_RULES)} or a number >= 1")
 
 
 @dataclass(eq=False)
@@ -94,7 +133,7 @@ class _JobState:
     recorded: set[str] = field(default_factory=set)
     below_min_since: float | None = None
     attempts: int = 0
-    world: int = 0  # workers training
+    world: int = 0  # workers ready (started and in the rendezvous)
     held: int = 0  # GPUs bound to its pods
     last: float = 0.0  # progress is accounted up to here
     paused_until: float = 0.0
@@ -104,10 +143,17 @@ class _JobState:
     resizes: int = 0
     resized_at: float | None = None
     counted_wanting: bool = False
+    trains_since: float | None = None  # when its current training began from a stop
 
     @property
     def wanting(self) -> bool:
         return self.finished_at is None and self.held < self.job.gpus
+
+    @property
+    def training(self) -> int:
+        """The world that trains: the ready workers once they are at least MIN (the rendezvous
+        waits for MIN), else none."""
+        return self.world if self.world >= self.policy.min_workers else 0
 
 
 @dataclass(frozen=True)
@@ -122,6 +168,13 @@ class Result:
     lost_work_s: float
     preemptions: int
     jobs: int
+    # the same split by the GPUs a job asks for: 1 against more (elasticity can only change
+    # how a 1-GPU job waits through the others)
+    jobs_1gpu: int = 0
+    avg_jct_1gpu_s: float = 0.0
+    mean_pending_1gpu_s: float = 0.0
+    avg_jct_multi_s: float = 0.0
+    mean_pending_multi_s: float = 0.0
 
     def as_dict(self) -> dict[str, float | int]:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in vars(self).items()}
@@ -146,7 +199,7 @@ def speed_function(job: Job, scaling: str) -> Any:
         raise ValueError(f"unknown scaling {scaling!r}; known: {', '.join(SCALINGS)}")
     if job.job_type is None:
         raise ValueError(f"{job.name}: pollux scaling needs a job type")
-    batch = job.gpus * throughput.curve(job.job_type).reference_batch
+    batch = job.global_batch or job.gpus * throughput.curve(job.job_type).reference_batch
     base = throughput.step_seconds(job.job_type, job.gpus, batch)
     cache: dict[int, float] = {}
 
@@ -168,8 +221,10 @@ class Simulation:
         policy: str,
         costs: Costs = Costs(),
         scaling: str = "linear",
-        min_workers: int = 1,
+        min_workers: int | str = 1,
         gpus_per_node: int = GPUS_PER_NODE,
+        gang_queue: bool = True,
+        record: bool = False,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -177,6 +232,7 @@ class Simulation:
         if too_big:
             raise ValueError(f"jobs asking for 0 or more than {gpus} GPUs: {too_big[:5]}")
         self.gang = policy == "gang"
+        self.gang_queue = self.gang and gang_queue
         self.costs = costs
         self.gpus = gpus
         self.nodes = nodes_of(gpus, gpus_per_node)
@@ -184,7 +240,7 @@ class Simulation:
             _JobState(
                 job,
                 ScalingPolicy(
-                    job.gpus if self.gang else max(1, min(min_workers, job.gpus)),
+                    job.gpus if self.gang else min_workers_of(job.gpus, min_workers),
                     job.gpus,
                     max_wait_s=math.inf,
                 ),
@@ -208,6 +264,10 @@ class Simulation:
         self.idle_waiting_s = 0.0
         self.lost_s = 0.0
         self.preemptions = 0
+        # (time, job, GPUs it holds) at every change, when recording (figures)
+        self.holdings: list[tuple[float, str, int]] | None = [] if record else None
+        # job -> (submission, first step, finish), once run
+        self.job_times: dict[str, tuple[float, float | None, float | None]] = {}
 
     # ------------------------------------------------------------------ events
 
@@ -242,7 +302,7 @@ class Simulation:
             self.began = self.now
         state.last = self.now
         self._set_held(state, 0)
-        if self.gang:
+        if self.gang_queue:
             self.queue.append(state)
         else:
             self._mark(state)  # its master starts now
@@ -252,11 +312,20 @@ class Simulation:
         if state.finished_at is not None or state.pods.get(pod.name) is not pod:
             return  # preempted while starting, or the job finished meanwhile
         self._progress(state)
-        if state.started_at is None:
-            state.started_at = self.now
-        self._resized(state)
+        before = state.training
         state.world += 1
         pod.running = True
+        after = state.training
+        if after:
+            if state.started_at is None:
+                state.started_at = self.now
+            if not before:
+                state.trains_since = self.now  # a first round: no one to pause
+            elif state.trains_since != self.now:
+                # the running world re-forms its round with the newcomer
+                state.paused_until = max(state.paused_until, self.now + self.costs.join_pause_s)
+        if after != before:
+            self._resized(state)
         self._mark(state)
         self._reschedule(state)
 
@@ -276,17 +345,18 @@ class Simulation:
 
     def _progress(self, state: _JobState) -> None:
         """Account the job's training from ``state.last`` to now."""
-        if state.world > 0 and self.now > state.last:
+        world = state.training
+        if world > 0 and self.now > state.last:
             paused = max(0.0, min(self.now, state.paused_until) - state.last)
-            self.lost_s += paused * state.world
+            self.lost_s += paused * world
             trained = self.now - state.last - paused
-            state.remaining -= trained * state.speed(state.world)
+            state.remaining -= trained * state.speed(world)
         state.last = self.now
 
     def _reschedule(self, state: _JobState) -> None:
         state.version += 1
-        if state.world > 0:
-            rate = state.speed(state.world)
+        if state.training > 0:
+            rate = state.speed(state.training)
             start = max(self.now, state.paused_until)
             self._push(start + max(0.0, state.remaining) / rate, "finish", state, state.version)
 
@@ -302,6 +372,8 @@ class Simulation:
     def _set_held(self, state: _JobState, delta: int) -> None:
         """Change the GPUs ``state`` holds and keep the count of jobs wanting more."""
         state.held += delta
+        if self.holdings is not None and delta:
+            self.holdings.append((self.now, state.job.name, state.held))
         if state.wanting != state.counted_wanting:
             self.wanting += 1 if state.wanting else -1
             state.counted_wanting = state.wanting
@@ -354,6 +426,7 @@ class Simulation:
     # ------------------------------------------------------------------ cluster
 
     def _admit(self) -> None:
+        """Gang's admission: first-in first-out with backfill over the GPUs free now."""
         free = self.gpus - len(self.bound) - len(self.pending)
         if free <= 0 or not self.queue:
             return
@@ -368,7 +441,7 @@ class Simulation:
 
     def _reconcile(self) -> None:
         for _ in range(10_000):
-            if self.gang:
+            if self.gang_queue:
                 self._admit()
             dirty, self.dirty = self.dirty, {}
             for state in dirty.values():
@@ -394,7 +467,11 @@ class Simulation:
                 self.evictable += 1
             state: _JobState = pod.owner
             self._set_held(state, +1)
-            self._push(self.now + self.costs.join_s, "ready", pod)
+            if state.training:  # joins a running world
+                delay = self.costs.join_s - self.costs.join_pause_s
+            else:
+                delay = self.costs.first_start_s
+            self._push(self.now + delay, "ready", pod)
         for pod in placed.victims:
             self._evict(pod)
         return bool(placed.binds or placed.victims)
@@ -411,10 +488,15 @@ class Simulation:
         self._mark(state)
         if pod.running:
             self._progress(state)
-            self._resized(state)
+            before = state.training
             state.world -= 1
-            if state.world > 0:
+            after = state.training
+            if after != before:
+                self._resized(state)
+            if after and before:
                 state.paused_until = max(state.paused_until, self.now + self.costs.shrink_s)
+            elif not after:
+                state.trains_since = None  # below MIN: the rendezvous waits
             self._reschedule(state)
 
     # ------------------------------------------------------------------ result
@@ -428,6 +510,15 @@ class Simulation:
         first = min(s.job.submit_s for s in self.jobs)
         last = max(s.finished_at for s in self.jobs)  # type: ignore[type-var]
         span = (last - first) * self.gpus
+        one = [i for i, s in enumerate(self.jobs) if s.job.gpus == 1]
+        multi = [i for i, s in enumerate(self.jobs) if s.job.gpus > 1]
+
+        def mean(values: Sequence[float], which: Sequence[int]) -> float:
+            return sum(values[i] for i in which) / len(which) if which else 0.0
+
+        self.job_times = {
+            s.job.name: (s.job.submit_s, s.started_at, s.finished_at) for s in self.jobs
+        }
         return Result(
             avg_jct_s=sum(jct) / len(jct),
             p99_jct_s=percentile(jct, 99),
@@ -439,6 +530,11 @@ class Simulation:
             lost_work_s=self.lost_s,
             preemptions=self.preemptions,
             jobs=len(self.jobs),
+            jobs_1gpu=len(one),
+            avg_jct_1gpu_s=mean(jct, one),
+            mean_pending_1gpu_s=mean(pending, one),
+            avg_jct_multi_s=mean(jct, multi),
+            mean_pending_multi_s=mean(pending, multi),
         )
 
 
@@ -448,8 +544,11 @@ def simulate(
     policy: str,
     costs: Costs = Costs(),
     scaling: str = "linear",
-    min_workers: int = 1,
+    min_workers: int | str = 1,
     gpus_per_node: int = GPUS_PER_NODE,
+    gang_queue: bool = True,
 ) -> Result:
     """Run ``policy`` over ``jobs`` on ``gpus`` GPUs (see the module's model)."""
-    return Simulation(jobs, gpus, policy, costs, scaling, min_workers, gpus_per_node).run()
+    return Simulation(
+        jobs, gpus, policy, costs, scaling, min_workers, gpus_per_node, gang_queue
+    ).run()

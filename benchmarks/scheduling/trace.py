@@ -57,6 +57,7 @@ class Job:
     gpus: int  # GPUs it asks for (cut to the cluster's size)
     work: float  # GPU-seconds at its size: the trace's duration × num_gpus
     job_type: str | None = None  # a throughput curve (benchmarks/scheduling/throughput.py)
+    global_batch: float | None = None  # samples per step (None: gpus × the type's median)
 
 
 def read_trace(path: Path) -> list[TraceJob]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from benchmarks import suite_module
-from benchmarks.scheduling import throughput
+from benchmarks.scheduling import throughput, workload
 from benchmarks.scheduling.placement import (
     GUARANTEED_PRIORITY,
     OPPORTUNISTIC_PRIORITY,
@@ -20,7 +20,13 @@ from benchmarks.scheduling.placement import (
     nodes_of,
     schedule,
 )
-from benchmarks.scheduling.simulator import Costs, percentile, simulate
+from benchmarks.scheduling.simulator import (
+    Costs,
+    Simulation,
+    min_workers_of,
+    percentile,
+    simulate,
+)
 from benchmarks.scheduling.trace import Job, read_trace, sample, seconds_of_day
 
 # --------------------------------------------------------------------------- throughput
@@ -264,6 +270,14 @@ def test_gang_backfills_a_job_that_fits_behind_a_blocked_one() -> None:
     assert gang.avg_jct_s == pytest.approx((100 + 199 + 10) / 3)
 
 
+def test_the_metrics_split_one_gpu_jobs_from_the_others() -> None:
+    jobs = [*TWO_OF_FOUR, Job("one", 0.0, 1, 50.0)]
+    gang = simulate(jobs, 6, "gang", NO_COSTS)
+    # a 0..100 and one 0..50 fit at once; b waits for a: 100..200
+    assert (gang.jobs_1gpu, gang.avg_jct_1gpu_s, gang.mean_pending_1gpu_s) == (1, 50.0, 0.0)
+    assert (gang.avg_jct_multi_s, gang.mean_pending_multi_s) == (150.0, 50.0)
+
+
 def test_pollux_scaling_uses_the_job_type_s_curve() -> None:
     job = Job("a", 0.0, 4, 400.0, "imagenet")
     alone = simulate([job], 4, "elastic", NO_COSTS, scaling="pollux")
@@ -275,6 +289,42 @@ def test_pollux_scaling_uses_the_job_type_s_curve() -> None:
     slower = throughput.speedup("imagenet", 4, 2, batch)
     assert 1 < slower < 2
     assert squeezed.avg_jct_s == pytest.approx((1000.0 + 100.0 * slower) / 2)
+
+
+def test_a_job_trains_only_with_min_workers_ready() -> None:
+    """Gang without an admission queue (the test cluster's gang: the master asks for all its
+    workers, those that fit bind): the second job holds 2 GPUs but trains only when all 4 run."""
+    gang = Simulation(TWO_OF_FOUR, 6, "gang", NO_COSTS, gang_queue=False, record=True)
+    result = gang.run()
+    assert gang.job_times["b"] == (0.0, 100.0, 200.0)
+    assert result.utilization == pytest.approx((800 + 2 * 100) / 1200)  # b's 2 bound, idle
+    assert gang.holdings[:2] == [(0.0, "a", 1), (0.0, "a", 2)]
+    # elastic with MIN = half of 4: b trains on its 2 guaranteed workers, as with MIN 1
+    half = simulate(TWO_OF_FOUR, 6, "elastic", NO_COSTS, min_workers="half")
+    assert (half.makespan_s, half.avg_jct_s) == (150.0, 125.0)
+    # MIN 3: the guaranteed workers go first (3 + 3 = 6 GPUs), a's 4th waits: both train on 3
+    three = simulate(TWO_OF_FOUR, 6, "elastic", NO_COSTS, min_workers=3)
+    assert (three.makespan_s, three.mean_pending_s) == (pytest.approx(400 / 3), 0.0)
+    # MIN 4 (= MAX): b's 2 bound workers wait for a to end
+    late = simulate(TWO_OF_FOUR, 6, "elastic", NO_COSTS, min_workers=4)
+    assert (late.makespan_s, late.mean_pending_s) == (200.0, 50.0)
+    assert [min_workers_of(g, "half") for g in (1, 2, 3, 8)] == [1, 1, 2, 4]
+    assert min_workers_of(4, 9) == 4
+    with pytest.raises(ValueError, match="unknown MIN rule"):
+        min_workers_of(4, "most")
+
+
+def test_start_join_pause_and_shrink_costs_by_hand() -> None:
+    costs = Costs(join_s=5.0, shrink_s=1.0, start_s=8.0, join_pause_s=2.0)
+    sim = Simulation(TWO_OF_FOUR, 6, "elastic", costs)
+    sim.run()
+    # a: trains 8..108; b: 2 workers from 8 (first start); its 2 more are bound at 108, ready
+    # at 111 (join 5 - pause 2), b stands still 111..113: 2 × 103 = 206 done by 111, 194 left
+    # at 4 GPUs from 113: 48.5 s
+    assert sim.job_times["a"] == (0.0, 8.0, 108.0)
+    assert sim.job_times["b"] == pytest.approx((0.0, 8.0, 161.5))
+    with pytest.raises(ValueError, match="part of join_s"):
+        Costs(join_s=1.0, join_pause_s=2.0)
 
 
 def test_bad_simulations_are_refused() -> None:
@@ -323,6 +373,130 @@ def test_quick_simulate_writes_both_policies(
         assert 0 <= metrics["idle_while_waiting"] < 1
         assert metrics["resizes"] >= 0
     assert "summary: scheduling" in printed and f"wrote {out}" in printed
+    assert out.with_suffix(".png").stat().st_size > 0  # JCT and pending against the load
+
+
+# --------------------------------------------------------------------------- experiment 1
+
+FIXTURE = Path(__file__).with_name("exp1_result_fixture.json")
+ELASTICDL = Path(workload.__file__).parent / "data" / "elasticdl-experiment-1.json"
+
+
+def test_experiment_1_s_workload_simulated_by_hand() -> None:
+    measured = workload.read_measured(FIXTURE)
+    assert measured.costs["gang"] == measured.costs["elastic"]  # one set for both policies
+    costs = measured.costs["elastic"]
+    assert (costs.first_start_s, costs.join_s, costs.join_pause_s, costs.shrink_s) == (
+        6.0,  # the median of the measured pod starts
+        5.0,
+        1.0,
+        1.5,
+    )
+    assert [j.min_workers for j in measured.jobs["gang"]] == [4, 4]
+    assert [j.min_workers for j in measured.jobs["elastic"]] == [1, 1]
+    s2, s4 = (throughput.step_seconds("bert", w, 64) for w in (2, 4))
+    gang = workload.simulate_measured(measured, "gang")
+    end_1 = 6.0 + 100 * s4  # pod start, then 100 steps on 4
+    assert gang.job_times["job-1"] == pytest.approx((0.0, 6.0, end_1))
+    # job-2 holds 2 slots from 21.3 s and trains when its other 2 have started after job-1
+    assert gang.job_times["job-2"] == pytest.approx((21.3, end_1 + 6.0, end_1 + 6.0 + 100 * s4))
+    elastic = workload.simulate_measured(measured, "elastic")
+    # job-2 trains on 2 from 27.3 s; its 2 more are ready 4 s after job-1's end, the world
+    # stands still 1 s (the join's pause) and trains on 4 from end_1 + 5
+    on_two = (end_1 + 4.0 - 27.3) / s2
+    assert elastic.job_times["job-2"] == pytest.approx(
+        (21.3, 27.3, end_1 + 5.0 + (100 - on_two) * s4)
+    )
+    # slots held: at job-1's end its 4 go to job-2 at the same instant
+    assert [s.held for s in elastic.samples][-3:] == [
+        {"job-1": 4, "job-2": 2},
+        {"job-2": 4},
+        {},
+    ]
+    comparison = workload.compare(measured, {"gang": gang, "elastic": elastic})
+    assert comparison["pass"]
+    row = comparison["policies"]["elastic"]["jobs"]["job-2"]["jct"]
+    assert row["error"] == pytest.approx((elastic.job_times["job-2"][2] - 21.3) / 228.7 - 1, 1e-3)
+    assert workload.step_check(measured)["4"] == {"curve": round(s4, 4), "measured": 1.72}
+    # a measured JCT 20 % away fails the comparison
+    data = json.loads(FIXTURE.read_text())
+    data["policies"]["gang"]["jobs"][1]["jct_s"] *= 1.2
+    off = workload.measured_from(data)
+    verdict = workload.compare(off, {"gang": workload.simulate_measured(off, "gang")})
+    assert not verdict["pass"]
+    assert any(
+        "job-2 JCT" in line and "FAIL" in line for line in workload.comparison_lines(verdict)
+    )
+
+
+def test_experiment_1_s_costs_measured_per_policy_and_job() -> None:
+    """The shape the experiment writes: costs per policy, per job; the master's start
+    (submission -> first worker bound) delays the job's arrival, not its submission."""
+    data = json.loads(FIXTURE.read_text())
+    data.pop("max_workers")
+    data["workers"] = 4
+    for row in data["policies"]["elastic"]["jobs"]:
+        row.update(max_workers=4, min_workers=1)
+    data["measured_costs"] = {
+        "gang": {
+            "pod_start_s": {"job-1": 5.0, "job-2": 7.0},
+            "submit_to_first_bind_s": {"job-1": 2.0, "job-2": 3.0},
+            "gang_start_after_free_s": 9.0,
+        },
+        "elastic": {"pod_start_s": {"job-1": 6.0}, "join_s": 8.0},
+        "step_s_by_world": {"gang": {"job-1": {"4": 1.7}}, "elastic": {"job-2": {"4": 1.8}}},
+    }
+    measured = workload.measured_from(data)
+    gang, elastic = measured.costs["gang"], measured.costs["elastic"]
+    assert (gang.first_start_s, gang.join_s, gang.shrink_s) == (6.0, 6.0, 0.0)  # nothing joins
+    assert (elastic.first_start_s, elastic.join_s) == (6.0, 8.0)
+    assert measured.step_s == {4: pytest.approx(1.75)}
+    assert [j.master_start_s for j in measured.jobs["gang"]] == [2.0, 3.0]
+    assert [j.master_start_s for j in measured.jobs["elastic"]] == [0.0, 0.0]
+    sim = workload.simulate_measured(measured, "gang")
+    s4 = throughput.step_seconds("bert", 4, 64)
+    assert sim.job_times["job-1"] == pytest.approx((2.0, 8.0, 8.0 + 100 * s4))
+    comparison = workload.compare(measured, {"gang": sim})
+    jct = comparison["policies"]["gang"]["jobs"]["job-1"]["jct"]["simulated_s"]
+    assert jct == pytest.approx(8.0 + 100 * s4, abs=0.01)  # from the submission at 0
+
+
+def test_a_bad_workload_gets_a_clear_error(tmp_path: Path) -> None:
+    good = json.loads(FIXTURE.read_text())
+    for change, message in [
+        (lambda d: d.pop("slots"), "has no 'slots'"),
+        (lambda d: d.update(job_type="gpt"), "unknown job_type 'gpt'"),
+        (lambda d: d["measured_costs"].pop("join_s"), "measured_costs has no 'join_s'"),
+        (lambda d: d["measured_costs"].pop("pod_start_s"), "has no 'pod_start_s'"),
+        (lambda d: d.pop("max_workers"), "jobs\\[0\\] has no 'max_workers'"),
+        (lambda d: d.update(max_workers=8), "max_workers \\(8\\) <= slots \\(6\\)"),
+        (lambda d: d.update(job_type=None), "give solo_s"),
+        (lambda d: d["measured_costs"].update(shrink_s="soon"), "expected a number"),
+    ]:
+        data = json.loads(json.dumps(good))
+        change(data)
+        with pytest.raises(ValueError, match=message):
+            workload.measured_from(data)
+    (tmp_path / "x.json").write_text("{")
+    with pytest.raises(ValueError, match="not JSON"):
+        workload.read_measured(tmp_path / "x.json")
+
+
+def test_simulate_workload_compares_the_elasticdl_reference(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ElasticDL's published run (two 4-GPU jobs on 6 GPUs) as a sanity case of the schedule:
+    linear scaling, no costs, within 10 %."""
+    out = tmp_path / "edl.json"
+    argv = ["simulate", "--workload", str(ELASTICDL), "--json", str(out)]
+    assert suite_module("scheduling").main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "PASS: every makespan and JCT within 10%" in printed
+    report = json.loads(out.read_text())
+    assert report["comparison"]["pass"]
+    gang, elastic = report["policies"]["gang"], report["policies"]["elastic"]
+    assert (gang["makespan_s"], elastic["makespan_s"]) == (930.0, 757.5)
+    assert out.with_suffix(".png").stat().st_size > 0  # slots per job over time
 
 
 # --------------------------------------------------------------------------- the paced model-def
