@@ -1,6 +1,6 @@
 """Experiment 1: two jobs on six slots, gang against elastic, on the test cluster.
 
-    python -m benchmarks scheduling exp1                 # 6 slots, 2 jobs of 4, ~60 s solo
+    python -m benchmarks scheduling exp1                 # 6 slots, 2 jobs of 4, 240 s solo
     python -m benchmarks scheduling exp1 --quick         # a short smoke run
 
 ElasticDL's experiment at a compressed time scale: 6 slots (GPUs), two jobs asking 4 each,
@@ -70,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--solo-s",
         type=float,
-        default=60.0,
-        help="a job's training seconds alone at --workers (sets its steps)",
+        default=240.0,
+        help="a job's training seconds alone at --workers (sets its steps; long against the "
+        "pods' start, tens of seconds on a loaded machine)",
     )
     parser.add_argument("--policies", type=comma_list, default=list(POLICIES))
     parser.add_argument("--interval", type=float, default=0.25, help="seconds between samples")
