@@ -204,6 +204,7 @@ def window_utilization(
 @dataclass
 class PodTimes:
     owner: str
+    created_s: float  # first seen
     bound_s: float | None = None  # first seen with a node
     stopping_s: float | None = None  # first seen told to stop (deletionTimestamp, preempted)
     gone_s: float | None = None  # first seen terminated or gone
@@ -223,7 +224,7 @@ def track_pods(
             continue
         name = pod["metadata"]["name"]
         seen.add(name)
-        times = pods.setdefault(name, PodTimes(who))
+        times = pods.setdefault(name, PodTimes(who, t))
         if times.bound_s is None and (pod.get("spec") or {}).get("nodeName"):
             times.bound_s = t
         conditions = (pod.get("status") or {}).get("conditions") or []
@@ -251,6 +252,7 @@ class JobPlan:
     submit_s: float  # not before every earlier job's first step (see ClusterJobs.run)
     min_workers: int
     max_workers: int
+    after_first_step: bool = False  # submit_s counts from the earlier jobs' first step
 
 
 @dataclass
@@ -294,7 +296,12 @@ class JobRecord:
             "evictions_s": [r(t) for t in self.evictions],
             "resubmissions_s": [r(t) for t in self.resubmissions],
             "pods": {
-                n: {"bound_s": r(p.bound_s), "stopping_s": r(p.stopping_s), "gone_s": r(p.gone_s)}
+                n: {
+                    "created_s": r(p.created_s),
+                    "bound_s": r(p.bound_s),
+                    "stopping_s": r(p.stopping_s),
+                    "gone_s": r(p.gone_s),
+                }
                 for n, p in sorted(mine.items())
             },
         }
@@ -456,9 +463,10 @@ class ClusterJobs:
         return len(rec.evictions) > len(rec.resubmissions)
 
     def run(self, tick: Tick | None = None, timeout_s: float = 1800.0) -> None:
-        """Submit each job at its ``submit_s``, but not before every earlier job took its
-        first step (a job arrives at a cluster that runs the ones before it); until every job
-        ended. ``tick(self, now)`` acts each round (evictions)."""
+        """Submit each job at its ``submit_s`` (after the earlier jobs' first step where its
+        plan says so), but not before every earlier job took its first step (a job arrives at
+        a cluster that runs the ones before it); until every job ended. ``tick(self, now)``
+        acts each round (evictions)."""
         self.t0_wall = time.time()
         self.sampler = OccupancySampler(self._listing, interval_s=self.interval_s)
         with self.sampler:
@@ -470,9 +478,11 @@ class ClusterJobs:
                 now = self.now()
                 for i, rec in enumerate(self.records):
                     if rec.submit_s is None:
-                        earlier = all(r.first_step_s is not None for r in self.records[:i])
-                        if now >= rec.plan.submit_s and earlier:
-                            self.submit(i)
+                        firsts = [r.first_step_s for r in self.records[:i]]
+                        if all(t is not None for t in firsts):
+                            base = max(firsts, default=0.0) if rec.plan.after_first_step else 0
+                            if now >= base + rec.plan.submit_s:
+                                self.submit(i)
                         break
                 for i, rec in enumerate(self.records):
                     if rec.submit_s is None or rec.end_s is not None:
@@ -483,7 +493,7 @@ class ClusterJobs:
                     if phase == "Succeeded":
                         rec.end_s = self.now()
                         log.info("event=job_ended job=%s t=%.2f", rec.plan.name, rec.end_s)
-                    elif phase == "Failed" or (phase is None and not self.evicted(i)):
+                    elif phase in ("Failed", None) and not self.evicted(i):
                         raise RuntimeError(
                             f"job {rec.plan.name}'s master {run.master}: {phase}\n" + run.log_tail()
                         )
@@ -533,6 +543,26 @@ def result_out(args: Any, name: str) -> None:
 
         date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
         args.out = RESULTS / "scheduling" / f"{name}-{date}-{git_commit()[0]}.json"
+
+
+def plot_policies(
+    path: Path, policies: Mapping[str, Mapping[str, Any]], slots: int, title: str
+) -> Path:
+    """The figure of a result's policies, top to bottom in their order: per policy the slots
+    each job holds and the slots it trains on, submissions and ends marked."""
+    from benchmarks.scheduling.occupancy import plot_slots
+
+    panels, marks, labels = {}, {}, {}
+    for policy, r in policies.items():
+        labels.update(r["owners"])
+        m = [(j["submit_s"], f"{j['name']} submitted") for j in r["jobs"]]
+        m += [(t, f"{j['name']} evicted") for j in r["jobs"] for t in j["evictions_s"]]
+        m += [(j["end_s"], f"{j['name']} ends") for j in r["jobs"]]
+        for kind in ("held", "training"):
+            name = f"{policy}: slots {kind}"
+            panels[name] = samples_from(r[f"{kind}_samples"])
+            marks[name] = m
+    return plot_slots(panels, slots, path, title, labels=labels, marks=marks)
 
 
 def samples_from(rows: Sequence[Sequence[Any]]) -> list[Sample]:

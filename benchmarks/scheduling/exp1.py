@@ -35,12 +35,12 @@ from benchmarks.scheduling.cluster_jobs import (
     JobPlan,
     epochs_for,
     first_world_change_after,
+    plot_policies,
     result_out,
     samples_from,
     steps_of,
     window_utilization,
 )
-from benchmarks.scheduling.occupancy import plot_slots
 from benchmarks.scheduling.throughput import JOB_TYPES, step_seconds
 
 POLICIES = ("gang", "elastic")
@@ -175,27 +175,6 @@ def goals(policies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def figure(path: Path, result: Mapping[str, Any], slots: int) -> Path:
-    panels, marks, labels = {}, {}, {}
-    for policy, r in result["policies"].items():
-        labels.update(r["owners"])
-        m = [(j["submit_s"], f"{j['name']} submitted") for j in r["jobs"]]
-        m += [(j["end_s"], f"{j['name']} ends") for j in r["jobs"]]
-        for kind in ("held", "training"):
-            name = f"{policy}: slots {kind}"
-            panels[name] = samples_from(r[f"{kind}_samples"])
-            marks[name] = m
-    return plot_slots(
-        panels,
-        slots,
-        path,
-        f"two jobs of {result['workers']} on {slots} slots ({result['job_type']}, time "
-        "compressed): gang above, elastic below",
-        labels=labels,
-        marks=marks,
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     began = time.time()
@@ -267,5 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     } | {"goals": verdict}
     result_out(args, "exp1")
     out = write_result("scheduling", args, began, True, summary, report)
-    print(f"figure {figure(out.with_suffix('.png'), report, args.slots)}")
+    title = (
+        f"two jobs of {args.workers} on {args.slots} slots ({args.job_type}, time compressed):"
+        " gang above, elastic below"
+    )
+    print(f"figure {plot_policies(out.with_suffix('.png'), policies, args.slots, title)}")
     return 0

@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from benchmarks.scheduling import exp1, simulate
+from benchmarks.scheduling import admission, exp1, simulate
 
 # subcommand -> its module (each has build_parser(), parse_args(argv), main(argv))
-COMMANDS = {"simulate": simulate, "exp1": exp1}
+COMMANDS = {"simulate": simulate, "exp1": exp1, "admission": admission}
 DEFAULT_COMMAND = "simulate"
 
 
