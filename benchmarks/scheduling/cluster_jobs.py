@@ -383,7 +383,7 @@ class ClusterJobs:
                         self.params(plan, model_def),
                         nodes=None if share else nodes,
                         share=share,
-                        master_pod=f"train-{plan.name}",
+                        master_pod=f"train-{plan.name.lower()}",  # a DNS label
                     )
                 )
                 # The batch scales from max_workers whatever the first world (see module doc)
@@ -552,17 +552,20 @@ def plot_policies(
     each job holds and the slots it trains on, submissions and ends marked."""
     from benchmarks.scheduling.occupancy import plot_slots
 
-    panels, marks, labels = {}, {}, {}
+    panels, marks = {}, {}
     for policy, r in policies.items():
-        labels.update(r["owners"])
         m = [(j["submit_s"], f"{j['name']} submitted") for j in r["jobs"]]
-        m += [(t, f"{j['name']} evicted") for j in r["jobs"] for t in j["evictions_s"]]
+        m += [(t, f"{j['name']} evicted") for j in r["jobs"] for t in j.get("evictions_s", ())]
         m += [(j["end_s"], f"{j['name']} ends") for j in r["jobs"]]
         for kind in ("held", "training"):
             name = f"{policy}: slots {kind}"
-            panels[name] = samples_from(r[f"{kind}_samples"])
+            # owners by job name: the same job has the same colour in every panel
+            panels[name] = [
+                Sample(s.t, {r["owners"].get(k, k): n for k, n in s.held.items()})
+                for s in samples_from(r[f"{kind}_samples"])
+            ]
             marks[name] = m
-    return plot_slots(panels, slots, path, title, labels=labels, marks=marks)
+    return plot_slots(panels, slots, path, title, marks=marks)
 
 
 def samples_from(rows: Sequence[Sequence[Any]]) -> list[Sample]:

@@ -111,12 +111,16 @@ def both_running(jobs: Sequence[Mapping[str, Any]]) -> tuple[float | None, float
 
 
 def costs(policy: str, jobs: Sequence[Mapping[str, Any]], steps: Sequence[Any]) -> dict:
-    """What a simulator needs, measured in this policy's run: each job's pod start (the bind
-    of the pod that completed its first world -> its first step), and for the second job the
+    """What a simulator needs, measured in this policy's run: each job's submission -> its first
+    worker pod bound (the master pod's start, then scheduling), its pod start (the bind of the
+    pod that completed its first world -> its first step), and for the second job the
     wait from the first's capacity freed (its first worker pod gone) to the first step of the
     second's bigger world (elastic: join) or its first step (gang: start)."""
-    out: dict[str, Any] = {"pod_start_s": {}}
+    out: dict[str, Any] = {"pod_start_s": {}, "submit_to_first_bind_s": {}}
     for job in jobs:
+        binds = [p["bound_s"] for p in job["pods"].values() if p["bound_s"] is not None]
+        if binds and job["submit_s"] is not None:  # the master's start, then scheduling
+            out["submit_to_first_bind_s"][job["name"]] = round(min(binds) - job["submit_s"], 3)
         first, world = job["first_step_s"], (job["worlds"] or [[None, 0]])[0][1]
         bound = sorted(
             p["bound_s"]

@@ -150,6 +150,7 @@ def test_exp1_costs_of_the_elastic_run() -> None:
     steps = [[], [Step(10, 1, 2, 1), Step(49, 60, 2, 1), Step(58, 61, 4, 2)]]
     costs = exp1.costs("elastic", jobs, steps)
     assert costs["pod_start_s"] == {"job-1": 1.5, "job-2": 4.0}
+    assert costs["submit_to_first_bind_s"] == {"job-1": 2.0, "job-2": 2.0}
     assert costs["first_freed_s"] == 50 and costs["join_s"] == 8.0
     assert exp1.both_running(jobs) == (4, 51)
 
