@@ -432,6 +432,7 @@ class ClusterJobs:
     def evict(self, i: int) -> None:
         """The whole job goes, as Kueue evicts a workload: its master pod and every worker pod
         deleted (the default grace period: SIGTERM first)."""
+        self.records[i].evictions.append(self.now())  # when it began: the deletions take a while
         run = self.runs[i]
         core = run.core
         with contextlib.suppress(Exception):
@@ -439,7 +440,6 @@ class ClusterJobs:
         for pod in core.list_namespaced_pod(run.ns, label_selector=run_selector(run.run_id)).items:
             with contextlib.suppress(Exception):
                 core.delete_namespaced_pod(pod.metadata.name, run.ns)
-        self.records[i].evictions.append(self.now())
         log.info("event=job_evicted job=%s t=%.2f", self.plans[i].name, self.now())
 
     def resubmit(self, i: int) -> None:
