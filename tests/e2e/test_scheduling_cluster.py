@@ -49,7 +49,7 @@ def test_admission_quick(tmp_path: Path) -> None:
     assert admission.main(["--quick", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert out.with_suffix(".png").stat().st_size > 0
-    assert set(result["policies"]) == {"elastic", "evict"}
+    assert set(result["policies"]) == {"evict"}
     for policy in result["policies"].values():
         for job in policy["jobs"]:
             assert job["steps_done"] - job["steps_lost"] == result["steps"], job["name"]
