@@ -1,26 +1,35 @@
-"""Scheduling a shared GPU cluster: gang against elastic jobs, by simulation.
+"""Scheduling a shared GPU cluster: gang against elastic jobs, on the test cluster and by
+simulation (docs/scheduling.md).
 
+    python -m benchmarks scheduling exp1 --quick
     python -m benchmarks scheduling simulate --trace philly.csv --gpus 64 --jobs 160 \\
         --start-hour 8 --window-hours 8 --seed 1 --policies gang,elastic --json out.json
     python -m benchmarks scheduling --quick     # simulate --quick: a tiny run
 
 Subcommands (``python -m benchmarks scheduling <subcommand> --help``):
 
-  simulate    a discrete-event simulation of a GPU cluster replaying a trace; the default when
-              the options start without a subcommand (docs/scheduling.md, "Simulation")
-  exp2        serving beside training on the test cluster (docs/scheduling.md, "Experiment 2")
+  exp1        two jobs on six slots, gang against elastic (docs/scheduling.md, "Experiment 1")
+  admission   a job arrives in a full cluster: elastic, gang, whole-job eviction ("Admission")
+  exp2        serving beside training on the test cluster ("Experiment 2")
   convergence real training, gang against elastic (LR x world, step decay): the same accuracy?
-"""
+  simulate    a discrete-event simulation of a GPU cluster replaying a trace; the default when
+              the options start without a subcommand ("Simulation")"""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
 
-from benchmarks.scheduling import convergence, exp2, simulate
+from benchmarks.scheduling import admission, convergence, exp1, exp2, simulate
 
 # subcommand -> its module (each has build_parser(), parse_args(argv), main(argv))
-COMMANDS = {"simulate": simulate, "exp2": exp2, "convergence": convergence}
+COMMANDS = {
+    "exp1": exp1,
+    "admission": admission,
+    "exp2": exp2,
+    "convergence": convergence,
+    "simulate": simulate,
+}
 DEFAULT_COMMAND = "simulate"
 
 

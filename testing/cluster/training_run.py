@@ -92,6 +92,12 @@ class TrainingRun:
     ``params``: pipeline parameters (``model_def``, ``num_shards``, ``epochs``, ...). The run
     needs the model definition importable by the pods, which inherit the host's ``PYTHONPATH``.
     On exit: the etcd client, API client, cluster (every pod process) and etcd are closed.
+
+    Several jobs on one cluster: ``TrainingRun(root2, params2, share=first, master_pod="b")``
+    (entered after ``first``, left before it) runs on ``first``'s cluster, etcd and production
+    ConfigMap and Secret, as a second KFP run in the same namespace does: its own run id (so
+    its own worker pods, etcd keys and snapshot directory) and its master pod named
+    ``master_pod``. Leaving it closes only its own clients.
     """
 
     __test__ = False  # not a pytest test class
@@ -100,19 +106,25 @@ class TrainingRun:
         self,
         root: Path,
         params: Mapping[str, Any],
-        nodes: Mapping[str, Mapping[str, str | int]],
+        nodes: Mapping[str, Mapping[str, str | int]] | None = None,
         namespace: str = "kfp-elastic",
+        share: TrainingRun | None = None,
+        master_pod: str = MASTER_TASK,
     ) -> None:
+        if (nodes is None) == (share is None):
+            raise ValueError("give nodes (a cluster of the run's own) or share (another run's)")
         self.root = Path(root)
         self.params = dict(params)
-        self._nodes = {name: dict(capacity) for name, capacity in nodes.items()}
+        self._nodes = {name: dict(capacity) for name, capacity in (nodes or {}).items()}
+        self._share = share
+        self.master_pod = master_pod  # the first master pod's name; retries append to it
         self._namespace = namespace
         self.run_uuid = str(uuid.uuid4())
         self.run_id = normalize_run_id(self.run_uuid)
         self.run_prefix = run_prefix_of(KEY_PREFIX, self.run_id)
         self.outputs = self.root / "outputs"
         self.pipeline = CompiledPipeline.load()
-        self.master = MASTER_TASK  # the master pod now: a retry has another name
+        self.master = master_pod  # the master pod now: a retry has another name
         self.retries = 0
         self.max_retries = 25
         self.train: TaskPod | None = None
@@ -134,18 +146,22 @@ class TrainingRun:
         self._stack.close()
 
     def _set_up(self) -> None:
-        self.pki = generate_test_pki(self.root / "etcd-pki")
-        self.etcd = self._stack.enter_context(
-            EmbeddedEtcd(data_dir=self.root / "etcd", tls=self.pki.server)
-        )
-        self.cluster = self._stack.enter_context(
-            TestCluster(
-                self.root / "cluster",
-                nodes=self._nodes,
-                namespace=self._namespace,
-                node_lifecycle=FAST_NODE_LIFECYCLE,
+        if self._share is not None:
+            self.pki, self.etcd = self._share.pki, self._share.etcd
+            self.cluster = self._share.cluster
+        else:
+            self.pki = generate_test_pki(self.root / "etcd-pki")
+            self.etcd = self._stack.enter_context(
+                EmbeddedEtcd(data_dir=self.root / "etcd", tls=self.pki.server)
             )
-        )
+            self.cluster = self._stack.enter_context(
+                TestCluster(
+                    self.root / "cluster",
+                    nodes=self._nodes,
+                    namespace=self._namespace,
+                    node_lifecycle=FAST_NODE_LIFECYCLE,
+                )
+            )
         self.ns = self.cluster.namespace
         self.api_client = self.cluster.client()
         self._stack.callback(self.api_client.close)
@@ -156,13 +172,13 @@ class TrainingRun:
         self.etcd_client = connect(self.etcd_settings)
         self._stack.callback(self._close_etcd_client)
         self.progress = Progress(self.etcd_client, self.run_prefix)
-        config = production_config(self.etcd.endpoint)
-        assert config["metadata"]["namespace"] == self.ns
-        assert config["data"]["KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET"] == TLS_SECRET
-        self.core.create_namespaced_config_map(self.ns, config)
-        self.core.create_namespaced_secret(
-            self.ns, tls_secret(TLS_SECRET, self.pki.ca, self.pki.client_cert, self.pki.client_key)
-        )
+        if self._share is None:  # a shared cluster has the deployment's objects already
+            config = production_config(self.etcd.endpoint)
+            assert config["metadata"]["namespace"] == self.ns
+            assert config["data"]["KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET"] == TLS_SECRET
+            self.core.create_namespaced_config_map(self.ns, config)
+            secret = tls_secret(TLS_SECRET, self.pki.ca, self.pki.client_cert, self.pki.client_key)
+            self.core.create_namespaced_secret(self.ns, secret)
         # What the shard-dataset task writes (its own code; not a pod: that would add ~8 s)
         self.manifest = self.outputs / "shard-dataset" / "manifest"
         self.manifest.parent.mkdir(parents=True)
@@ -195,7 +211,7 @@ class TrainingRun:
 
     def start(self) -> None:
         """The training task's pod: the master."""
-        self.train = self._run_master(MASTER_TASK)
+        self.train = self._run_master(self.master_pod)
 
     def _run_master(self, pod_name: str) -> TaskPod:
         self.master = pod_name
@@ -322,7 +338,8 @@ class TrainingRun:
 
     def log_tail(self, chars: int = 3000) -> str:
         """The master pods' logs, for failure messages."""
-        masters = [MASTER_TASK] + [f"{MASTER_TASK}-retry-{i}" for i in range(1, self.retries + 1)]
+        first = self.master_pod
+        masters = [first] + [f"{first}-retry-{i}" for i in range(1, self.retries + 1)]
         return "\n".join(f"--- {name}\n{self.log(name)[-chars:]}" for name in masters)
 
     # -- disruptions -----------------------------------------------------------------------
@@ -367,7 +384,7 @@ class TrainingRun:
 
     def retry_master(self) -> str:
         self.retries += 1
-        self._run_master(f"{MASTER_TASK}-retry-{self.retries}")
+        self._run_master(f"{self.master_pod}-retry-{self.retries}")
         return self.master
 
     def retry_master_if_lost(self) -> bool:

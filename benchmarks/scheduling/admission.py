@@ -1,0 +1,251 @@
+"""Admission into a full cluster: a job arrives while another fills every slot.
+
+    python -m benchmarks scheduling admission            # 8 slots, jobs of up to 8
+    python -m benchmarks scheduling admission --quick    # a short smoke run (evict only)
+
+Job A trains on all 8 slots; job B, as large, arrives later (``--arrival`` of A's training
+time alone after A's first step). Three policies, each a fresh test cluster
+(``benchmarks/scheduling/cluster_jobs.py``):
+
+- ``elastic``: A and B min 2, max 8. B's two guaranteed workers preempt two of A's
+  opportunistic ones (Kubernetes priority preemption: DisruptionTarget, SIGTERM, A snapshots
+  and goes on with 6); each grows back when the other ends.
+- ``gang``: min = max = 8: B waits until A is done.
+- ``evict``: min = max = 8, and B's arrival evicts A whole, as Kueue preempts a workload (its
+  master and every worker pod deleted, graceful termination); A runs again (the same run, its
+  task's pod once more) when B is done and resumes from its last snapshot.
+
+Goals: B's first step within 5 s of its submission; A loses no step (elastic).
+docs/scheduling.md, "Admission into a full cluster", describes what is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import (
+    add_common_options,
+    comma_list,
+    export_checkout_to_children,
+    parse_options,
+    write_result,
+)
+from benchmarks.scheduling.cluster_jobs import (
+    ClusterJobs,
+    JobPlan,
+    epochs_for,
+    first_world_change_after,
+    plot_policies,
+    result_out,
+    steps_of,
+)
+from benchmarks.scheduling.throughput import JOB_TYPES, step_seconds
+
+POLICIES = ("elastic", "gang", "evict")
+FIRST_STEP_GOAL_S = 5.0  # B's submission -> its first step
+QUICK = {"solo_s": 4.0, "slots": 4}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``python -m benchmarks scheduling admission``'s options."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks scheduling admission",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    add_common_options(
+        parser, f"--solo-s {QUICK['solo_s']:g} --slots {QUICK['slots']} --policies evict"
+    )
+    parser.add_argument("--slots", type=int, default=8, help="GPUs; each job asks them all")
+    parser.add_argument("--min-workers", type=int, default=2, help="elastic: each job's minimum")
+    parser.add_argument("--job-type", choices=JOB_TYPES, default="cifar10")
+    parser.add_argument("--global-batch", type=float, default=1024)
+    parser.add_argument(
+        "--solo-s", type=float, default=150.0, help="a job's training seconds alone on all slots"
+    )
+    parser.add_argument(
+        "--arrival", type=float, default=0.25, help="B arrives this fraction of --solo-s in"
+    )
+    parser.add_argument("--policies", type=comma_list, default=list(POLICIES))
+    parser.add_argument("--interval", type=float, default=0.25, help="seconds between samples")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The options, checked, with ``--quick`` applied."""
+    parser = build_parser()
+    args = parse_options(parser, argv)
+    if args.quick:
+        args.solo_s, args.slots = QUICK["solo_s"], QUICK["slots"]
+        # evict: the policy with the most to check (eviction, the job run again); at 4 s
+        # of training A is done before B's pods start, so elastic's preemption is not reached
+        args.policies = ["evict"]
+    unknown = [p for p in args.policies if p not in POLICIES]
+    if unknown or not args.policies:
+        parser.error(f"--policies: unknown {unknown}; choose among {', '.join(POLICIES)}")
+    if not 1 <= args.min_workers < args.slots:
+        parser.error("need 1 <= --min-workers < --slots (B must fit beside A)")
+    if args.solo_s <= 0 or args.global_batch <= 0 or args.interval <= 0:
+        parser.error("--solo-s, --global-batch and --interval must be > 0")
+    if not 0 <= args.arrival < 1:
+        parser.error("--arrival is a fraction of A's solo time: 0 <= it < 1")
+    return args
+
+
+def plans(policy: str, slots: int, min_workers: int, arrival_s: float) -> list[JobPlan]:
+    low = min_workers if policy == "elastic" else slots
+    return [JobPlan("A", 0.0, low, slots), JobPlan("B", arrival_s, low, slots, True)]
+
+
+def evict_on_arrival(jobs: ClusterJobs, now: float) -> None:
+    """Kueue's way: B's arrival evicts A whole; A runs again once B is done."""
+    a, b = jobs.records
+    if b.submit_s is not None and not a.evictions and not jobs.ended(0):
+        jobs.evict(0)
+    if jobs.evicted(0) and jobs.ended(1):
+        jobs.resubmit(0)
+
+
+def analyse(policy: str, result: Mapping[str, Any], steps: Sequence[Any]) -> dict[str, Any]:
+    """B's admission (submission -> its first worker pod created, bound, its first step), A's
+    shrink (its first worker told to stop -> its first step in the smaller world), A's steps
+    lost and time without training, and whether each grew back to all slots."""
+    a, b = result["jobs"]
+    out: dict[str, Any] = {}
+    submit = b["submit_s"]
+    created = sorted(p["created_s"] for p in b["pods"].values())
+    bound = sorted(p["bound_s"] for p in b["pods"].values() if p["bound_s"] is not None)
+    out["b_first_pod_created_s"] = round(created[0] - submit, 3) if created else None
+    out["b_first_pod_bound_s"] = round(bound[0] - submit, 3) if bound else None
+    out["b_first_step_s"] = b["pending_s"]
+    out["a_steps_lost"] = a["steps_lost"]
+    stopping = sorted(p["stopping_s"] for p in a["pods"].values() if p["stopping_s"] is not None)
+    if stopping:
+        out["a_first_stop_s"] = stopping[0]
+        after = first_world_change_after(steps[0], stopping[0])
+        if policy == "elastic" and after is not None:
+            out["shrink_s"] = round(after.t - stopping[0], 3)
+            out["a_world_after_shrink"] = after.world
+    if a["evictions_s"]:
+        evicted = a["evictions_s"][0]
+        resumed = next((s for s in steps[0] if s.t > evicted), None)
+        out["a_resubmitted_s"] = a["resubmissions_s"][0] if a["resubmissions_s"] else None
+        out["a_resumed_s"] = None if resumed is None else round(resumed.t, 3)
+        out["a_out_s"] = None if resumed is None else round(resumed.t - evicted, 3)
+        if resumed is not None and out["a_resubmitted_s"] is not None:
+            out["restart_s"] = round(resumed.t - out["a_resubmitted_s"], 3)
+    for job, other in ((a, b), (b, a)):
+        later = [w for t, w in job["worlds"] if other["end_s"] and t > other["end_s"]]
+        out[f"{job['name'].lower()}_world_after_other_ends"] = max(later) if later else None
+    return out
+
+
+def run_policy(args: argparse.Namespace, policy: str, root: Path, epochs: int, arrival: float):
+    tick = evict_on_arrival if policy == "evict" else None
+    with ClusterJobs(
+        root,
+        plans(policy, args.slots, args.min_workers, arrival),
+        args.slots,
+        args.job_type,
+        args.global_batch,
+        epochs,
+        interval_s=args.interval,
+    ) as jobs:
+        jobs.run(tick)
+        result = jobs.result()
+        steps = [r.steps for r in jobs.records]
+    result["admission"] = analyse(policy, result, steps)
+    return result
+
+
+def goals(policies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for policy, r in policies.items():
+        first = r["admission"]["b_first_step_s"]
+        out[policy] = {
+            "b_first_step_s": first,
+            "b_first_step_pass": first is not None and first <= FIRST_STEP_GOAL_S,
+            "a_steps_lost": r["admission"]["a_steps_lost"],
+            "a_no_step_lost_pass": r["admission"]["a_steps_lost"] == 0,
+        }
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    began = time.time()
+    export_checkout_to_children()  # the pods import benchmarks.* from this checkout
+    step_s = step_seconds(args.job_type, args.slots, args.global_batch)
+    epochs = epochs_for(round(args.solo_s / step_s), args.slots)
+    steps = steps_of(epochs, args.slots)
+    solo = steps * step_s
+    arrival = args.arrival * solo
+    print(
+        f"{args.slots} slots, A and B of up to {args.slots}, {args.job_type} at global batch "
+        f"{args.global_batch:g}: {steps} steps of {step_s:.3f} s = {solo:.1f} s alone; B "
+        f"arrives {arrival:.1f} s after A's first step",
+        flush=True,
+    )
+    policies: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="admission-") as tmp:
+        for policy in args.policies:
+            r = run_policy(args, policy, Path(tmp) / policy, epochs, arrival)
+            policies[policy] = r
+            adm = r["admission"]
+            print(
+                f"{policy:<8} B first step {adm['b_first_step_s']}s after submission "
+                f"(pod created {adm['b_first_pod_created_s']}s, bound "
+                f"{adm['b_first_pod_bound_s']}s); A lost {adm['a_steps_lost']} steps; "
+                f"makespan={r['makespan_s']:.1f}s "
+                + " ".join(f"{j['name']}: jct={j['jct_s']}s" for j in r["jobs"])
+                + f" util={r['utilization']} (held {r['utilization_held']})",
+                flush=True,
+            )
+    verdict = goals(policies)
+    for policy, g in verdict.items():
+        print(
+            f"{'PASS' if g['b_first_step_pass'] else 'FAIL'}: {policy}: B's first step <= "
+            f"{FIRST_STEP_GOAL_S:g} s after submission ({g['b_first_step_s']} s)"
+        )
+        print(
+            f"{'PASS' if g['a_no_step_lost_pass'] else 'FAIL'}: {policy}: A loses no step "
+            f"({g['a_steps_lost']})"
+        )
+    report = {
+        "slots": args.slots,
+        "job_type": args.job_type,
+        "global_batch": args.global_batch,
+        "steps": steps,
+        "epochs": epochs,
+        "solo_training_s": round(solo, 3),
+        "arrival_s": round(arrival, 3),
+        "policies": policies,
+        "goals": verdict,
+        "measured_costs": {
+            "step_s_by_world": {
+                p: {j["name"]: j["step_s_by_world"] for j in r["jobs"]} for p, r in policies.items()
+            },
+            **{p: r["admission"] for p, r in policies.items()},
+        },
+    }
+    summary = {
+        policy: {
+            "b_first_step_s": r["admission"]["b_first_step_s"],
+            "a_steps_lost": r["admission"]["a_steps_lost"],
+            "makespan_s": r["makespan_s"],
+            **{f"{j['name']}_jct_s": j["jct_s"] for j in r["jobs"]},
+            "utilization": r["utilization"],
+        }
+        for policy, r in policies.items()
+    }
+    result_out(args, "admission")
+    out = write_result("scheduling", args, began, True, summary, report)
+    title = f"admission into a full cluster of {args.slots} slots ({args.job_type}, compressed)"
+    print(f"figure {plot_policies(out.with_suffix('.png'), policies, args.slots, title)}")
+    return 0

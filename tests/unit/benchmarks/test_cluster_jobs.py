@@ -1,0 +1,232 @@
+"""The scheduling experiments on the test cluster, their pure parts: step logs (steps lost,
+training spans, slots trained on, step times), pod times, windows, and exp1's and admission's
+plans, measured costs and goals."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from benchmarks.scheduling import admission, exp1
+from benchmarks.scheduling.cluster_jobs import (
+    PodTimes,
+    Step,
+    epochs_for,
+    first_step_after,
+    first_world_change_after,
+    parse_steps,
+    step_seconds_by_world,
+    steps_lost,
+    steps_of,
+    track_pods,
+    training_intervals,
+    training_samples,
+    window_utilization,
+    world_changes,
+)
+from benchmarks.scheduling.occupancy import Sample
+from kfp_elastic.master.pod_spec_checks import COMPONENT_LABEL, RUN_ID_LABEL
+
+
+def line(t: float, step: int, world: int, pid: int, rank: int = 0) -> str:
+    return json.dumps({"t": t, "step": step, "rank": rank, "world": world, "pid": pid})
+
+
+def test_parse_steps_keeps_rank_0_in_time_order_and_skips_a_torn_line() -> None:
+    text = "\n".join(
+        [line(102.0, 2, 2, 7), line(101.0, 1, 2, 7), line(101.0, 1, 2, 8, rank=1), '{"t": 1']
+    )
+    assert parse_steps(text, 100.0) == [Step(1.0, 1, 2, 7), Step(2.0, 2, 2, 7)]
+
+
+def test_steps_lost_counts_steps_done_again_after_a_restart() -> None:
+    # steps 1..5, then a restart from the snapshot at step 3: 4 and 5 again
+    steps = [Step(float(i), n, 4, 1 if i < 5 else 2) for i, n in enumerate([1, 2, 3, 4, 5, 4, 5])]
+    assert steps_lost(steps) == 2
+    assert steps_lost(steps[:5]) == 0
+
+
+def test_training_spans_leave_out_the_pause_of_a_new_world() -> None:
+    steps = [Step(0, 1, 2, 7), Step(1, 2, 2, 7), Step(5, 3, 4, 9), Step(6, 4, 4, 9)]
+    assert training_intervals(steps) == [(0, 1, 2), (5, 6, 4)]
+    assert step_seconds_by_world(steps) == {2: 1.0, 4: 1.0}
+    assert world_changes(steps) == [(0, 2), (5, 4)]
+    assert first_world_change_after(steps, 0.5) == Step(5, 3, 4, 9)
+    assert first_world_change_after(steps, 5.5) is None
+    assert first_step_after(steps, 1.0) == Step(5, 3, 4, 9)
+    assert first_step_after(steps, 0.0, lambda w: w > 2) == Step(5, 3, 4, 9)
+
+
+def test_training_samples_stack_the_worlds_of_overlapping_jobs() -> None:
+    samples = training_samples({"a": [(0, 4, 4)], "b": [(2, 6, 2)]})
+    assert samples == [
+        Sample(0, {"a": 4}),
+        Sample(2, {"a": 4, "b": 2}),
+        Sample(4, {"b": 2}),
+        Sample(6, {}),
+    ]
+    # 4 slots × 4 s + 2 × 4 s over 6 slots × 6 s
+    assert window_utilization(samples, 6, 0, 6) == round(24 / 36, 4)
+    assert window_utilization(samples, 6, 2, 4) == 1.0
+    assert window_utilization(samples, 6, None, 4) is None
+    assert window_utilization(samples, 6, 4, 4) is None
+
+
+def pod(name: str, run: str, node: str = "", phase: str = "Pending", **meta: str) -> dict:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {RUN_ID_LABEL: run, COMPONENT_LABEL: "worker"},
+            **meta,
+        },
+        "spec": {"nodeName": node} if node else {},
+        "status": {"phase": phase},
+    }
+
+
+def test_track_pods_records_created_bound_stopping_and_gone() -> None:
+    pods: dict[str, PodTimes] = {}
+    track_pods(pods, [pod("w0", "r"), {"metadata": {"name": "m", "labels": {}}}], 1.0)
+    track_pods(pods, [pod("w0", "r", "n1", "Running")], 2.0)
+    track_pods(pods, [pod("w0", "r", "n1", "Running", deletionTimestamp="x")], 3.0)
+    track_pods(pods, [], 4.0)
+    assert pods == {"w0": PodTimes("r", 1.0, 2.0, 3.0, 4.0)}
+
+
+def test_steps_and_epochs_of_a_job() -> None:
+    per_epoch = steps_of(1, 4)  # 240 samples, 2 per worker × 4
+    assert per_epoch == 30
+    assert epochs_for(61, 4) == 3 and epochs_for(0, 4) == 1
+
+
+def test_exp1_plans_gang_and_elastic() -> None:
+    gang = exp1.plans("gang", 4, 30.0)
+    elastic = exp1.plans("elastic", 4, 30.0)
+    assert [(p.min_workers, p.max_workers, p.submit_s) for p in gang] == [
+        (4, 4, 0.0),
+        (4, 4, 30.0),
+    ]
+    assert [(p.min_workers, p.max_workers) for p in elastic] == [(1, 4), (1, 4)]
+    with pytest.raises(SystemExit):
+        exp1.parse_args(["--slots", "8", "--workers", "4"])  # no contention
+
+
+def job(name: str, submit: float, first: float, end: float, pods: dict, worlds: list) -> dict:
+    return {
+        "name": name,
+        "submit_s": submit,
+        "first_step_s": first,
+        "end_s": end,
+        "pending_s": first - submit,
+        "pods": pods,
+        "worlds": worlds,
+        "steps_lost": 0,
+        "evictions_s": [],
+        "resubmissions_s": [],
+    }
+
+
+def times(created: float, bound: float | None, stopping=None, gone=None) -> dict:
+    return {"created_s": created, "bound_s": bound, "stopping_s": stopping, "gone_s": gone}
+
+
+def test_exp1_costs_of_the_elastic_run() -> None:
+    """Job 2 starts on 2 slots at 10 (pods bound at 6), job 1's pods go at 50, job 2 trains on
+    4 from 58: pod starts, join 8 s."""
+    jobs = [
+        job("job-1", 0, 5, 51, {f"a{i}": times(1, 2 + i * 0.5, gone=50) for i in range(4)}, []),
+        job(
+            "job-2",
+            4,
+            10,
+            90,
+            {"b0": times(5, 6), "b1": times(5, 6), "b2": times(5, 52), "b3": times(5, 52)},
+            [(10, 2), (58, 4)],
+        ),
+    ]
+    jobs[0]["worlds"] = [(5, 4)]
+    steps = [[], [Step(10, 1, 2, 1), Step(49, 60, 2, 1), Step(58, 61, 4, 2)]]
+    costs = exp1.costs("elastic", jobs, steps)
+    assert costs["pod_start_s"] == {"job-1": 1.5, "job-2": 4.0}
+    assert costs["submit_to_first_bind_s"] == {"job-1": 2.0, "job-2": 2.0}
+    assert costs["first_freed_s"] == 50 and costs["join_s"] == 8.0
+    assert exp1.both_running(jobs) == (4, 51)
+
+
+def test_exp1_goals() -> None:
+    policies = {
+        "gang": {"makespan_s": 100.0, "utilization_both_running": 0.66},
+        "elastic": {"makespan_s": 80.0, "utilization_both_running": 0.97},
+    }
+    assert exp1.goals(policies) == {
+        "makespan_ratio": 0.8,
+        "makespan_pass": True,
+        "utilization_both_running": 0.97,
+        "utilization_pass": True,
+    }
+    policies["elastic"]["makespan_s"] = 90.0
+    assert exp1.goals(policies)["makespan_pass"] is False
+
+
+def test_admission_plans() -> None:
+    elastic = admission.plans("elastic", 8, 2, 20.0)
+    assert [(p.name, p.min_workers, p.max_workers) for p in elastic] == [("A", 2, 8), ("B", 2, 8)]
+    assert elastic[1].after_first_step and elastic[1].submit_s == 20.0
+    assert [p.min_workers for p in admission.plans("evict", 8, 2, 20.0)] == [8, 8]
+
+
+def test_admission_analysis_of_an_elastic_run() -> None:
+    a = job(
+        "A",
+        0,
+        5,
+        100,
+        {
+            "a0": times(1, 2),
+            "a6": times(1, 2, stopping=30.0, gone=31),
+            "a7": times(1, 2, stopping=30.0, gone=31),
+        },
+        [(5, 8), (33, 6), (101, 6)],
+    )
+    b = job("B", 29, 36, 150, {"b0": times(30, 31.5), "b1": times(30, 31.5)}, [(36, 2), (110, 8)])
+    steps = [[Step(5, 1, 8, 1), Step(29, 100, 8, 1), Step(33, 101, 6, 2)], []]
+    out = admission.analyse("elastic", {"jobs": [a, b]}, steps)
+    assert out["b_first_pod_created_s"] == 1.0 and out["b_first_pod_bound_s"] == 2.5
+    assert out["b_first_step_s"] == 7 and out["a_steps_lost"] == 0
+    assert out["shrink_s"] == 3.0 and out["a_world_after_shrink"] == 6
+    assert out["b_world_after_other_ends"] == 8
+    verdict = admission.goals({"elastic": {"admission": out}})["elastic"]
+    assert verdict["b_first_step_pass"] is False and verdict["a_no_step_lost_pass"] is True
+
+
+def test_kueue_like_eviction_evicts_a_once_and_resubmits_it_after_b() -> None:
+    calls: list[str] = []
+    records = [SimpleNamespace(evictions=[], submit_s=0.0), SimpleNamespace(submit_s=None)]
+    ended = {0: False, 1: False}
+    jobs = SimpleNamespace(
+        records=records,
+        ended=lambda i: ended[i],
+        evict=lambda i: (calls.append(f"evict {i}"), records[0].evictions.append(1.0)),
+        evicted=lambda i: bool(records[0].evictions) and "resubmit 0" not in calls,
+        resubmit=lambda i: calls.append(f"resubmit {i}"),
+    )
+    admission.evict_on_arrival(jobs, 0.0)  # B not there yet
+    records[1].submit_s = 5.0
+    admission.evict_on_arrival(jobs, 5.0)
+    admission.evict_on_arrival(jobs, 6.0)  # B runs: A stays out
+    ended[1] = True
+    admission.evict_on_arrival(jobs, 9.0)
+    admission.evict_on_arrival(jobs, 10.0)
+    assert calls == ["evict 0", "resubmit 0"]
+
+
+def test_a_training_run_has_a_cluster_of_its_own_or_shares_one(tmp_path) -> None:
+    from kfp_elastic.testing.cluster.training_run import TrainingRun
+
+    with pytest.raises(ValueError, match="give nodes"):
+        TrainingRun(tmp_path, {})
+    first = SimpleNamespace()
+    with pytest.raises(ValueError, match="give nodes"):
+        TrainingRun(tmp_path, {}, nodes={"n": {"cpu": "1"}}, share=first)  # type: ignore[arg-type]
