@@ -1,5 +1,4 @@
-"""Scheduling a shared GPU cluster: gang against elastic jobs, on the test cluster and by
-simulation (docs/scheduling.md).
+"""Scheduling a shared GPU cluster: gang against elastic jobs (docs/scheduling.md).
 
     python -m benchmarks scheduling exp1 --quick
     python -m benchmarks scheduling simulate --trace philly.csv --gpus 64 --jobs 160 \\
