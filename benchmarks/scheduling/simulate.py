@@ -126,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="an experiment-1 result file: simulate its jobs with its measured costs and "
         "compare (benchmarks/scheduling/workload.py)",
     )
+    parser.add_argument(
+        "--pace",
+        choices=workload.PACES,
+        default="curve",
+        help="with --workload: a step lasts the curve's time (curve), or that times how much "
+        "slower the run's gang jobs trained than the curve (measured: the runtime's pauses "
+        "and the machine's load in one factor)",
+    )
     parser.add_argument("--start-hour", type=float, default=8.0, help="window start, hour of day")
     parser.add_argument("--window-hours", type=float, default=8.0)
     parser.add_argument("--seed", type=int, default=1)
@@ -279,7 +287,7 @@ def _main_workload(args: argparse.Namespace, began: float) -> int:
     if not policies:
         print(f"error: {args.workload} measured none of {args.policies}", file=sys.stderr)
         return 2
-    simulated = {p: workload.simulate_measured(measured, p) for p in policies}
+    simulated = {p: workload.simulate_measured(measured, p, pace=args.pace) for p in policies}
     comparison = workload.compare(measured, simulated)
     for line in workload.comparison_lines(comparison):
         print(line)
@@ -289,6 +297,8 @@ def _main_workload(args: argparse.Namespace, began: float) -> int:
         "job_type": measured.job_type,
         "costs": {p: vars(c) for p, c in measured.costs.items()},
         "step_s": workload.step_check(measured),
+        "pace": args.pace,
+        "pace_factor": round(workload.pace_factor(measured), 4) if args.pace == "measured" else 1.0,
         "policies": {p: sim.result.as_dict() for p, sim in simulated.items()},
         "comparison": comparison,
     }

@@ -18,7 +18,8 @@ with what the test cluster measured.
   worker lost → the first step of the smaller world; 0 where none was measured: nothing shrinks
   in experiment 1), optionally ``join_pause_s`` (the part of ``join_s`` the running world stands
   still), ``submit_to_first_bind_s`` (by job: the master's start; the job reaches the cluster
-  that much after its submission) and ``step_s`` ({world: s}) or ``step_s_by_world``
+  that much after its submission; where it is missing, the first ``bound_s`` of the job's
+  ``pods`` minus its ``submit_s``) and ``step_s`` ({world: s}) or ``step_s_by_world``
   ({policy: {job: {world: s}}}) for the check of the curve; each a number, a list of
   measurements or measurements by job (the median is used);
 - ``policies.<gang|elastic>``: ``makespan_s``, ``utilization`` and ``jobs[i]`` with
@@ -162,7 +163,7 @@ def measured_from(data: Mapping[str, Any], source: str = "<dict>") -> Measured:
                     min_workers,
                     _optional(row, "first_step_s"),
                     _optional(row, "jct_s"),
-                    _number(master.get(str(row.get("name") or f"job-{i + 1}"), 0.0), where),
+                    _master_start(master, row, i, where),
                 )
             )
         jobs[policy] = listed
@@ -181,6 +182,22 @@ def measured_from(data: Mapping[str, Any], source: str = "<dict>") -> Measured:
         utilization,
         source,
     )
+
+
+def _master_start(master: dict[str, Any], row: dict[str, Any], i: int, where: str) -> float:
+    """The job's submission -> first worker pod bound: ``submit_to_first_bind_s`` by job, else
+    from the job's own pods (``pods.<name>.bound_s``, as experiment 1 records them), else 0."""
+    name = str(row.get("name") or f"job-{i + 1}")
+    if name in master:
+        return _number(master[name], where)
+    bound = [
+        pod["bound_s"]
+        for pod in (row.get("pods") or {}).values()
+        if isinstance(pod, dict) and isinstance(pod.get("bound_s"), (int, float))
+    ]
+    if bound and isinstance(row.get("submit_s"), (int, float)):
+        return max(0.0, min(bound) - float(row["submit_s"]))
+    return 0.0
 
 
 def _seconds(value: Any, what: str) -> float:
@@ -226,12 +243,41 @@ def _step_times(raw: Mapping[str, Any]) -> dict[int, float]:
     return {world: statistics.median(values) for world, values in sorted(found.items())}
 
 
-def solo_seconds(measured: Measured, gpus: int) -> float:
-    """How long one job runs alone at ``gpus`` workers, training only (no start cost)."""
+PACES = ("curve", "measured")
+
+
+def pace_factor(measured: Measured) -> float:
+    """How much slower the real run trained than the curve it was paced by: the median over
+    the gang jobs (which train at their full size from the first step to the end, alone) of
+    ``(submit_s + jct_s - first_step_s) / steps`` over the curve's step at that size. Every
+    pause of the real runtime (snapshots, epoch ends, commits, a loaded machine) is in it; 1.0
+    where nothing measured it."""
+    if measured.job_type is None or not measured.steps:
+        return 1.0
+    ratios = []
+    for job in measured.jobs.get("gang", ()):
+        if job.first_step_s is None or job.jct_s is None:
+            continue
+        trained = job.submit_s + job.jct_s - job.first_step_s  # first step -> end
+        if trained <= 0:
+            continue
+        curve = throughput.step_seconds(
+            measured.job_type,
+            job.max_workers,
+            measured.global_batch,  # type: ignore[arg-type]
+        )
+        ratios.append(trained / measured.steps / curve)
+    return statistics.median(ratios) if ratios else 1.0
+
+
+def solo_seconds(measured: Measured, gpus: int, pace: str = "curve") -> float:
+    """How long one job runs alone at ``gpus`` workers, training only (no start cost): the
+    curve's step time × steps, times :func:`pace_factor` with ``pace="measured"``."""
     if measured.job_type is None:
         return measured.solo_s  # type: ignore[return-value]
     step = throughput.step_seconds(measured.job_type, gpus, measured.global_batch)  # type: ignore[arg-type]
-    return measured.steps * step  # type: ignore[operator]
+    factor = pace_factor(measured) if pace == "measured" else 1.0
+    return measured.steps * step * factor  # type: ignore[operator]
 
 
 def step_check(measured: Measured) -> dict[str, dict[str, float | None]]:
@@ -251,14 +297,14 @@ def step_check(measured: Measured) -> dict[str, dict[str, float | None]]:
     }
 
 
-def jobs_of(measured: Measured, policy: str) -> list[Job]:
+def jobs_of(measured: Measured, policy: str, pace: str = "curve") -> list[Job]:
     """The simulator's jobs for ``policy``'s run: its submit times, the same work each."""
     return [
         Job(
             j.name,
             j.submit_s + j.master_start_s,  # it reaches the cluster when its master asks
             j.max_workers,
-            solo_seconds(measured, j.max_workers) * j.max_workers,
+            solo_seconds(measured, j.max_workers, pace) * j.max_workers,
             measured.job_type,
             measured.global_batch,
         )
@@ -274,11 +320,18 @@ class Simulated:
 
 
 def simulate_measured(
-    measured: Measured, policy: str, costs: Costs | None = None, scaling: str | None = None
+    measured: Measured,
+    policy: str,
+    costs: Costs | None = None,
+    scaling: str | None = None,
+    pace: str = "curve",
 ) -> Simulated:
     """Run ``policy`` over the measured jobs on ``measured.slots`` slots with the measured
-    costs (or ``costs``), gang without an admission queue (see the module's docstring)."""
-    jobs = jobs_of(measured, policy)
+    costs (or ``costs``), gang without an admission queue (see the module's docstring); with
+    ``pace="measured"`` every job's work is scaled by :func:`pace_factor`."""
+    if pace not in PACES:
+        raise ValueError(f"unknown pace {pace!r}; known: {', '.join(PACES)}")
+    jobs = jobs_of(measured, policy, pace)
     mins = {j.min_workers for j in measured.jobs[policy]}
     if policy == "elastic" and len(mins) > 1:
         raise ValueError(f"workload {measured.source}: elastic jobs with different min_workers")

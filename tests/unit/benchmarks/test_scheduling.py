@@ -461,6 +461,30 @@ def test_experiment_1_s_costs_measured_per_policy_and_job() -> None:
     assert jct == pytest.approx(8.0 + 100 * s4, abs=0.01)  # from the submission at 0
 
 
+def test_the_measured_pace_and_the_master_start_from_the_pods() -> None:
+    """``pace="measured"``: every job's work scaled by how much slower the gang jobs trained
+    than the curve; without ``submit_to_first_bind_s`` the master's start is read from the
+    job's pods (first bound)."""
+    data = json.loads(FIXTURE.read_text())
+    s4 = throughput.step_seconds("bert", 4, 64)
+    for row in data["policies"]["gang"]["jobs"]:  # trained 1.5x the curve's time
+        row["jct_s"] = row["first_step_s"] - row["submit_s"] + 1.5 * 100 * s4
+    data["policies"]["elastic"]["jobs"][0]["pods"] = {
+        "w-0": {"bound_s": 3.5},
+        "w-1": {"bound_s": 2.5},
+        "w-2": {"bound_s": None},
+    }
+    measured = workload.measured_from(data)
+    assert workload.pace_factor(measured) == pytest.approx(1.5)
+    assert [j.master_start_s for j in measured.jobs["elastic"]] == [2.5, 0.0]
+    curve = workload.simulate_measured(measured, "gang")
+    paced = workload.simulate_measured(measured, "gang", pace="measured")
+    first, last = curve.job_times["job-1"][1:], paced.job_times["job-1"][1:]
+    assert last[1] - last[0] == pytest.approx(1.5 * (first[1] - first[0]))
+    with pytest.raises(ValueError, match="unknown pace"):
+        workload.simulate_measured(measured, "gang", pace="guess")
+
+
 def test_a_bad_workload_gets_a_clear_error(tmp_path: Path) -> None:
     good = json.loads(FIXTURE.read_text())
     for change, message in [
