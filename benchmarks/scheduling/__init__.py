@@ -1,10 +1,10 @@
-"""Scheduling a shared GPU cluster: gang against elastic jobs, by simulation.
+"""Scheduling a shared GPU cluster: gang against elastic jobs (docs/scheduling.md).
 
-Subcommands (``python -m benchmarks scheduling <subcommand> --help``):
-
-    simulate   a discrete-event simulation of a GPU cluster replaying a trace (the default)
-    exp2       serving beside training on the test cluster (``exp2``, ``serving_app``,
-               ``paced_imagenet``)
+Subcommands (``python -m benchmarks scheduling <subcommand> --help``; ``suite.py`` lists them):
+``exp1``, ``admission``, ``exp2`` and ``convergence`` run on the test cluster or local agents
+(``cluster_jobs``: several jobs on one test cluster, their pacing, steps and occupancy;
+``occupancy``: who holds the slots over time; ``serving_app``: experiment 2's serving pods);
+``simulate`` is a discrete-event simulation (``workload``: experiment 1 replayed).
 
 Modules: ``throughput`` (seconds per step of a job type on n GPUs, from measured curves),
 ``trace`` (reading and sampling a trace), ``placement`` (the test cluster scheduler's ``plan``
