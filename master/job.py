@@ -336,10 +336,12 @@ class ElasticJob:
                     return self._finish("failed", decision.give_up, observer)
                 if done or decision.completed:
                     finishing_since = finishing_since or now
-                    live = [
+                    live = [  # Pending workers are deleted (decide): nothing to wait for
                         w
                         for w in workers
-                        if is_active(w) and w.name not in {o.name for o in decision.ended}
+                        if is_active(w)
+                        and w.phase != WorkerPhase.PENDING
+                        and w.name not in {o.name for o in decision.ended}
                     ]
                     if not live or now - finishing_since >= spec.policy.finish_grace_s:
                         why = (

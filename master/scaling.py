@@ -15,7 +15,9 @@ The policy, as :func:`decide` applies it on every reconcile of the master:
   Running for longer than ``max_wait_s`` (measured on the caller's monotonic clock).
 - **Finishing.** Once the job is complete (a worker exited 0 or the committed progress says so)
   nothing is launched, the below-MIN clock stops and workers that end with an error no longer
-  count as failures (a late replacement finds the finished run closed and exits 1).
+  count as failures (a late replacement finds the finished run closed and exits 1). Workers
+  still Pending are deleted at once: they can no longer train, and left alone they would bind
+  to the slots the finishing workers free and keep them from other jobs.
 
 Ended workers are reported in :attr:`Decision.ended` exactly once (the caller records them and
 passes their names back in ``recorded``) and listed in :attr:`Decision.delete` until they are
@@ -73,7 +75,8 @@ class Outcome:
 @dataclass(frozen=True)
 class Decision:
     launch: tuple[int, ...]  # worker indexes to start a new worker for
-    delete: tuple[str, ...]  # ended workers to remove (after recording them)
+    delete: tuple[str, ...]  # ended workers to remove (after recording them); when finishing,
+    # the Pending ones too
     ended: tuple[Outcome, ...]  # newly ended workers, to record once
     failures: int  # failures so far, these included
     below_min_since: float | None  # monotonic time since when fewer than MIN run, or None
@@ -156,6 +159,8 @@ def decide(
                 + _describe_pending(pending)
             )
 
+    if finishing:  # a Pending worker cannot train any more: free its place now
+        delete += tuple(w.name for w in pending if w.name not in delete)
     launch: tuple[int, ...] = ()
     if give_up is None and not finishing:
         taken = {w.worker_index for w in active}

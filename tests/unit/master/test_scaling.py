@@ -126,6 +126,14 @@ def test_completion_stops_launches_and_the_clock() -> None:
     assert d.ended[0].cause == "failed" and not d.ended[0].failure
 
 
+def test_finishing_deletes_pending_workers_so_they_do_not_take_freed_slots() -> None:
+    workers = [w(0, S, Reason.COMPLETED, code=0), w(1), w(2, P)]
+    d = decide(POLICY, workers, set(), 0, None, now=10.0)
+    assert d.completed and d.launch == ()
+    assert d.delete == ("w-0-0", "w-2-0")  # the running worker ends on its own
+    assert decide(POLICY, [w(1), w(2, P)], set(), 0, None, now=10.0).delete == ()
+
+
 def test_outcome_of_unknown_reasons() -> None:
     assert outcome_of(w(0, F)).cause == "failed" and outcome_of(w(0, F)).failure
     assert outcome_of(w(0, D)).cause == "deleted_externally"
