@@ -38,13 +38,12 @@ from benchmarks.harness import (
 from benchmarks.scheduling.cluster_jobs import (
     ClusterJobs,
     JobPlan,
-    epochs_for,
     first_world_change_after,
+    job_size,
     plot_policies,
     result_out,
-    steps_of,
 )
-from benchmarks.scheduling.throughput import JOB_TYPES, step_seconds
+from benchmarks.scheduling.throughput import JOB_TYPES
 
 POLICIES = ("elastic", "gang", "evict")
 FIRST_STEP_GOAL_S = 5.0  # B's submission -> its first step
@@ -181,10 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     began = time.time()
     export_checkout_to_children()  # the pods import benchmarks.* from this checkout
-    step_s = step_seconds(args.job_type, args.slots, args.global_batch)
-    epochs = epochs_for(round(args.solo_s / step_s), args.slots)
-    steps = steps_of(epochs, args.slots)
-    solo = steps * step_s
+    size = job_size(args.job_type, args.slots, args.global_batch, args.solo_s)
+    step_s, epochs, steps, solo = size.step_s, size.epochs, size.steps, size.solo_s
     arrival = args.arrival * solo
     print(
         f"{args.slots} slots, A and B of up to {args.slots}, {args.job_type} at global batch "

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.scheduling.occupancy import OccupancySampler, Sample, owner_of, utilization
+from benchmarks.scheduling.throughput import step_seconds
 from kfp_elastic.master.pod_spec import run_selector
 from kfp_elastic.worker.data_plan import steps_left
 
@@ -105,6 +106,28 @@ def epochs_for(steps: int, max_workers: int) -> int:
     """The fewest epochs of at least ``steps`` steps (at least 1)."""
     per_epoch = steps_left(SAMPLES, 0, PER_WORKER_BATCH * max_workers)
     return max(1, -(-steps // per_epoch))
+
+
+@dataclass(frozen=True)
+class JobSize:
+    """A paced job's length: whole epochs of steps that last ``step_s`` at its full size."""
+
+    step_s: float  # the paced step at the job's full size
+    epochs: int
+    steps: int
+
+    @property
+    def solo_s(self) -> float:
+        """Its training alone at its full size, by the curve."""
+        return self.steps * self.step_s
+
+
+def job_size(job_type: str, workers: int, global_batch: float, solo_s: float) -> JobSize:
+    """The job that trains about ``solo_s`` seconds alone on ``workers`` (whole epochs, at least
+    one), paced as ``job_type`` at ``global_batch``."""
+    step_s = step_seconds(job_type, workers, global_batch)
+    epochs = epochs_for(round(solo_s / step_s), workers)
+    return JobSize(step_s, epochs, steps_of(epochs, workers))
 
 
 # -- steps: pure ---------------------------------------------------------------------------------

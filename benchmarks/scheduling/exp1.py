@@ -33,15 +33,14 @@ from benchmarks.harness import (
 from benchmarks.scheduling.cluster_jobs import (
     ClusterJobs,
     JobPlan,
-    epochs_for,
     first_world_change_after,
+    job_size,
     plot_policies,
     result_out,
     samples_from,
-    steps_of,
     window_utilization,
 )
-from benchmarks.scheduling.throughput import JOB_TYPES, step_seconds
+from benchmarks.scheduling.throughput import JOB_TYPES
 
 POLICIES = ("gang", "elastic")
 MAKESPAN_GOAL = 0.84  # elastic / gang, the seed's 809 s / 968 s
@@ -183,10 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     began = time.time()
     export_checkout_to_children()  # the pods import benchmarks.* from this checkout
-    step_s = step_seconds(args.job_type, args.workers, args.global_batch)
-    epochs = epochs_for(round(args.solo_s / step_s), args.workers)
-    steps = steps_of(epochs, args.workers)
-    solo = steps * step_s
+    size = job_size(args.job_type, args.workers, args.global_batch, args.solo_s)
+    step_s, epochs, steps, solo = size.step_s, size.epochs, size.steps, size.solo_s
     second = solo / 8
     print(
         f"{args.slots} slots, 2 jobs of {args.workers}, {args.job_type} at global batch "
