@@ -10,7 +10,10 @@ On the KFP v2 backend (Argo Workflows) a task pod's main container runs
   own (``Setpgid``), forwards every signal it gets (SIGTERM included) to that process group
   (``Kill(-pgid)``), reaps children with ``Wait4(-1, WNOHANG)`` once a second and, when the
   launcher is reaped, exits with its code (128 + N when killed by signal N). PID 1 exiting ends
-  the container's PID namespace: the kernel SIGKILLs every process left in it.
+  the container's PID namespace: the kernel SIGKILLs every process left in it. Here the
+  emissary also SIGKILLs the launcher's process group and exits when its parent (the test
+  cluster's kubelet) is gone: a process that died without stopping its pods (SIGKILL, a test's
+  timeout) leaves none of them running, as a node that goes down takes its containers with it.
 - ``launch`` (kubeflow/pipelines ``backend/src/v2/component/launcher_v2.go``: ``exec.Command``,
   ``command.Run()``; no ``signal.Notify`` anywhere in ``backend/src/v2``) runs the command as a
   plain child (same process group) and forwards nothing; a Go program that does not handle
@@ -87,6 +90,7 @@ def emissary(command: list[str], poll_s: float) -> int:
 
     for sig in FORWARDED:  # before the child starts, as signal.Notify is
         signal.signal(sig, forward)
+    runtime = os.getppid()  # the kubelet: a container does not outlive its node
     started.append(subprocess.Popen(command, process_group=0).pid)
     while True:
         try:
@@ -95,6 +99,10 @@ def emissary(command: list[str], poll_s: float) -> int:
             return 1
         if pid == started[0]:
             return exit_status(status)
+        if os.getppid() != runtime:  # the test cluster's process died without stopping pods
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(os.getpgid(started[0]), signal.SIGKILL)
+            return 128 + signal.SIGKILL
         time.sleep(poll_s)
 
 

@@ -62,3 +62,57 @@ def test_the_launcher_reports_a_failed_command_as_1() -> None:
         timeout=30,
     ).returncode
     assert code == 1
+
+
+# A kubelet stand-in: starts the pod's PID 1 in a session of its own, says its pid, lingers.
+KUBELET = """
+import subprocess, sys, time
+pid_1 = subprocess.Popen(sys.argv[1:], start_new_session=True)
+print(pid_1.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_pod_does_not_outlive_the_process_that_runs_the_test_cluster(tmp_path: Path) -> None:
+    flag = tmp_path / "flag"
+    command = ["sh", "-ec", f'{sys.executable} -c "$0" {flag}', GRANDCHILD]
+    kubelet = subprocess.Popen(
+        [sys.executable, "-c", KUBELET, *kfp_launcher.wrap(command, sys.executable, 0.05)],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    ready = Path(f"{flag}.ready")
+    try:
+        assert kubelet.stdout is not None
+        pid_1 = int(kubelet.stdout.readline())
+        wait_for(lambda: ready.exists() and ready.read_text(), 20, 0.05, "the command started")
+        command_pid = int(ready.read_text())
+        kubelet.kill()  # dies without stopping its pods
+        kubelet.wait()
+
+        def gone(pid: int) -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        wait_for(lambda: gone(command_pid), 10, 0.05, "the command killed with its node")
+        wait_for(lambda: gone(pid_1) or _reap(pid_1), 10, 0.05, "PID 1 gone")
+    finally:
+        kubelet.kill()
+        kubelet.wait()
+        if ready.exists() and ready.read_text():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(ready.read_text()), signal.SIGKILL)
+
+
+def _reap(pid: int) -> bool:
+    """PID 1 is reparented to init (or this test process, a subreaper): a zombie counts as gone."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    try:
+        return open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    except OSError:
+        return True
