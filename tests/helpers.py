@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -249,3 +250,40 @@ def running_zygote(socket_path: str, preload: Sequence[str]) -> Iterator[subproc
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def run_gloo_ranks(script: str, *args: str, world: int = 2, timeout: float = 120) -> list[Any]:
+    """Run ``python -c script *args`` as ``world`` ranks of a gloo group on this machine (RANK,
+    WORLD_SIZE, MASTER_ADDR/PORT set) and return each rank's last stdout line as JSON, in rank
+    order; a rank that fails fails the test with its stderr. Every rank is gone on return."""
+    port = free_port()
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, *args],
+            cwd=REPO_ROOT,
+            env={
+                **os.environ,
+                "PYTHONPATH": str(REPO_ROOT),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(world)
+    ]
+    reports = []
+    try:
+        for process in ranks:
+            out, err = process.communicate(timeout=timeout)
+            assert process.returncode == 0, err[-3000:]
+            reports.append(json.loads(out.splitlines()[-1]))
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return reports

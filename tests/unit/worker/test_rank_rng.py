@@ -7,23 +7,18 @@ size every rank seeds from (seed, rank, step) instead.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import torch
 
-from kfp_elastic.rendezvous.embedded_etcd import free_port
 from kfp_elastic.worker.train_step import (
     RNG_BY_RANK,
     derived_seed,
     restore_rng_state,
     rng_state,
 )
-from tests.helpers import REPO_ROOT
+from tests.helpers import run_gloo_ranks
 
 
 def test_derived_seeds_differ_by_rank_and_step_and_repeat() -> None:
@@ -71,36 +66,7 @@ RANK = textwrap.dedent("""
 
 
 def test_two_gloo_ranks_get_their_own_generators_back(tmp_path: Path) -> None:
-    port = free_port()
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK, str(tmp_path)],
-            cwd=REPO_ROOT,
-            env={
-                **os.environ,
-                "PYTHONPATH": str(REPO_ROOT),
-                "RANK": str(rank),
-                "WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-            },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(2)
-    ]
-    reports = []
-    try:
-        for process in ranks:
-            out, err = process.communicate(timeout=120)
-            assert process.returncode == 0, err
-            reports.append(json.loads(out.splitlines()[-1]))
-    finally:
-        for process in ranks:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    reports = run_gloo_ranks(RANK, str(tmp_path))
     first, second = sorted(reports, key=lambda r: r["rank"])
     for report in (first, second):
         assert report["same"] == "own" and report["restored"] == report["after_save"]

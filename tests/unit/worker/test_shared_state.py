@@ -3,16 +3,11 @@ byte, in chunks, and never pickled through ``broadcast_object_list``."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
-from kfp_elastic.rendezvous.embedded_etcd import free_port
 from kfp_elastic.worker.snapshot_format import layout, pieces
-from tests.helpers import REPO_ROOT
+from tests.helpers import run_gloo_ranks
 
 
 def test_a_chunk_holds_the_bytes_of_the_tensors_it_overlaps_and_no_padding() -> None:
@@ -88,36 +83,7 @@ RANK = textwrap.dedent("""
 def test_two_gloo_ranks_restore_a_state_byte_for_byte_without_pickling_it(
     tmp_path: Path,
 ) -> None:
-    port = free_port()
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK],
-            cwd=REPO_ROOT,
-            env={
-                **os.environ,
-                "PYTHONPATH": str(REPO_ROOT),
-                "RANK": str(rank),
-                "WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-            },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(2)
-    ]
-    reports = []
-    try:
-        for process in ranks:
-            out, err = process.communicate(timeout=120)
-            assert process.returncode == 0, err[-3000:]
-            reports.append(json.loads(out.splitlines()[-1]))
-    finally:
-        for process in ranks:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    reports = run_gloo_ranks(RANK)
     for report in reports:
         for src in ("0", "1"):
             assert report[src] == report[f"{src}-expected"], (report["rank"], src)
