@@ -86,6 +86,8 @@ def test_step_down_records_the_hand_over_and_releases_before_closing(
             0.05,
             "the master started",
         )
+        # The step-down leaves launched workers alone: wait until there are some.
+        wait_for(lambda: launchers and launchers[0].names, 30, 0.05, "the master launched")
         job.request_stop(cancel=False, reason=REASON)
         thread.join(30)
     finally:
