@@ -314,7 +314,7 @@ class KubernetesSettings:
         "size (parameters + optimizer state, e.g. 9Gi for 1 B fp32 parameters with momentum); "
         "added, once per process, to the worker pod's memory request and limit (empty: not "
         "known before the start, count it in the memory yourself)",
-        param=None,
+        param="worker_snapshot_buffer",
     )
     gpus: int = _option(
         0,
@@ -327,7 +327,7 @@ class KubernetesSettings:
         "memory-backed /dev/shm per worker pod, e.g. 8Gi (NCCL and DataLoader workers use it; "
         f"empty: {DEFAULT_SHM_PER_PROCESS} per process when a pod has several, else the "
         "container runtime's 64Mi)",
-        param=None,
+        param="worker_shm_size",
     )
     job_name: str = _option("", "pod name prefix (DNS label; empty: the run id)", param=None)
     etcd_tls_secret: str = _option(
@@ -672,13 +672,20 @@ class JobSpec:
         self.launch.kubernetes.check_priority_classes()
         if self.launch.kind == "kubernetes":
             self.worker_pod_gpus()  # a GPU count that does not fit the processes fails here
-        if self.launch.kubernetes.snapshot_buffer:
-            from kfp_elastic.master.pod_spec_checks import parse_quantity
+        from kfp_elastic.master.pod_spec_checks import parse_quantity
 
+        for name in ("snapshot_buffer", "shm_size"):  # refused here, not at the first pod
+            quantity = getattr(self.launch.kubernetes, name)
+            if not quantity:
+                continue
             try:
-                parse_quantity(self.launch.kubernetes.snapshot_buffer)
+                size = parse_quantity(quantity)
             except ValueError as error:
-                raise field_error("snapshot_buffer", str(error), KubernetesSettings) from None
+                raise field_error(name, str(error), KubernetesSettings) from None
+            if size < 0:
+                raise field_error(
+                    name, f"must not be negative, got {quantity!r}", KubernetesSettings
+                )
         capacity = self.launch.local.capacity
         if capacity is not None and capacity < 0:
             raise field_error("capacity", f"must be >= 0, got {capacity}")

@@ -88,6 +88,8 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
         worker_cpu: str = "",
         worker_memory: str = "",
         worker_gpus: int = 0,
+        worker_snapshot_buffer: str = "",
+        worker_shm_size: str = "",
         snapshot_pvc: str = "kfp-elastic-snapshots",
         inject_faults: str = "",
         max_wait_s: float = 600.0,
@@ -110,6 +112,11 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
                 kfp-elastic-worker-opportunistic.
             priority_class: one PriorityClass for every worker instead (no tiers); not
                 together with the two above.
+            worker_snapshot_buffer: the training state's size (e.g. "9Gi"): each process pins
+                one host buffer of it for GPU snapshots; added, times the processes per pod, to
+                each worker pod's memory request and limit when worker_memory is given.
+            worker_shm_size: /dev/shm per worker pod; empty: 1Gi per process when a pod has
+                several, else the container runtime's 64Mi.
             on_demand_price: price per worker slot-hour on on-demand nodes (guaranteed
                 workers, and the fixed-size job the report compares with); 0: the ConfigMap's
                 KFP_ELASTIC_ON_DEMAND_PRICE, else no cost shown.
@@ -147,6 +154,8 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
                 worker_cpu=worker_cpu,
                 worker_memory=worker_memory,
                 worker_gpus=worker_gpus,
+                worker_snapshot_buffer=worker_snapshot_buffer,
+                worker_shm_size=worker_shm_size,
                 inject_faults=inject_faults,
                 max_wait_s=max_wait_s,
                 max_failures=max_failures,

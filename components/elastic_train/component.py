@@ -50,6 +50,8 @@ def elastic_train(
     worker_cpu: str = "",
     worker_memory: str = "",
     worker_gpus: int = 0,
+    worker_snapshot_buffer: str = "",
+    worker_shm_size: str = "",
     snapshot_dir: str = "",
     inject_faults: str = "",
     max_wait_s: float = 600.0,
@@ -106,6 +108,14 @@ def elastic_train(
             kfp-elastic-worker-opportunistic.
         priority_class: one PriorityClass for every worker instead (no tiers); not together
             with the two above.
+        worker_snapshot_buffer: the training state's size (parameters + optimizer state),
+            a Kubernetes quantity such as ``"9Gi"``: each training process pins one host
+            buffer of it for GPU snapshots and rescues, and the master adds it, times the
+            processes per pod, to each worker pod's memory request and limit (only when
+            ``worker_memory`` is given); empty: nothing added (docs/runtime.md, Devices).
+        worker_shm_size: memory-backed ``/dev/shm`` per worker pod, e.g. ``"8Gi"`` (NCCL and
+            DataLoader workers use it); empty: 1Gi per process when a pod has several, else
+            the container runtime's 64Mi.
         snapshot_dir: shared directory for snapshots; empty: the task's first mounted volume
             (cluster) or a local directory next to the outputs.
         inject_faults: e.g. ``preempt:worker-1@step10,kill:worker-0@40s`` (demos, tests).
@@ -168,6 +178,8 @@ def elastic_train(
             "worker_cpu": worker_cpu,
             "worker_memory": worker_memory,
             "worker_gpus": worker_gpus,
+            "worker_snapshot_buffer": worker_snapshot_buffer,
+            "worker_shm_size": worker_shm_size,
             "max_wait_s": max_wait_s,
             "max_failures": max_failures,
             "orphan_timeout_s": orphan_timeout_s,

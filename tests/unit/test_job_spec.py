@@ -162,6 +162,14 @@ def job(**sections: Any) -> JobSpec:
             job(launch=Launch(kubernetes=KubernetesSettings(gpus=-1))),
             "gpus (--gpu / worker_gpus) must be >= 0",
         ),
+        (
+            job(launch=Launch(kubernetes=KubernetesSettings(shm_size="lots"))),
+            "shm_size (--shm-size / worker_shm_size) 'lots' is not a Kubernetes quantity",
+        ),
+        (
+            job(launch=Launch(kubernetes=KubernetesSettings(shm_size="-1Gi"))),
+            "shm_size (--shm-size / worker_shm_size) must not be negative, got '-1Gi'",
+        ),
         (job(launch=Launch(kind="slurm")), "kind (--launcher) must be one of local, kubernetes"),
         (job(launch=Launch(local=LocalSettings(capacity=-1))), "capacity (--local-capacity / "),
         (job(launch=Launch(rdzv_conf={"cacert": "x"})), "rdzv_conf (--rdzv-conf) ['cacert']"),
@@ -289,12 +297,19 @@ def test_the_builtin_entry_carries_the_training_settings() -> None:
 
 def test_the_component_parameters_build_the_spec() -> None:
     spec = spec_from_params(
-        {"min_workers": 2, "worker_cpu": "2", "max_wait_s": 9.0, "model_def": "m"},
+        {
+            "min_workers": 2,
+            "worker_cpu": "2",
+            "worker_shm_size": "8Gi",
+            "max_wait_s": 9.0,
+            "model_def": "m",
+        },
         run_id="r",
         kind="kubernetes",
         pod_overrides={"tolerations": []},
     )
     assert spec.size.min_workers == 2 and spec.launch.kubernetes.cpu == "2"
+    assert spec.launch.kubernetes.shm_size == "8Gi" and spec.worker_shm_size() == "8Gi"
     assert spec.policy.max_wait_s == 9.0 and spec.launch.kind == "kubernetes"
     assert spec.launch.kubernetes.pod_overrides == {"tolerations": []}
     with pytest.raises(ValueError, match="not parameters of the job contract: log_level"):
@@ -464,19 +479,19 @@ def test_the_builtin_runtime_is_preloaded_by_the_zygotes() -> None:
 
 
 def test_the_snapshot_buffer_reaches_the_pods_and_a_bad_one_is_named() -> None:
-    spec = JobSpec(
-        run_id="r",
-        entry=Entry(model_def="m"),
-        training=Training(snapshot_dir="/mnt/snap/r"),
-        etcd=ETCD,
-        launch=Launch(
-            kind="kubernetes", kubernetes=KubernetesSettings(memory="4Gi", snapshot_buffer="9Gi")
-        ),
-    )
-    spec.validate()
-    assert worker_pod_template(spec).snapshot_buffer == "9Gi"
-    bad = replace(
-        spec, launch=replace(spec.launch, kubernetes=KubernetesSettings(snapshot_buffer="9 GB"))
-    )
-    with pytest.raises(ValueError, match="snapshot_buffer \\(--snapshot-buffer\\) '9 GB' is not"):
-        bad.validate()
+    def spec(buffer: str) -> JobSpec:  # as the component builds it from its parameters
+        return spec_from_params(
+            {"model_def": "m", "worker_memory": "4Gi", "worker_snapshot_buffer": buffer},
+            run_id="r",
+            etcd=ETCD,
+            kind="kubernetes",
+            snapshot_dir="/mnt/snap/r",
+        )
+
+    good = spec("9Gi")
+    good.validate()
+    assert good.launch.kubernetes.snapshot_buffer == "9Gi"
+    assert worker_pod_template(good).snapshot_buffer == "9Gi"
+    message = "snapshot_buffer (--snapshot-buffer / worker_snapshot_buffer) '9 GB' is not"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        spec("9 GB").validate()

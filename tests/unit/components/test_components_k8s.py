@@ -18,9 +18,11 @@ from kfp_elastic.components.elastic_train.run_job import (
     LauncherHolder,
     job_spec,
     launcher_and_faults,
+    run,
     validate,
 )
 from kfp_elastic.job_spec import JobSpec
+from kfp_elastic.master.wiring import worker_pod_template
 from kfp_elastic.testing.api_server import FakeKubernetes
 
 NS = "ml"
@@ -120,6 +122,38 @@ def test_worker_pods_carry_the_forwarded_task_settings(k8s: FakeKubernetes, tmp_
     second, third = launcher.launch(2).name, launcher.launch(0).name
     assert sorted(delete_run_pods(RUN, NS)) == sorted([second, third])  # the exit handler
     assert launcher.list_workers() == []
+
+
+def test_the_snapshot_buffer_and_shm_parameters_size_the_worker_pods(
+    k8s: FakeKubernetes, tmp_path: Path
+) -> None:
+    req = request(
+        shard_manifest=manifest_file(tmp_path),
+        nproc_per_worker=2,
+        worker_snapshot_buffer="9Gi",
+        worker_shm_size="3Gi",
+    )
+    validate(req)
+    assert worker_pod_template(req).snapshot_buffer == "9Gi"
+    factory, _ = launcher_and_faults(req, LauncherHolder())
+    pod = k8s.pod(factory(None).launch(0).name)
+    resources = pod["spec"]["containers"][0]["resources"]
+    # worker_memory (2Gi) plus one 9Gi buffer per process, requested and limited
+    assert resources["requests"]["memory"] == resources["limits"]["memory"] == "20480Mi"
+    shm = {v["name"]: v for v in pod["spec"]["volumes"]}["dshm"]["emptyDir"]
+    assert shm == {"medium": "Memory", "sizeLimit": "3Gi"}
+
+
+@pytest.mark.parametrize(
+    ("param", "value"), [("worker_snapshot_buffer", "9 GB"), ("worker_shm_size", "-1Gi")]
+)
+def test_a_bad_size_is_refused_naming_its_parameter_before_any_worker_starts(
+    k8s: FakeKubernetes, tmp_path: Path, param: str, value: str
+) -> None:
+    req = request(shard_manifest=manifest_file(tmp_path), **{param: value})
+    with pytest.raises(ValueError, match=f" / {param}\\) "):
+        run(req, say=lambda line: None)
+    assert k8s.pods_snapshot() == []
 
 
 def test_worker_pods_get_the_tasks_etcd_tls_and_password_through_secrets(
