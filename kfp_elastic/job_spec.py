@@ -674,7 +674,7 @@ class JobSpec:
             self.worker_pod_gpus()  # a GPU count that does not fit the processes fails here
         from kfp_elastic.master.pod_spec_checks import parse_quantity
 
-        for name in ("snapshot_buffer", "shm_size"):  # refused here, not at the first pod
+        for name in ("cpu", "memory", "snapshot_buffer", "shm_size"):  # here, not at the first pod
             quantity = getattr(self.launch.kubernetes, name)
             if not quantity:
                 continue

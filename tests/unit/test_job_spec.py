@@ -167,6 +167,14 @@ def job(**sections: Any) -> JobSpec:
             "shm_size (--shm-size / worker_shm_size) 'lots' is not a Kubernetes quantity",
         ),
         (
+            job(launch=Launch(kubernetes=KubernetesSettings(memory="4 GB"))),
+            "memory (--memory / worker_memory) '4 GB' is not a Kubernetes quantity",
+        ),
+        (
+            job(launch=Launch(kubernetes=KubernetesSettings(cpu="two"))),
+            "cpu (--cpu / worker_cpu) 'two' is not a Kubernetes quantity",
+        ),
+        (
             job(launch=Launch(kubernetes=KubernetesSettings(shm_size="-1Gi"))),
             "shm_size (--shm-size / worker_shm_size) must not be negative, got '-1Gi'",
         ),
