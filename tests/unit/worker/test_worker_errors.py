@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from kfp_elastic.etcd.client import connect
@@ -143,31 +144,30 @@ def test_corrupt_snapshot_without_fallback_stops_and_keeps_state(
     assert (tmp_path / "snap" / "snapshot-000000002.pt").read_bytes().startswith(b"garbage")
 
 
-def test_bad_snapshot_schedule_is_named_before_anything_starts(tmp_path: Path) -> None:
+def test_bad_snapshot_schedule_is_named_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit code 2 and the flag's rule, before the model definition loads or etcd is asked (one
+    case as a process, the others through the same entry point in this process)."""
+    from kfp_elastic.worker.__main__ import main
+
+    base = ["--model-def", "kfp_elastic.testing.model_defs.counting"]
+    base += ["--snapshot-dir", str(tmp_path), "--etcd", "127.0.0.1:1"]
+    result = subprocess.run(
+        [sys.executable, "-m", "kfp_elastic.worker", *base, "--snapshot-every", "often"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "--snapshot-every must be a number" in result.stderr, result.stderr
     for bad, reason in (
-        (["--snapshot-every", "often"], "--snapshot-every must be a number"),
         (["--snapshot-every", "-2"], "--snapshot-every must be >= 1, or 'auto'"),
         (["--snapshot-overhead", "1.5"], "--snapshot-overhead must be in (0, 1)"),
     ):
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "kfp_elastic.worker",
-                "--model-def",
-                "kfp_elastic.testing.model_defs.counting",
-                "--snapshot-dir",
-                str(tmp_path),
-                "--etcd",
-                "127.0.0.1:1",
-                *bad,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=REPO_ROOT,
-        )
-        assert result.returncode == 2 and reason in result.stderr, result.stderr
+        assert main([*base, *bad]) == 2
+        assert reason in capsys.readouterr().err
 
 
 def test_a_wrong_command_line_reaches_the_master_through_the_error_file(tmp_path: Path) -> None:
