@@ -18,6 +18,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Protocol
 
+from kfp_elastic import slow_stop
+
 log = logging.getLogger(__name__)
 
 _LEAVE_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
@@ -42,6 +44,7 @@ def leave_all(reason: str) -> None:
 
 def _wrap(original: Callable[[int, FrameType | None], None]) -> Callable[..., None]:
     def leave_then_terminate(signum: int, frame: FrameType | None) -> None:
+        slow_stop.arm(f"agent signal={signal.Signals(signum).name}")
         leave_all(f"signal {signal.Signals(signum).name}")
         original(signum, frame)
 

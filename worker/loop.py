@@ -38,6 +38,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from kfp_elastic import slow_stop
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.job_env import rendezvous_round
@@ -122,6 +123,7 @@ class ElasticLoop:
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         self.stop_requested = True
+        slow_stop.arm(f"worker rank={self.rank}")
 
     # -- the data plan and the restore ----------------------------------------------------------
     def plan(
