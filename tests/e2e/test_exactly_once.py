@@ -72,12 +72,3 @@ def test_exactly_once_through_kill_sigterm_join_and_etcd_restart(
             }
     finally:
         client.close()
-
-
-def test_undisturbed_run_counts_each_sample_once_per_epoch(tmp_path: Path, etcd) -> None:
-    with AgentGroup(tmp_path) as group:
-        run_id = new_run_id("calm")
-        nodes = [start(group, etcd, run_id, tmp_path, f"node{i}") for i in range(2)]
-        assert [n.wait(180) for n in nodes] == [0, 0], group.logs(60)
-    counts = torch.load(tmp_path / "model.pt")["counts"]
-    assert torch.equal(counts, torch.full((SAMPLES,), float(EPOCHS), dtype=torch.float64))
