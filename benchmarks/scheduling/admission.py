@@ -38,6 +38,7 @@ from benchmarks.harness import (
 from benchmarks.scheduling.cluster_jobs import (
     ClusterJobs,
     JobPlan,
+    JobSize,
     first_world_change_after,
     job_size,
     plot_policies,
@@ -145,7 +146,7 @@ def analyse(policy: str, result: Mapping[str, Any], steps: Sequence[Any]) -> dic
     return out
 
 
-def run_policy(args: argparse.Namespace, policy: str, root: Path, epochs: int, arrival: float):
+def run_policy(args: argparse.Namespace, policy: str, root: Path, size: JobSize, arrival: float):
     tick = evict_on_arrival if policy == "evict" else None
     with ClusterJobs(
         root,
@@ -153,8 +154,9 @@ def run_policy(args: argparse.Namespace, policy: str, root: Path, epochs: int, a
         args.slots,
         args.job_type,
         args.global_batch,
-        epochs,
+        size.epochs,
         interval_s=args.interval,
+        per_worker_batch=size.per_worker_batch,
     ) as jobs:
         jobs.run(tick)
         result = jobs.result()
@@ -192,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     policies: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="admission-") as tmp:
         for policy in args.policies:
-            r = run_policy(args, policy, Path(tmp) / policy, epochs, arrival)
+            r = run_policy(args, policy, Path(tmp) / policy, size, arrival)
             policies[policy] = r
             adm = r["admission"]
             print(
@@ -220,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "global_batch": args.global_batch,
         "steps": steps,
         "epochs": epochs,
+        "per_worker_batch": size.per_worker_batch,
         "solo_training_s": round(solo, 3),
         "arrival_s": round(arrival, 3),
         "policies": policies,

@@ -97,15 +97,27 @@ def write_model_def(path: Path, job_type: str, global_batch: float) -> Path:
     return path
 
 
-def steps_of(epochs: int, max_workers: int) -> int:
+def steps_of(epochs: int, max_workers: int, per_worker_batch: int = PER_WORKER_BATCH) -> int:
     """Optimizer steps of a job of ``epochs`` whose batch scales from ``max_workers``."""
-    return epochs * steps_left(SAMPLES, 0, PER_WORKER_BATCH * max_workers)
+    return epochs * steps_left(SAMPLES, 0, per_worker_batch * max_workers)
 
 
-def epochs_for(steps: int, max_workers: int) -> int:
+def epochs_for(steps: int, max_workers: int, per_worker_batch: int = PER_WORKER_BATCH) -> int:
     """The fewest epochs of at least ``steps`` steps (at least 1)."""
-    per_epoch = steps_left(SAMPLES, 0, PER_WORKER_BATCH * max_workers)
+    per_epoch = steps_left(SAMPLES, 0, per_worker_batch * max_workers)
     return max(1, -(-steps // per_epoch))
+
+
+def batch_for(steps: int, max_workers: int) -> int:
+    """Real samples per worker: ``PER_WORKER_BATCH``, or where one epoch at it takes more than
+    ``steps`` steps (a job shorter than an epoch, as the ``--quick`` runs are) the larger batch
+    whose one epoch comes closest to ``steps``, so that such a job is not several times longer
+    than asked."""
+    if steps >= steps_of(1, max_workers):
+        return PER_WORKER_BATCH
+    largest = -(-SAMPLES // max_workers)  # one step an epoch
+    batches = range(PER_WORKER_BATCH, largest + 1)
+    return min(batches, key=lambda b: (abs(steps_of(1, max_workers, b) - steps), b))
 
 
 @dataclass(frozen=True)
@@ -115,6 +127,7 @@ class JobSize:
     step_s: float  # the paced step at the job's full size
     epochs: int
     steps: int
+    per_worker_batch: int = PER_WORKER_BATCH  # real samples (the pacing is separate)
 
     @property
     def solo_s(self) -> float:
@@ -126,8 +139,11 @@ def job_size(job_type: str, workers: int, global_batch: float, solo_s: float) ->
     """The job that trains about ``solo_s`` seconds alone on ``workers`` (whole epochs, at least
     one), paced as ``job_type`` at ``global_batch``."""
     step_s = step_seconds(job_type, workers, global_batch)
-    epochs = epochs_for(round(solo_s / step_s), workers)
-    return JobSize(step_s, epochs, steps_of(epochs, workers))
+    wanted = round(solo_s / step_s)
+    batch = batch_for(wanted, workers)
+    # a raised batch makes one epoch of at most the steps wanted: that epoch is the job
+    epochs = epochs_for(wanted, workers) if batch == PER_WORKER_BATCH else 1
+    return JobSize(step_s, epochs, steps_of(epochs, workers, batch), batch)
 
 
 # -- steps: pure ---------------------------------------------------------------------------------
@@ -356,6 +372,7 @@ class ClusterJobs:
         epochs: int,
         interval_s: float = 0.25,
         max_wait_s: float = 900.0,
+        per_worker_batch: int = PER_WORKER_BATCH,
     ) -> None:
         if not plans:
             raise ValueError("no jobs to run")
@@ -369,6 +386,7 @@ class ClusterJobs:
         self.job_type = job_type
         self.global_batch = global_batch
         self.epochs = epochs
+        self.per_worker_batch = per_worker_batch
         self.interval_s = interval_s
         self.max_wait_s = max_wait_s
         self.records = [JobRecord(p) for p in plans]
@@ -383,7 +401,7 @@ class ClusterJobs:
             "min_workers": plan.min_workers,
             "max_workers": plan.max_workers,
             "epochs": self.epochs,
-            "batch_size": PER_WORKER_BATCH,
+            "batch_size": self.per_worker_batch,
             "step_time": 0.0,
             "worker_gpus": 1,
             "max_wait_s": self.max_wait_s,  # a gang job waits for a whole other job

@@ -33,6 +33,7 @@ from benchmarks.harness import (
 from benchmarks.scheduling.cluster_jobs import (
     ClusterJobs,
     JobPlan,
+    JobSize,
     first_world_change_after,
     job_size,
     plot_policies,
@@ -45,7 +46,9 @@ from benchmarks.scheduling.throughput import JOB_TYPES
 POLICIES = ("gang", "elastic")
 MAKESPAN_GOAL = 0.84  # elastic / gang, the seed's 809 s / 968 s
 UTILIZATION_GOAL = 0.95  # elastic, while both jobs are in the cluster
-QUICK = {"solo_s": 4.0, "slots": 3, "workers": 2}  # few processes to start
+# Few processes to start; the first job trains long enough (60 steps) for the second to start
+# beside it under a loaded CI machine (its pods take 10-20 s there).
+QUICK = {"solo_s": 21.0, "slots": 3, "workers": 2}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,15 +144,16 @@ def costs(policy: str, jobs: Sequence[Mapping[str, Any]], steps: Sequence[Any]) 
     return out
 
 
-def run_policy(args: argparse.Namespace, policy: str, root: Path, epochs: int, second: float):
+def run_policy(args: argparse.Namespace, policy: str, root: Path, size: JobSize, second: float):
     with ClusterJobs(
         root,
         plans(policy, args.workers, second),
         args.slots,
         args.job_type,
         args.global_batch,
-        epochs,
+        size.epochs,
         interval_s=args.interval,
+        per_worker_batch=size.per_worker_batch,
     ) as jobs:
         jobs.run()
         result = jobs.result()
@@ -194,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     policies: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="exp1-") as tmp:
         for policy in args.policies:
-            r = run_policy(args, policy, Path(tmp) / policy, epochs, second)
+            r = run_policy(args, policy, Path(tmp) / policy, size, second)
             policies[policy] = r
             jobs = r["jobs"]
             print(
@@ -231,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "global_batch": args.global_batch,
         "steps": steps,
         "epochs": epochs,
+        "per_worker_batch": size.per_worker_batch,
         "solo_training_s": round(solo, 3),
         "second_submit_s": round(second, 3),
         "policies": policies,

@@ -11,11 +11,14 @@ import pytest
 
 from benchmarks.scheduling import admission, exp1
 from benchmarks.scheduling.cluster_jobs import (
+    PER_WORKER_BATCH,
     PodTimes,
     Step,
+    batch_for,
     epochs_for,
     first_step_after,
     first_world_change_after,
+    job_size,
     parse_steps,
     step_seconds_by_world,
     steps_lost,
@@ -99,6 +102,16 @@ def test_steps_and_epochs_of_a_job() -> None:
     per_epoch = steps_of(1, 4)  # 240 samples, 2 per worker × 4
     assert per_epoch == 30
     assert epochs_for(61, 4) == 3 and epochs_for(0, 4) == 1
+
+
+def test_a_job_shorter_than_an_epoch_takes_a_larger_batch_not_a_whole_epoch() -> None:
+    assert batch_for(30, 4) == batch_for(700, 4) == PER_WORKER_BATCH  # an epoch or more
+    assert batch_for(19, 4) == 3 and steps_of(1, 4, 3) == 20  # the epoch closest to 19 steps
+    assert batch_for(1, 4) == 60 and steps_of(1, 4, 60) == 1  # one step an epoch at most
+    quick = job_size("cifar10", 4, 1024, 4.0)
+    assert (quick.epochs, quick.steps, quick.per_worker_batch) == (1, 20, 3)
+    full = job_size("cifar10", 8, 1024, 150.0)
+    assert (full.epochs, full.steps, full.per_worker_batch) == (56, 840, PER_WORKER_BATCH)
 
 
 def test_exp1_plans_gang_and_elastic() -> None:
