@@ -299,6 +299,11 @@ class KubernetesSettings:
         "one PriorityClass for every worker pod, no tiers (empty: the two classes above; not "
         "together with them)",
     )
+    kueue_queue: str = _option(
+        "",
+        "Kueue LocalQueue the worker pods are submitted to, each its own workload with its "
+        "tier's WorkloadPriorityClass (manifests/kueue; empty: no Kueue)",
+    )
     service_account: str = _option(
         "",
         f"worker pods' service account (empty: ${SERVICE_ACCOUNT_ENV}, else "
@@ -670,10 +675,18 @@ class JobSpec:
         except ConfigError as error:
             raise field_error("rdzv_conf", str(error)) from None
         self.launch.kubernetes.check_priority_classes()
+        from kfp_elastic.master.pod_spec_checks import is_dns_label, parse_quantity
+
+        queue = self.launch.kubernetes.kueue_queue
+        if queue and not is_dns_label(queue):
+            raise field_error(
+                "kueue_queue",
+                "must name a Kueue LocalQueue: a DNS-1123 label (lower-case letters, digits "
+                f"and '-', at most 63, starting and ending alphanumeric), got {queue!r}",
+                KubernetesSettings,
+            )
         if self.launch.kind == "kubernetes":
             self.worker_pod_gpus()  # a GPU count that does not fit the processes fails here
-        from kfp_elastic.master.pod_spec_checks import parse_quantity
-
         for name in ("cpu", "memory", "snapshot_buffer", "shm_size"):  # here, not at the first pod
             quantity = getattr(self.launch.kubernetes, name)
             if not quantity:

@@ -27,6 +27,8 @@ from kfp_elastic.master.pod_spec_checks import (  # noqa: F401 - names callers i
     ETCD_TLS_MOUNT,
     INDEX_LABEL,
     JOB_LABEL,
+    KUEUE_PRIORITY_CLASS_LABEL,
+    KUEUE_QUEUE_LABEL,
     LABEL_PREFIX,
     PASSWORD_SECRET_ENV,
     RESERVED_ENV,
@@ -80,6 +82,8 @@ class WorkerPodSpec:
     # (``priority_class_of``); None: no class (priority 0, or the cluster's globalDefault).
     guaranteed_priority_class: str | None = DEFAULT_GUARANTEED_PRIORITY_CLASS
     opportunistic_priority_class: str | None = DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS
+    # A Kueue LocalQueue (``kueue_labels``); None: the pods are not submitted to Kueue.
+    kueue_queue: str | None = None
     service_account: str | None = DEFAULT_SERVICE_ACCOUNT
     tolerations: tuple[Mapping[str, Any], ...] = ()
     # tolerationSeconds for the not-ready and unreachable NoExecute taints (a lost node); None
@@ -151,6 +155,21 @@ def priority_class_of(spec: WorkerPodSpec) -> str | None:
     return spec.opportunistic_priority_class
 
 
+def kueue_labels(spec: WorkerPodSpec) -> dict[str, str]:
+    """The labels that submit the pod to Kueue's LocalQueue ``spec.kueue_queue`` as a workload
+    of its own, with the WorkloadPriorityClass of the same name as its tier's PriorityClass
+    (manifests/kueue creates both tiers' classes with the PriorityClasses' values); none
+    without a queue. A pod without a class gets no priority label: Kueue then takes the pod's
+    priority."""
+    if spec.kueue_queue is None:
+        return {}
+    labels = {KUEUE_QUEUE_LABEL: spec.kueue_queue}
+    priority_class = priority_class_of(spec)
+    if priority_class:
+        labels[KUEUE_PRIORITY_CLASS_LABEL] = priority_class
+    return labels
+
+
 def pod_name(job_name: str, worker_index: int, attempt: int) -> str:
     # The attempt keeps names unique: a replacement never collides with a terminating pod.
     return f"{job_name}-worker-{worker_index}-{attempt}"
@@ -182,7 +201,7 @@ def build_pod(spec: WorkerPodSpec) -> dict[str, Any]:
     }
     metadata: dict[str, Any] = {
         "name": name,
-        "labels": {**spec.labels, **_FIXED_LABELS, **identity},
+        "labels": {**spec.labels, **_FIXED_LABELS, **kueue_labels(spec), **identity},
     }
     if spec.namespace:
         metadata["namespace"] = spec.namespace

@@ -46,6 +46,10 @@ PART_OF_LABEL = "app.kubernetes.io/part-of"
 # with the worker pods' labels below they are what manifests/base/networkpolicy.yaml lets reach
 # etcd's client port.
 MASTER_POD_LABELS = {PART_OF_LABEL: "kfp-elastic", COMPONENT_LABEL: "master"}
+# Kueue's pod integration (docs/master.md, "Kueue users"): the LocalQueue a pod is submitted
+# to, and the WorkloadPriorityClass of its workload (manifests/kueue).
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 _FIXED_LABELS = {
     PART_OF_LABEL: "kfp-elastic",
     COMPONENT_LABEL: "worker",
@@ -153,6 +157,11 @@ def validate(spec: WorkerPodSpec) -> None:
         )
     if spec.namespace is not None:
         _dns_label("namespace", spec.namespace)
+    if spec.kueue_queue is not None:
+        _dns_label("kueue_queue", spec.kueue_queue)
+        for key in ("guaranteed_priority_class", "opportunistic_priority_class"):
+            if getattr(spec, key) is not None:  # also the value of a Kueue label
+                _label(key, KUEUE_PRIORITY_CLASS_LABEL, getattr(spec, key))
     if not spec.image or any(c.isspace() for c in spec.image):
         raise ValueError(f"image={spec.image!r} must be a non-empty image reference")
     if not spec.entrypoint:
@@ -195,6 +204,8 @@ def validate(spec: WorkerPodSpec) -> None:
     reserved = set(spec.labels) & (
         set(_FIXED_LABELS) | {JOB_LABEL, RUN_ID_LABEL, INDEX_LABEL, ATTEMPT_LABEL}
     )
+    if spec.kueue_queue is not None:
+        reserved |= set(spec.labels) & {KUEUE_QUEUE_LABEL, KUEUE_PRIORITY_CLASS_LABEL}
     if reserved:
         raise ValueError(f"labels {sorted(reserved)} are set by the launcher; do not pass them")
     for key in spec.annotations:
@@ -295,6 +306,11 @@ def _validate_volumes(spec: WorkerPodSpec) -> None:
         if not path.startswith("/") or path in paths:
             raise ValueError(f"volume mount path {path!r} must be absolute and unique")
         paths.add(path)
+
+
+def is_dns_label(value: str) -> bool:
+    """Whether ``value`` is a DNS-1123 label (what many Kubernetes object names must be)."""
+    return isinstance(value, str) and len(value) <= 63 and bool(_DNS_LABEL.fullmatch(value))
 
 
 def _dns_label(what: str, value: str) -> None:

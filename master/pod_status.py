@@ -1,8 +1,9 @@
 """What a worker pod's state means for the master: Kubernetes pod -> :class:`WorkerStatus` (pure).
 
-Pod phase, container states, the DisruptionTarget condition and pod-level reasons decide
-whether a worker is pending, running, done, failed, or was taken away (preempted, evicted, node
-lost); :mod:`master.k8s_launcher` reports every change of that verdict as a worker event.
+Pod phase, container states, the DisruptionTarget condition (and Kueue's TerminationTarget) and
+pod-level reasons decide whether a worker is pending, running, done, failed, or was taken away
+(preempted, evicted, node lost); :mod:`master.k8s_launcher` reports every change of that verdict
+as a worker event.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ _DISRUPTION_REASONS = {
     "DeletionByTaintManager": Reason.NODE_LOST,  # NoExecute taint, e.g. node not ready
     "DeletionByPodGC": Reason.NODE_LOST,  # pod of a deleted node
 }
+# Kueue stops a plain pod it evicts (its pod integration) with this condition, then deletes it
+# gracefully; the reason is "WorkloadEvictedDueTo<why>" ("WorkloadEvicted" before Kueue 0.10).
+KUEUE_STOP_CONDITION = "TerminationTarget"
+KUEUE_PREEMPTED_REASON = "WorkloadEvictedDueToPreempted"
 # Pod-level status.reason values the kubelet and node lifecycle set.
 _POD_REASONS = {
     "Evicted": Reason.EVICTED,
@@ -68,12 +73,26 @@ def classify(
         ),
         None,
     )
+    stopped_by_kueue = next(
+        (
+            c
+            for c in status.get("conditions") or []
+            if c.get("type") == KUEUE_STOP_CONDITION and c.get("status") == "True"
+        ),
+        None,
+    )
     terminating = deleted or bool(meta.get("deletionTimestamp"))
     reason: Reason | None = None
     message = ""
     if disruption is not None:
         reason = _DISRUPTION_REASONS.get(disruption.get("reason", ""), Reason.EVICTED)
         message = f"{disruption.get('reason')}: {disruption.get('message', '')}"
+    elif stopped_by_kueue is not None:
+        # Evicted by Kueue: preempted for a higher-priority workload, or stopped for another
+        # reason of its own (deactivated, admission check, ...): a disruption either way.
+        kueue_reason = stopped_by_kueue.get("reason", "")
+        reason = Reason.PREEMPTED if kueue_reason == KUEUE_PREEMPTED_REASON else Reason.EVICTED
+        message = f"Kueue {kueue_reason}: {stopped_by_kueue.get('message', '')}"
     elif status.get("reason") in _POD_REASONS:
         reason, message = _POD_REASONS[status["reason"]], status.get("message", "")
     elif status.get("reason") == "DeadlineExceeded":  # the pod's own activeDeadlineSeconds

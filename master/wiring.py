@@ -159,6 +159,7 @@ def worker_pod_template(spec: JobSpec) -> Any:
         max_restarts=spec.launch.worker_max_restarts,
         guaranteed_priority_class=k8s.guaranteed_priority_class,
         opportunistic_priority_class=k8s.opportunistic_priority_class,
+        kueue_queue=k8s.kueue_queue or None,
         service_account=k8s.service_account,
         cpu=k8s.cpu or None,
         memory=k8s.memory or None,

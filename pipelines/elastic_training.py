@@ -85,6 +85,7 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
         priority_class: str = "",
         guaranteed_priority_class: str = "",
         opportunistic_priority_class: str = "",
+        kueue_queue: str = "",
         worker_cpu: str = "",
         worker_memory: str = "",
         worker_gpus: int = 0,
@@ -112,6 +113,9 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
                 kfp-elastic-worker-opportunistic.
             priority_class: one PriorityClass for every worker instead (no tiers); not
                 together with the two above.
+            kueue_queue: a Kueue LocalQueue (manifests/kueue: kfp-elastic) the worker pods
+                are submitted to, one workload each, with their tier's WorkloadPriorityClass;
+                empty: no Kueue.
             worker_snapshot_buffer: the training state's size (e.g. "9Gi"): each process pins
                 one host buffer of it for GPU snapshots; added, times the processes per pod, to
                 each worker pod's memory request and limit when worker_memory is given.
@@ -151,6 +155,7 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
                 priority_class=priority_class,
                 guaranteed_priority_class=guaranteed_priority_class,
                 opportunistic_priority_class=opportunistic_priority_class,
+                kueue_queue=kueue_queue,
                 worker_cpu=worker_cpu,
                 worker_memory=worker_memory,
                 worker_gpus=worker_gpus,

@@ -20,8 +20,11 @@ create; the DefaultTolerationSeconds admission adds 300 s not-ready/unreachable 
 pods without their own), ConfigMaps, Secrets, Nodes, RBAC objects, PodDisruptionBudgets and
 StatefulSets (create/get/list/replace/delete, no watch), and garbage-collects: removing any
 object deletes the pods and objects whose ownerReferences name its uid. With ``tls`` it serves
-HTTPS (what ``load_incluster_config()`` demands). Test hooks play scheduler, kubelet and node
-lifecycle by hand; ``testing/cluster/`` plays them for real.
+HTTPS (what ``load_incluster_config()`` demands). Scheduling gates: a pod created with
+``spec.schedulingGates`` gets ``PodScheduled=False``, reason ``SchedulingGated``; a patch may
+remove gates, never add one (422). ``pod_mutators`` stand for mutating admission webhooks. Test
+hooks play scheduler, kubelet and node lifecycle by hand; ``testing/cluster/`` plays them for
+real.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from kfp_elastic.testing.api_rules import (
@@ -144,6 +148,9 @@ class FakeKubernetes:
         self.default_toleration_seconds = default_toleration_seconds
         self.service_accounts = SERVICE_ACCOUNTS if service_accounts is None else service_accounts
         self.namespace = namespace  # what the test hooks act on by default
+        # Mutating admission webhooks: each is called with (namespace, pod) on every pod create,
+        # before validation, and may change the pod in place (the Kueue stand-in gates pods).
+        self.pod_mutators: list[Callable[[str, dict[str, Any]], None]] = []
         self.kubelet = kubelet  # False: deleted scheduled pods stay Terminating until finished
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         # The same requests as RBAC sees them (verb, group, resource, subresource): what a Role
@@ -454,7 +461,14 @@ class FakeKubernetes:
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         name = meta.get("name", "")
+        for mutate in self.pod_mutators:
+            mutate(ns, pod)
         problems = []
+        if spec.get("nodeName") and spec.get("schedulingGates"):
+            problems.append(
+                "spec.nodeName: Forbidden: cannot be set until all schedulingGates have been "
+                "cleared"
+            )
         if not name or len(name) > 253 or not _NAME.fullmatch(name):
             problems.append(f"metadata.name: Invalid value: {name!r}")
         if not spec.get("containers"):
@@ -506,6 +520,16 @@ class FakeKubernetes:
             c.setdefault("terminationMessagePolicy", "File")
         meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=now_timestamp())
         pod.update(apiVersion="v1", kind="Pod", status={"phase": "Pending"})
+        if spec.get("schedulingGates"):  # the pod strategy's applySchedulingGatedCondition
+            self._set_condition(
+                pod,
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "SchedulingGated",
+                    "message": "Scheduling is blocked due to non-empty scheduling gates",
+                },
+            )
         with self._cond:
             if (ns, name) in self._pods:
                 raise ApiError(409, "AlreadyExists", f'pods "{name}" already exists')
@@ -581,6 +605,7 @@ class FakeKubernetes:
                 new = {**old, "status": new.get("status", {})}
             else:
                 new["status"] = old["status"]
+                _check_scheduling_gates(name, old["spec"], new["spec"])
                 if _mutable_spec(new["spec"]) != _mutable_spec(old["spec"]):
                     raise ApiError(
                         422,
@@ -1015,9 +1040,22 @@ def _validate_strict(pod: dict[str, Any]) -> None:
         raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: {path}: {exc.message}') from exc
 
 
+def _check_scheduling_gates(name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Scheduling gates may only be removed after a pod's creation, never added (422)."""
+    had = {gate.get("name") for gate in old.get("schedulingGates") or []}
+    added = [g.get("name") for g in new.get("schedulingGates") or [] if g.get("name") not in had]
+    if added:
+        raise ApiError(
+            422,
+            "Invalid",
+            f'Pod "{name}" is invalid: spec.schedulingGates: Forbidden: only deletion is '
+            f"allowed, but found new scheduling gate '{added[0]}'",
+        )
+
+
 def _mutable_spec(spec: dict[str, Any]) -> dict[str, Any]:
     spec = copy.deepcopy(spec)
-    for key in ("activeDeadlineSeconds", "tolerations"):
+    for key in ("activeDeadlineSeconds", "tolerations", "schedulingGates"):
         spec.pop(key, None)
     for c in spec.get("containers", []):
         c.pop("image", None)

@@ -45,6 +45,7 @@ def elastic_train(
     priority_class: str = "",
     guaranteed_priority_class: str = "",
     opportunistic_priority_class: str = "",
+    kueue_queue: str = "",
     service_account: str = "",
     namespace: str = "",
     worker_cpu: str = "",
@@ -108,6 +109,10 @@ def elastic_train(
             kfp-elastic-worker-opportunistic.
         priority_class: one PriorityClass for every worker instead (no tiers); not together
             with the two above.
+        kueue_queue: a Kueue LocalQueue (e.g. ``kfp-elastic`` from manifests/kueue): each
+            worker pod is submitted to it as a workload of its own, with the
+            WorkloadPriorityClass named as its tier's PriorityClass; empty: no Kueue
+            (docs/master.md, "Kueue users").
         worker_snapshot_buffer: the training state's size (parameters + optimizer state),
             a Kubernetes quantity such as ``"9Gi"``: each training process pins one host
             buffer of it for GPU snapshots and rescues, and the master adds it, times the
@@ -173,6 +178,7 @@ def elastic_train(
             "priority_class": priority_class,
             "guaranteed_priority_class": guaranteed_priority_class,
             "opportunistic_priority_class": opportunistic_priority_class,
+            "kueue_queue": kueue_queue,
             "service_account": service_account,
             "namespace": namespace,
             "worker_cpu": worker_cpu,

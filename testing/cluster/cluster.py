@@ -14,6 +14,7 @@ from kfp_elastic.rendezvous.testing_pki import generate_test_pki
 from kfp_elastic.testing.api_server import CLUSTER_SCOPED, OBJECT_KINDS, FakeKubernetes
 from kfp_elastic.testing.api_wire import ApiError
 from kfp_elastic.testing.cluster.kubelet import CLUSTER_ENV, ClusterAccess, Kubelet
+from kfp_elastic.testing.cluster.kueue import Kueue, KueueQueue
 from kfp_elastic.testing.cluster.node_lifecycle import NodeLifecycle, NodeLifecycleSettings
 from kfp_elastic.testing.cluster.scheduler import Scheduler
 
@@ -50,11 +51,14 @@ class TestCluster:
         namespace: str = "default",
         rbac: list[dict[str, Any]] | None = None,
         node_lifecycle: NodeLifecycleSettings | None = None,
+        kueue: KueueQueue | None = None,
         **api_options: Any,
     ) -> None:
         """``rbac``: the Roles, ClusterRoles and bindings installed at start (None: the master's
         from ``manifests/base/rbac.yaml``, as ``kubectl apply -k`` installs them); the API
-        server authorizes every pod's requests by them."""
+        server authorizes every pod's requests by them. ``kueue``: a Kueue stand-in
+        (``kueue.py``) gates the pods that name a queue and admits those of this LocalQueue
+        into its quota (None: no Kueue)."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         pki = generate_test_pki(self.root / "pki")
@@ -84,6 +88,7 @@ class TestCluster:
         self.kubelets: dict[str, Kubelet] = {}  # the nodes that run
         self.lost: dict[str, Kubelet] = {}  # powered off or hung: silent, logs kept
         self.scheduler = Scheduler(self.api)
+        self.kueue = None if kueue is None else Kueue(self.api, kueue, namespace)
         self.lifecycle = NodeLifecycle(self.api, self._heartbeat, self.node_lifecycle)
         for name, capacity in (nodes or {"node-1": {"cpu": "4", "memory": "8Gi"}}).items():
             self.add_node(name, **capacity)
@@ -213,6 +218,8 @@ class TestCluster:
 
     def stop(self) -> None:
         self.lifecycle.stop()
+        if self.kueue is not None:
+            self.kueue.stop()
         self.scheduler.stop()
         for kubelets in (self.kubelets, self.lost):
             for name in list(kubelets):

@@ -1,7 +1,9 @@
-"""The test cluster's scheduler: binds Pending pods to nodes that fit their resource requests
-and whose taints they tolerate, marks the others ``PodScheduled=False``/``Unschedulable``, and
-preempts lower-priority pods the way kube-scheduler does (``DisruptionTarget``, then a graceful
-delete the kubelet carries out), keeping the room it freed for the pod it nominated.
+"""The test cluster's scheduler: binds Pending pods without scheduling gates to nodes that fit
+their resource requests and whose taints they tolerate, marks the others
+``PodScheduled=False``/``Unschedulable``, and preempts lower-priority pods the way
+kube-scheduler does (``DisruptionTarget``, then a graceful delete the kubelet carries out),
+keeping the room it freed for the pod it nominated. Gated pods keep the ``SchedulingGated``
+condition the API server gave them at creation.
 
 :func:`plan` is the pure decision over a snapshot of nodes and pods; :class:`Scheduler` runs it
 whenever anything in the API server changed and applies what it decided.
@@ -96,6 +98,8 @@ class Plan:
     # preemptor -> the node whose victims are (or will be) terminating for it
     nominated: list[tuple[PodKey, str]] = field(default_factory=list)
     victims: list[PodKey] = field(default_factory=list)
+    # pending pods with scheduling gates: never bound, nominated or counted as Unschedulable
+    gated: list[PodKey] = field(default_factory=list)
 
 
 def _selects(pod: dict[str, Any], node_labels: dict[str, str]) -> bool:
@@ -149,14 +153,16 @@ def plan(
     """One pass of the scheduler over ``nodes`` (name -> allocatable) and every pod.
 
     Pods bound to a node use its capacity until they are terminal (terminating ones too, as in
-    Kubernetes). A pending pod considers only the nodes whose ``labels`` (name -> labels) match
-    its ``nodeSelector`` and whose NoSchedule/NoExecute ``taints`` (name -> taints) it
-    tolerates, for binding and for preemption alike. Pending pods go highest priority first,
-    then oldest; each binds to the first node (by name) it fits on. One that fits nowhere is
-    Unschedulable and, unless its ``preemptionPolicy`` is ``Never``, preempts: if pods already
-    terminating would make room it waits for them, otherwise it picks the node needing the
-    fewest victims (then the lowest highest-victim priority) among pods of lower priority,
-    lowest priority first, and reprieves any victim it can do without.
+    Kubernetes). A pending pod with scheduling gates is left alone (``gated``): no binding, no
+    nomination, no preemption for it, and it is not Unschedulable. A pending pod considers
+    only the nodes whose ``labels`` (name -> labels) match its ``nodeSelector`` and whose
+    NoSchedule/NoExecute ``taints`` (name -> taints) it tolerates, for binding and for
+    preemption alike. Pending pods go highest priority first, then oldest; each binds to the
+    first node (by name) it fits on. One that fits nowhere is Unschedulable and, unless its
+    ``preemptionPolicy`` is ``Never``, preempts: if pods already terminating would make room it
+    waits for them, otherwise it picks the node needing the fewest victims (then the lowest
+    highest-victim priority) among pods of lower priority, lowest priority first, and reprieves
+    any victim it can do without.
 
     A nominated pod's requests count as used on its node for every pod considered after it
     (all of them of lower or equal priority), as kube-scheduler's filter does
@@ -173,7 +179,9 @@ def plan(
         if pod["status"].get("phase") in ("Succeeded", "Failed"):
             continue
         if not node:
-            if not pod["metadata"].get("deletionTimestamp"):
+            if pod["spec"].get("schedulingGates"):
+                out.gated.append(_key(pod))  # kube-scheduler's PreEnqueue keeps it out of its queue
+            elif not pod["metadata"].get("deletionTimestamp"):
                 pending.append(pod)
             continue
         if node not in free:
