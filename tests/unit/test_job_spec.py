@@ -178,6 +178,10 @@ def job(**sections: Any) -> JobSpec:
             job(launch=Launch(kubernetes=KubernetesSettings(shm_size="-1Gi"))),
             "shm_size (--shm-size / worker_shm_size) must not be negative, got '-1Gi'",
         ),
+        (
+            job(launch=Launch(kubernetes=KubernetesSettings(kueue_queue="Team_A"))),
+            "kueue_queue (--kueue-queue / kueue_queue) must name a Kueue LocalQueue: a DNS-1123",
+        ),
         (job(launch=Launch(kind="slurm")), "kind (--launcher) must be one of local, kubernetes"),
         (job(launch=Launch(local=LocalSettings(capacity=-1))), "capacity (--local-capacity / "),
         (job(launch=Launch(rdzv_conf={"cacert": "x"})), "rdzv_conf (--rdzv-conf) ['cacert']"),
@@ -394,6 +398,11 @@ def test_the_worker_pods_get_the_same_spec(monkeypatch: pytest.MonkeyPatch) -> N
         ),
     )
     template = worker_pod_template(spec)
+    assert template.kueue_queue is None  # no Kueue unless asked for
+    queued = replace(
+        spec, launch=replace(spec.launch, kubernetes=KubernetesSettings(kueue_queue="q"))
+    )
+    assert worker_pod_template(queued).kueue_queue == "q"
     assert template.snapshot_buffer is None
     assert template.rdzv_conf == spec.worker_rdzv_conf() and template.max_restarts == 7
     assert template.rdzv_conf["last_call_timeout"] == "1"

@@ -223,6 +223,92 @@ def test_every_configmap_key_reaches_the_training_task(target: str) -> None:
     assert set(config) <= set(CONFIG_ENV)
 
 
+# --------------------------------------------------------------------------- Kueue (optional)
+
+KUEUE_API = "kueue.x-k8s.io/v1beta1"
+# The fields of Kueue's v1beta1 objects manifests/kueue may use (a strict, kubeconform-like check:
+# kubernetes-validate has no schemas for Kueue's CRDs). kind -> top-level keys, spec keys.
+KUEUE_FIELDS = {
+    "WorkloadPriorityClass": ({"apiVersion", "kind", "metadata", "value", "description"}, None),
+    "ResourceFlavor": (
+        {"apiVersion", "kind", "metadata", "spec"},
+        {"nodeLabels", "nodeTaints", "tolerations", "topologyName"},
+    ),
+    "ClusterQueue": (
+        {"apiVersion", "kind", "metadata", "spec"},
+        {
+            "namespaceSelector",
+            "queueingStrategy",
+            "resourceGroups",
+            "preemption",
+            "cohort",
+            "flavorFungibility",
+            "stopPolicy",
+            "admissionChecks",
+            "fairSharing",
+        },
+    ),
+    "LocalQueue": ({"apiVersion", "kind", "metadata", "spec"}, {"clusterQueue", "stopPolicy"}),
+}
+
+
+def test_kueue_folder_is_optional_and_well_formed() -> None:
+    """manifests/kueue renders on its own (base does not include it) to Kueue objects with the
+    fields Kueue's v1beta1 API has; the ClusterQueue's resources and flavors agree as Kueue's
+    webhook demands, and the LocalQueue names it."""
+    objs = render("kueue")
+    assert not [o for o in render("base") if o["apiVersion"].startswith("kueue.x-k8s.io/")]
+    kinds = sorted(o["kind"] for o in objs)
+    assert kinds == [
+        "ClusterQueue",
+        "LocalQueue",
+        "ResourceFlavor",
+        "WorkloadPriorityClass",
+        "WorkloadPriorityClass",
+    ]
+    for obj in objs:
+        top, spec = KUEUE_FIELDS[obj["kind"]]
+        ident = f"{obj['kind']}/{obj['metadata']['name']}"
+        assert obj["apiVersion"] == KUEUE_API, ident
+        assert set(obj) <= top, f"{ident}: unknown fields {set(obj) - top}"
+        assert spec is not None or "spec" not in obj, ident
+        assert set(obj.get("spec") or {}) <= (spec or set()), ident
+        assert ("namespace" in obj["metadata"]) == (obj["kind"] == "LocalQueue"), ident
+    (queue,) = find(objs, "ClusterQueue")
+    flavors = {o["metadata"]["name"] for o in find(objs, "ResourceFlavor")}
+    assert queue["spec"]["preemption"]["withinClusterQueue"] == "LowerPriority"
+    for group in queue["spec"]["resourceGroups"]:
+        for flavor in group["flavors"]:
+            assert flavor["name"] in flavors
+            # Kueue's validation: the flavor's resources are the covered ones, in their order
+            assert [r["name"] for r in flavor["resources"]] == group["coveredResources"]
+    covered = {r for g in queue["spec"]["resourceGroups"] for r in g["coveredResources"]}
+    assert {"cpu", "memory", "nvidia.com/gpu"} <= covered  # what worker pods request
+    local = one(objs, "LocalQueue", "kfp-elastic")
+    assert local["spec"]["clusterQueue"] == queue["metadata"]["name"]
+    assert local["metadata"]["namespace"] == overlay_namespace(render("overlays/production"))
+
+
+def test_kueue_workload_priorities_are_the_tiers_priority_classes() -> None:
+    """One name per tier: a worker pod's kueue.x-k8s.io/priority-class label names its
+    PriorityClass, so the WorkloadPriorityClasses carry those names and values; the test
+    cluster's Kueue stand-in uses the same table."""
+    from kfp_elastic.testing.cluster.kueue import WORKLOAD_PRIORITY_CLASSES, KueueQueue
+
+    classes = {
+        o["metadata"]["name"]: o["value"] for o in render("base") if o["kind"] == "PriorityClass"
+    }
+    workload = {
+        o["metadata"]["name"]: o["value"] for o in find(render("kueue"), "WorkloadPriorityClass")
+    }
+    assert workload == {name: classes[name] for name in (GUARANTEED_PC, OPPORTUNISTIC_PC)}
+    assert WORKLOAD_PRIORITY_CLASSES == workload
+    assert (
+        KueueQueue(quota={}).name
+        == one(render("kueue"), "LocalQueue", "kfp-elastic")["metadata"]["name"]
+    )
+
+
 # --------------------------------------------------------------------------- etcd
 
 

@@ -14,6 +14,8 @@ from kfp_elastic.master.pod_spec import (
     ATTEMPT_LABEL,
     INDEX_LABEL,
     JOB_LABEL,
+    KUEUE_PRIORITY_CLASS_LABEL,
+    KUEUE_QUEUE_LABEL,
     RUN_ID_LABEL,
     WorkerPodSpec,
     build_pod,
@@ -299,6 +301,27 @@ def test_one_class_for_every_worker_when_both_tiers_name_it() -> None:
     } == {"low"}
 
 
+def test_kueue_labels_name_the_queue_and_each_tiers_class() -> None:
+    # One name per tier: the WorkloadPriorityClass is named as the pod's PriorityClass.
+    spec = replace(BASE, min_nodes=1, max_nodes=3, kueue_queue="kfp-elastic")
+    pods = [build_pod(replace(spec, worker_index=i)) for i in range(3)]
+    for pod in pods:
+        labels = pod["metadata"]["labels"]
+        assert labels[KUEUE_QUEUE_LABEL] == "kfp-elastic"
+        assert labels[KUEUE_PRIORITY_CLASS_LABEL] == pod["spec"]["priorityClassName"]
+        assert "schedulingGates" not in pod["spec"]  # Kueue's webhook adds its gate
+    assert [p["metadata"]["labels"][KUEUE_PRIORITY_CLASS_LABEL] for p in pods] == [
+        "kfp-elastic-worker-guaranteed",
+        "kfp-elastic-worker-opportunistic",
+        "kfp-elastic-worker-opportunistic",
+    ]
+    no_class = replace(spec, guaranteed_priority_class=None)
+    labels = build_pod(no_class)["metadata"]["labels"]  # Kueue takes the pod's priority
+    assert labels[KUEUE_QUEUE_LABEL] == "kfp-elastic" and KUEUE_PRIORITY_CLASS_LABEL not in labels
+    without = build_pod(BASE)["metadata"]["labels"]
+    assert not {KUEUE_QUEUE_LABEL, KUEUE_PRIORITY_CLASS_LABEL} & set(without)
+
+
 def test_optional_identity_fields_can_be_left_to_the_cluster() -> None:
     spec = build_pod(
         replace(BASE, guaranteed_priority_class=None, service_account=None, run_as_user=None)
@@ -404,6 +427,13 @@ def test_parse_quantity(text: str, value: Decimal) -> None:
         ({"guaranteed_priority_class": "Low"}, "guaranteed_priority_class='Low' is not a DNS-1"),
         ({"opportunistic_priority_class": "a_b"}, "opportunistic_priority_class='a_b' is not"),
         ({"service_account": "sa_1"}, "service_account='sa_1'"),
+        ({"kueue_queue": "Team_A"}, "kueue_queue='Team_A' is not a DNS-1123 label"),
+        ({"kueue_queue": ""}, "kueue_queue='' is not a DNS-1123 label"),
+        (
+            {"kueue_queue": "q", "guaranteed_priority_class": "c." + "x" * 70},
+            "guaranteed_priority_class: label value",
+        ),
+        ({"kueue_queue": "q", "labels": {KUEUE_QUEUE_LABEL: "other"}}, "set by the launcher"),
         ({"image_pull_policy": "Sometimes"}, "image_pull_policy='Sometimes'"),
         ({"labels": {JOB_LABEL: "other"}}, "set by the launcher"),
         ({"labels": {"team": "a b"}}, "label value 'a b'"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from kfp_elastic.master.pod_spec import (
 from kfp_elastic.master.pod_status import classify
 from kfp_elastic.testing.api_server import FakeKubernetes
 from kfp_elastic.testing.api_wire import ApiError
+from kfp_elastic.testing.cluster.cluster import TestCluster
 from kfp_elastic.testing.cluster.kueue import (
     ADMISSION_GATE,
     WORKLOAD_PRIORITY_CLASSES,
@@ -283,3 +285,32 @@ def test_guaranteed_workers_evict_only_opportunistic_ones_under_kueue(
     assert all(bound(k8s, n) for n in (names(a)[0], b_guaranteed, names(c)[0], names(d)[0]))
     for name in (*b_opportunistic, names(e)[0]):
         assert k8s.pod(name)["spec"]["schedulingGates"] == [{"name": ADMISSION_GATE}]
+
+
+def test_the_test_cluster_runs_the_stand_in_when_asked(tmp_path: Path) -> None:
+    """``TestCluster(kueue=...)``: a queued pod runs once admitted, the next waits gated for
+    the quota (not for a node: the node has room for both) until the first is gone."""
+
+    def sleeper(name: str) -> dict[str, Any]:
+        container = {
+            "name": "c",
+            "image": "busybox:1",
+            "command": ["sleep", "30"],
+            "resources": {"requests": {"cpu": "1"}},
+        }
+        labels = {KUEUE_QUEUE_LABEL: "kfp-elastic"}
+        return {"metadata": {"name": name, "labels": labels}, "spec": {"containers": [container]}}
+
+    quota = KueueQueue(quota={"cpu": 1})
+    with TestCluster(tmp_path, nodes={"n1": {"cpu": "2"}}, kueue=quota) as cluster:
+        api, ns = cluster.api, cluster.namespace
+        api.create(ns, sleeper("first"))
+        assert eventually(lambda: api.pod("first")["status"]["phase"] == "Running")
+        api.create(ns, sleeper("second"))
+        assert cluster.kueue is not None
+        assert (ns, "second") not in cluster.kueue.admit_once().admit
+        assert api.pod("second")["spec"]["schedulingGates"] == [{"name": ADMISSION_GATE}]
+        api.delete(ns, "first", grace=0)
+        assert eventually(lambda: api.pod("second")["status"]["phase"] == "Running")
+        api.delete(ns, "second", grace=0)
+    assert not cluster.leftover_processes()
