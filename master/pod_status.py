@@ -26,7 +26,7 @@ _DISRUPTION_REASONS = {
     "DeletionByPodGC": Reason.NODE_LOST,  # pod of a deleted node
 }
 # Kueue stops a plain pod it evicts (its pod integration) with this condition, then deletes it
-# gracefully; the reason is "WorkloadEvictedDueTo<why>" ("WorkloadEvicted" before Kueue 0.10).
+# gracefully; the reason is "WorkloadEvictedDueTo<why>" ("WorkloadEvicted" in older versions).
 KUEUE_STOP_CONDITION = "TerminationTarget"
 KUEUE_PREEMPTED_REASON = "WorkloadEvictedDueToPreempted"
 # Pod-level status.reason values the kubelet and node lifecycle set.

@@ -193,6 +193,22 @@ def test_preemption_is_a_disruption_not_a_failure(
     ]
 
 
+def test_an_eviction_by_kueue_is_a_preemption(
+    launcher: KubernetesLauncher, watcher: Watcher, k8s: FakeKubernetes
+) -> None:
+    """Kueue stops a plain pod it evicts with its own condition (TerminationTarget), not
+    DisruptionTarget, then deletes it: a preemption, not a failure nor an unexplained delete."""
+    from kfp_elastic.testing.cluster.kueue import stop_pod
+
+    name = launcher.launch(0).name
+    k8s.set_phase(name, "Running")
+    watcher.wait(name, R)
+    stop_pod(k8s, NS, name)
+    gone = watcher.wait(name, D, Reason.PREEMPTED)
+    assert gone.is_disruption and not gone.is_failure
+    assert "WorkloadEvictedDueToPreempted" in gone.message
+
+
 def test_non_zero_exit_is_a_failure_and_stays_one_after_deletion(
     launcher: KubernetesLauncher, watcher: Watcher, k8s: FakeKubernetes
 ) -> None:
