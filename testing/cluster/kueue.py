@@ -221,6 +221,9 @@ class Kueue:
         self.namespace = namespace
         self._lock = threading.Lock()
         self._admitted: dict[str, int] = {}  # pod uid -> admission order
+        # pod uid -> creation order (a Workload's creation time): first seen, oldest version
+        # first. Not the resourceVersion, which every later write to the pod changes.
+        self._created: dict[str, int] = {}
         self._count = itertools.count(1)
         api.pod_mutators.append(gate)
         self._stop = threading.Event()
@@ -242,6 +245,8 @@ class Kueue:
         """The queue's workloads among ``pods`` (finished pods release their quota), and each
         one's pod uid."""
         out, uids = [], {}
+        for pod in sorted(pods, key=lambda p: int(p["metadata"].get("resourceVersion") or 0)):
+            self._created.setdefault(pod["metadata"]["uid"], next(self._count))
         for pod in pods:
             meta = pod["metadata"]
             labels = meta.get("labels") or {}
@@ -267,7 +272,7 @@ class Kueue:
                         if priority_class
                         else int(pod["spec"].get("priority") or 0)
                     ),
-                    order=int(meta.get("resourceVersion") or 0),
+                    order=self._created[meta["uid"]],
                     requests=pod_requests(pod),
                     admitted_order=admitted,
                     evicted=admitted is not None and bool(meta.get("deletionTimestamp")),
@@ -302,8 +307,9 @@ class Kueue:
                 log.info("event=kueue_evicted pod=%s/%s queue=%s", ns, name, self.queue.name)
                 self._apply(stop_pod, self.api, ns, name)
             live = {p["metadata"]["uid"] for p in pods}
-            for uid in [u for u in self._admitted if u not in live]:
-                del self._admitted[uid]
+            for known in (self._admitted, self._created):
+                for uid in [u for u in known if u not in live]:
+                    del known[uid]
             return decided
 
     @staticmethod
