@@ -48,7 +48,8 @@ from benchmarks.scheduling.throughput import JOB_TYPES
 
 POLICIES = ("elastic", "gang", "evict")
 FIRST_STEP_GOAL_S = 5.0  # B's submission -> its first step
-QUICK = {"solo_s": 4.0, "slots": 4}
+# Two slots: each start of a job is its master and two workers (the CPU of a small machine)
+QUICK = {"solo_s": 4.0, "slots": 2, "min_workers": 1}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 1)[1],
     )
     add_common_options(
-        parser, f"--solo-s {QUICK['solo_s']:g} --slots {QUICK['slots']} --policies evict"
+        parser,
+        f"--solo-s {QUICK['solo_s']:g} --slots {QUICK['slots']} "
+        f"--min-workers {QUICK['min_workers']} --policies evict",
     )
     parser.add_argument("--slots", type=int, default=8, help="GPUs; each job asks them all")
     parser.add_argument("--min-workers", type=int, default=2, help="elastic: each job's minimum")
@@ -83,6 +86,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parse_options(parser, argv)
     if args.quick:
         args.solo_s, args.slots = QUICK["solo_s"], QUICK["slots"]
+        args.min_workers = QUICK["min_workers"]
         # evict: the policy with the most to check (eviction, the job run again); at 4 s
         # of training A is done before B's pods start, so elastic's preemption is not reached
         args.policies = ["evict"]
