@@ -41,6 +41,7 @@ from benchmarks.harness import (
 from benchmarks.scheduling import workload
 from benchmarks.scheduling.figures import load_title, plot_loads, png_next_to
 from benchmarks.scheduling.occupancy import plot_slots
+from benchmarks.scheduling.seeds import mean_runs, parse_seeds, spread
 from benchmarks.scheduling.simulator import (
     GPUS_PER_NODE,
     JOIN_S,
@@ -80,6 +81,13 @@ def _loads(text: str) -> list[float]:
     if not values or min(values) <= 0:
         raise argparse.ArgumentTypeError(f"expected numbers > 0, got {text!r}")
     return values
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        return parse_seeds(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _min_rule(text: str) -> int | str:
@@ -137,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--start-hour", type=float, default=8.0, help="window start, hour of day")
     parser.add_argument("--window-hours", type=float, default=8.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--seeds",
+        type=_seeds,
+        default=None,
+        help="several seeds instead of --seed (1-10, or 1,2,5): every configuration once per "
+        "seed, each its own sample; adds the ratios' spread over the seeds",
+    )
     parser.add_argument(
         "--policies", type=comma_list, default=list(POLICIES), help="gang, elastic or both"
     )
@@ -225,43 +240,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     costs = Costs(args.join_s, args.shrink_s, args.start_s, args.join_pause_s)
+    seeds = args.seeds or [args.seed]
     runs = []
     for gpus in args.gpus:
         for count in _jobs_per_size(args, gpus):
-            try:
-                jobs = sample(trace, count, args.start_hour, args.window_hours, args.seed, gpus)
-            except ValueError as error:
-                print(f"error: {error}", file=sys.stderr)
-                return 2
-            policies = {}
-            for policy in args.policies:
-                t0 = time.monotonic()
-                result = simulate(
-                    jobs, gpus, policy, costs, args.scaling, args.min_workers, args.gpus_per_node
-                )
-                wall = time.monotonic() - t0
-                policies[policy] = {**result.as_dict(), "wall_s": round(wall, 2)}
-                print(
-                    f"gpus={gpus} jobs={count} {policy:<8} avg_jct={result.avg_jct_s:9.0f}s "
-                    f"p99={result.p99_jct_s:9.0f}s makespan={result.makespan_s:9.0f}s "
-                    f"util={result.utilization:.3f} idle_waiting={result.idle_while_waiting:.3f} "
-                    f"resizes={result.resizes} ({wall:.1f} s to simulate)",
-                    flush=True,
-                )
-            runs.append(
-                {
-                    "gpus": gpus,
-                    "jobs": count,
-                    "jobs_per_gpu": round(count / gpus, 3),
-                    "requested_gpus": sum(j.gpus for j in jobs),
-                    "multi_gpu_jobs": sum(j.gpus > 1 for j in jobs),
-                    "guaranteed_gpus": sum(min_workers_of(j.gpus, args.min_workers) for j in jobs),
-                    "work_gpu_s": round(sum(j.work for j in jobs), 1),
-                    "policies": policies,
-                }
-            )
+            for seed in seeds:
+                try:
+                    jobs = sample(trace, count, args.start_hour, args.window_hours, seed, gpus)
+                except ValueError as error:
+                    print(f"error: {error}", file=sys.stderr)
+                    return 2
+                runs.append(_run(args, costs, jobs, gpus, count, seed))
     summary = {
-        f"{run['gpus']}gpus_{run['jobs']}jobs": {
+        f"{run['gpus']}gpus_{run['jobs']}jobs"
+        + (f"_seed{run['seed']}" if len(seeds) > 1 else ""): {
             policy: {"avg_jct_s": m["avg_jct_s"], "makespan_s": m["makespan_s"]}
             for policy, m in run["policies"].items()
         }
@@ -270,10 +262,66 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict = {"runs": runs}
     if len(runs) == 1:
         report["policies"] = runs[0]["policies"]
+    if len(seeds) > 1:
+        report["spread"] = spread(runs)
+        for row in report["spread"]:
+            print(_spread_line(row), flush=True)
     out = write_result("scheduling", args, began, True, summary, report)
-    figure = plot_loads(runs, png_next_to(out), load_title(vars(args)))
+    drawn = mean_runs(runs) if len(seeds) > 1 else runs
+    figure = plot_loads(drawn, png_next_to(out), load_title(vars(args)))
     print(f"wrote {figure}")
     return 0
+
+
+def _run(
+    args: argparse.Namespace, costs: Costs, jobs: list, gpus: int, count: int, seed: int
+) -> dict:
+    """Every policy over one sample: the run's entry of the result file."""
+    policies = {}
+    for policy in args.policies:
+        t0 = time.monotonic()
+        result = simulate(
+            jobs, gpus, policy, costs, args.scaling, args.min_workers, args.gpus_per_node
+        )
+        wall = time.monotonic() - t0
+        policies[policy] = {**result.as_dict(), "wall_s": round(wall, 2)}
+        print(
+            f"gpus={gpus} jobs={count} seed={seed} {policy:<8} "
+            f"avg_jct={result.avg_jct_s:9.0f}s p99={result.p99_jct_s:9.0f}s "
+            f"makespan={result.makespan_s:9.0f}s util={result.utilization:.3f} "
+            f"idle_waiting={result.idle_while_waiting:.3f} resizes={result.resizes} "
+            f"({wall:.1f} s to simulate)",
+            flush=True,
+        )
+    return {
+        "gpus": gpus,
+        "jobs": count,
+        "jobs_per_gpu": round(count / gpus, 3),
+        "seed": seed,
+        "requested_gpus": sum(j.gpus for j in jobs),
+        "multi_gpu_jobs": sum(j.gpus > 1 for j in jobs),
+        "guaranteed_gpus": sum(min_workers_of(j.gpus, args.min_workers) for j in jobs),
+        "work_gpu_s": round(sum(j.work for j in jobs), 1),
+        "policies": policies,
+    }
+
+
+def _spread_line(row: dict) -> str:
+    def part(name: str) -> str:
+        d = row[name]
+        if d is None:
+            return f"{name} -"
+        ci = d["ci95"] or [d["mean"], d["mean"]]
+        met = row[f"{name}_goal_met"]
+        return (
+            f"{name} {d['mean']:.2f} (95% CI {ci[0]:.2f}-{ci[1]:.2f}, range "
+            f"{d['min']:.2f}-{d['max']:.2f}, goal met on {met}/{d['n']})"
+        )
+
+    return (
+        f"gpus={row['gpus']} jobs={row['jobs']} over {len(row['seeds'])} seeds: "
+        f"{part('jct_ratio')}; {part('pending_ratio')}"
+    )
 
 
 def _main_workload(args: argparse.Namespace, began: float) -> int:
