@@ -15,6 +15,8 @@ costs and the metrics). ``--gpus`` and ``--jobs`` take comma-separated lists: ev
 each with its own sample. The result file holds ``runs`` (one per pair) and, when there is one
 pair, its ``policies`` at the top: ``{"policies": {"gang": {...}, "elastic": {...}}}``.
 ``--load L`` (a list) samples ``round(L × gpus)`` jobs per cluster size instead of ``--jobs``.
+``--seeds 1-10`` runs every configuration once per seed and adds ``spread``: elastic/gang's JCT
+and pending ratios over the seeds (``benchmarks/scheduling/seeds.py``).
 A PNG next to the JSON draws the average JCT and the mean pending time against the load.
 
 ``--workload FILE`` simulates experiment 1's jobs instead (an experiment-1 result file:
