@@ -287,3 +287,23 @@ def run_gloo_ranks(script: str, *args: str, world: int = 2, timeout: float = 120
                 process.kill()
                 process.wait()
     return reports
+
+
+def job_worker_pods(job: str, min_workers: int, max_workers: int, **spec: Any) -> list[Obj]:
+    """Job ``job``'s worker pods 0..max_workers-1 as the master builds them
+    (``master/pod_spec.py``: the class each index gets, labels, ...); ``spec``: other
+    ``WorkerPodSpec`` fields (a ``command`` to run instead of an agent, ``kueue_queue``, ...)."""
+    from dataclasses import replace
+
+    from kfp_elastic.master.pod_spec import WorkerPodSpec, build_pod
+
+    template = WorkerPodSpec(
+        job_name=job,
+        image="kfp-elastic-worker:0.1.0",
+        entrypoint="train.py",
+        rdzv_endpoint="etcd:2379",
+        min_nodes=min_workers,
+        max_nodes=max_workers,
+        **spec,
+    )
+    return [build_pod(replace(template, worker_index=i)) for i in range(max_workers)]

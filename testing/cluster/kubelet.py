@@ -54,6 +54,7 @@ from typing import Any, TextIO
 from kfp_elastic.components.common import run_pids
 from kfp_elastic.testing.api_server import FakeKubernetes
 from kfp_elastic.testing.api_wire import ApiError, now_timestamp
+from kfp_elastic.testing.cluster.controller import ControlLoop
 
 log = logging.getLogger(__name__)
 
@@ -302,22 +303,7 @@ class Kubelet:
         self._pods: dict[str, _RunningPod] = {}  # by uid
         self._creating: dict[str, float] = {}  # uid -> when its containers may start
         self._silent_since: float | None = None  # powered off or hung at this monotonic time
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"kubelet-{node}")
-        self._thread.start()
-
-    # -- loop --------------------------------------------------------------------------
-
-    def _loop(self) -> None:
-        seen = 0
-        while not self._stop.is_set():
-            seen = self.api.wait_for_change(seen, timeout=self.poll_s)
-            if self._stop.is_set():
-                return
-            try:
-                self.sync()
-            except Exception:  # one bad pass must not stop the node
-                log.exception("event=kubelet_sync_failed node=%s", self.node)
+        self._loop = ControlLoop(api, f"kubelet-{node}", self.sync, wait_s=self.poll_s)
 
     def last_heartbeat(self) -> float:
         """When the node last heartbeated (monotonic): now while it runs, else the moment it
@@ -653,8 +639,7 @@ class Kubelet:
         """No more syncs and no more heartbeats."""
         if self._silent_since is None:
             self._silent_since = time.monotonic()
-        self._stop.set()
-        self._thread.join()
+        self._loop.stop(timeout=None)
 
     def power_off(self) -> None:
         """The machine goes off: every process of its pods is SIGKILLed at once; the API

@@ -37,6 +37,7 @@ import yaml
 
 from kfp_elastic.testing.api_server import FakeKubernetes
 from kfp_elastic.testing.api_wire import ApiError, now_timestamp
+from kfp_elastic.testing.cluster.controller import ControlLoop
 from kfp_elastic.testing.cluster.scheduler import (
     RESOURCES,
     PodKey,
@@ -226,20 +227,7 @@ class Kueue:
         self._created: dict[str, int] = {}
         self._count = itertools.count(1)
         api.pod_mutators.append(gate)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="test-cluster-kueue")
-        self._thread.start()
-
-    def _loop(self) -> None:
-        seen = 0
-        while not self._stop.is_set():
-            seen = self.api.wait_for_change(seen, timeout=0.5)
-            if self._stop.is_set():
-                return
-            try:
-                self.admit_once()
-            except Exception:  # a bug here must not silently stop admission
-                log.exception("event=kueue_admission_failed")
+        self._loop = ControlLoop(api, "test-cluster-kueue", self.admit_once)
 
     def workloads(self, pods: list[dict[str, Any]]) -> tuple[list[Workload], dict[PodKey, str]]:
         """The queue's workloads among ``pods`` (finished pods release their quota), and each
@@ -322,7 +310,6 @@ class Kueue:
         return True
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._loop.stop()
         if gate in self.api.pod_mutators:
             self.api.pod_mutators.remove(gate)

@@ -28,6 +28,7 @@ from typing import Any
 
 from kfp_elastic.testing.api_server import FakeKubernetes
 from kfp_elastic.testing.api_wire import ApiError
+from kfp_elastic.testing.cluster.controller import ControlLoop
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +114,7 @@ class ReplicaSet:
         self.ns = self.namespace or self.api.namespace
         self._lock = threading.Lock()
         self._order: dict[str, float] = {}  # name -> monotonic creation time: "newest"
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name=f"rs-{self.name}")
-        self._thread.start()
+        self._loop = ControlLoop(self.api, f"rs-{self.name}", self.reconcile_once)
 
     def __enter__(self) -> ReplicaSet:
         return self
@@ -181,19 +180,6 @@ class ReplicaSet:
             return
         log.info("event=replica_deleted set=%s pod=%s", self.name, name)
 
-    def _loop(self) -> None:
-        seen = 0
-        while not self._stop.is_set():
-            seen = self.api.wait_for_change(seen, timeout=0.5)
-            if self._stop.is_set():
-                return
-            try:
-                self.reconcile_once()
-            except Exception:  # a bug here must not silently stop the controller
-                log.exception("event=reconcile_failed set=%s", self.name)
-
     def stop(self) -> None:
         """Stop reconciling (the pods stay)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(5)
+        self._loop.stop()

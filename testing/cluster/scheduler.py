@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from kfp_elastic.testing.api_server import FakeKubernetes
 from kfp_elastic.testing.api_wire import ApiError
+from kfp_elastic.testing.cluster.controller import ControlLoop
 
 log = logging.getLogger(__name__)
 
@@ -278,20 +278,7 @@ class Scheduler:
 
     def __init__(self, api: FakeKubernetes) -> None:
         self.api = api
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="test-cluster-scheduler")
-        self._thread.start()
-
-    def _loop(self) -> None:
-        seen = 0
-        while not self._stop.is_set():
-            seen = self.api.wait_for_change(seen, timeout=0.5)
-            if self._stop.is_set():
-                return
-            try:
-                self.schedule_once()
-            except Exception:  # a bug here must not silently stop scheduling
-                log.exception("event=schedule_failed")
+        self._loop = ControlLoop(api, "test-cluster-scheduler", self.schedule_once)
 
     def schedule_once(self) -> None:
         schedulable = [
@@ -338,5 +325,4 @@ class Scheduler:
             log.info("event=schedule_skipped reason=%s", exc.status["reason"])
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._loop.stop()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +13,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kfp_elastic.master.pod_spec import WorkerPodSpec, build_pod
 from kfp_elastic.testing.cluster import TestCluster
-from tests.helpers import eventually
+from tests.helpers import eventually, job_worker_pods
 
 NS = "default"
 TERMINAL = ("Succeeded", "Failed")
@@ -340,20 +338,10 @@ def test_priority_class_with_preemption_policy_never_does_not_preempt(
 
 
 def elastic_worker_pods(job: str, min_workers: int, max_workers: int) -> list[dict[str, Any]]:
-    """Job ``job``'s worker pods as the master builds them (``master/pod_spec.py``, so with the
-    class each index gets), running ``sleep`` instead of an agent; half a CPU each."""
-    template = WorkerPodSpec(
-        job_name=job,
-        image="kfp-elastic-worker:0.1.0",
-        entrypoint="train.py",
-        rdzv_endpoint="etcd:2379",
-        min_nodes=min_workers,
-        max_nodes=max_workers,
-        command=("/bin/sh", "-c", "exec sleep 600"),  # the torchrun args land in $0, $1, ...
-        cpu="500m",
-        namespace=NS,
-    )
-    return [build_pod(replace(template, worker_index=i)) for i in range(max_workers)]
+    """Job ``job``'s worker pods as the master builds them, running ``sleep`` instead of an
+    agent (the torchrun args land in $0, $1, ...); half a CPU each."""
+    command = ("/bin/sh", "-c", "exec sleep 600")
+    return job_worker_pods(job, min_workers, max_workers, command=command, cpu="500m", namespace=NS)
 
 
 def test_a_new_jobs_guaranteed_workers_preempt_only_opportunistic_ones(

@@ -15,8 +15,6 @@ from kfp_elastic.master.launcher import Reason
 from kfp_elastic.master.pod_spec import (
     KUEUE_PRIORITY_CLASS_LABEL,
     KUEUE_QUEUE_LABEL,
-    WorkerPodSpec,
-    build_pod,
 )
 from kfp_elastic.master.pod_status import classify
 from kfp_elastic.testing.api_server import FakeKubernetes
@@ -33,7 +31,7 @@ from kfp_elastic.testing.cluster.kueue import (
     stop_pod,
 )
 from kfp_elastic.testing.cluster.scheduler import Scheduler, plan
-from tests.helpers import eventually
+from tests.helpers import eventually, job_worker_pods
 
 NS = "kfp-elastic"
 MERGE = "application/merge-patch+json"
@@ -193,18 +191,9 @@ def test_a_pod_kueue_evicted_is_a_preemption_for_the_master() -> None:
 
 def job_pods(job: str, min_workers: int, max_workers: int) -> list[dict[str, Any]]:
     """Job ``job``'s worker pods as the master builds them with ``kueue_queue`` set."""
-    template = WorkerPodSpec(
-        job_name=job,
-        image="kfp-elastic-worker:0.1.0",
-        entrypoint="train.py",
-        rdzv_endpoint="etcd:2379",
-        min_nodes=min_workers,
-        max_nodes=max_workers,
-        gpu=1,
-        namespace=NS,
-        kueue_queue="kfp-elastic",
+    return job_worker_pods(
+        job, min_workers, max_workers, gpu=1, namespace=NS, kueue_queue="kfp-elastic"
     )
-    return [build_pod(replace(template, worker_index=i)) for i in range(max_workers)]
 
 
 @pytest.fixture
