@@ -22,7 +22,7 @@ from typing import Any
 
 from pyetcd.client import MultiEndpointEtcd3Client
 
-from kfp_elastic.etcd.client import TRANSIENT_ERRORS
+from kfp_elastic.etcd.client import TRANSIENT_ERRORS, retry
 from kfp_elastic.etcd.keys import RunKeys
 from kfp_elastic.job_spec import JobSpec
 from kfp_elastic.master.cost import SlotUsage, cost_of
@@ -37,6 +37,7 @@ from kfp_elastic.master.metrics import Metrics, TimelineStats
 from kfp_elastic.master.observer import Observer
 from kfp_elastic.master.scaling import Decision, decide, is_active
 from kfp_elastic.master.state import (
+    ACQUIRE_RETRY_S,
     FINISHED_STATES,
     MasterState,
     NotLeaderError,
@@ -189,7 +190,9 @@ class ElasticJob:
 
     def run(self) -> JobResult:
         try:
-            refusal = self.refusal()
+            # A master may start while etcd restarts (a retry after a crash of both): wait
+            # it out, within the same bound as the leadership request.
+            refusal = retry(self.refusal, ACQUIRE_RETRY_S, "reading the run's state")
             if refusal:
                 log.error("run id in use: %s", refusal)
                 return JobResult("refused", refusal)

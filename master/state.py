@@ -27,7 +27,7 @@ from typing import Any
 from pyetcd.client import MultiEndpointEtcd3Client
 from pyetcd.events import DeleteEvent
 
-from kfp_elastic.etcd.client import TRANSIENT_ERRORS
+from kfp_elastic.etcd.client import TRANSIENT_ERRORS, retry
 from kfp_elastic.etcd.keys import MasterKeys, TimelineKeys
 from kfp_elastic.master.timeline import Event, to_json
 from kfp_elastic.rendezvous.leases import KEEPALIVES_PER_TTL, LeaseKeeper, grant
@@ -180,8 +180,12 @@ class MasterState:
         stop = stop or threading.Event()
         deadline = None if timeout is None else time.monotonic() + timeout
         self._on_lost = on_lost
-        if not self._lease:
-            self._lease = grant(self.client, self.lease_ttl)
+        if not self._lease:  # a master may start while etcd restarts: ride it out, bounded
+            self._lease = retry(
+                lambda: grant(self.client, self.lease_ttl),
+                ACQUIRE_RETRY_S,
+                "granting the leadership lease",
+            )
             self._keeper = LeaseKeeper(
                 self.client, self.lease_ttl / KEEPALIVES_PER_TTL, self._lease_lost
             )

@@ -170,3 +170,30 @@ def test_state_survives_a_master_restart(client: MultiEndpointEtcd3Client, prefi
             second.set_status("paused")
     finally:
         second.release()
+
+
+def test_a_master_that_starts_while_etcd_restarts_waits_for_it(
+    client: MultiEndpointEtcd3Client, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease request fails while etcd is away (as after a crash of master and etcd alike):
+    the master asks again instead of exiting, and leads once etcd answers."""
+    from pyetcd.exceptions import ConnectionFailedError
+
+    from kfp_elastic.master import state as state_module
+
+    calls = []
+
+    def grant_after_two_failures(etcd: MultiEndpointEtcd3Client, ttl: float) -> int:
+        calls.append(ttl)
+        if len(calls) <= 2:
+            raise ConnectionFailedError()
+        return real_grant(etcd, ttl)
+
+    real_grant = state_module.grant
+    monkeypatch.setattr(state_module, "grant", grant_after_two_failures)
+    state = MasterState(client, prefix, lease_ttl=2)
+    try:
+        assert state.acquire(timeout=10) and state.is_leader
+        assert len(calls) == 3
+    finally:
+        state.release()
