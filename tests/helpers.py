@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import signal
 import subprocess
@@ -35,6 +34,7 @@ from kfp_elastic.testing.nodes import (
     wait_for_events,
 )
 from kfp_elastic.worker.progress import Progress
+from tests.ranks import run_ranks
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTS_ROOT = REPO_ROOT / "tests"
@@ -253,40 +253,9 @@ def running_zygote(socket_path: str, preload: Sequence[str]) -> Iterator[subproc
 
 
 def run_gloo_ranks(script: str, *args: str, world: int = 2, timeout: float = 120) -> list[Any]:
-    """Run ``python -c script *args`` as ``world`` ranks of a gloo group on this machine (RANK,
-    WORLD_SIZE, MASTER_ADDR/PORT set) and return each rank's last stdout line as JSON, in rank
-    order; a rank that fails fails the test with its stderr. Every rank is gone on return."""
-    port = free_port()
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", script, *args],
-            cwd=REPO_ROOT,
-            env={
-                **os.environ,
-                "PYTHONPATH": str(REPO_ROOT),
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-            },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(world)
-    ]
-    reports = []
-    try:
-        for process in ranks:
-            out, err = process.communicate(timeout=timeout)
-            assert process.returncode == 0, err[-3000:]
-            reports.append(json.loads(out.splitlines()[-1]))
-    finally:
-        for process in ranks:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    return reports
+    """Run ``python -c script *args`` as ``world`` ranks of a gloo group on this machine and
+    return each rank's last stdout line as JSON, in rank order (``tests/ranks.run_ranks``)."""
+    return run_ranks(script, *args, world=world, timeout=timeout)
 
 
 def job_worker_pods(job: str, min_workers: int, max_workers: int, **spec: Any) -> list[Obj]:
@@ -307,3 +276,24 @@ def job_worker_pods(job: str, min_workers: int, max_workers: int, **spec: Any) -
         **spec,
     )
     return [build_pod(replace(template, worker_index=i)) for i in range(max_workers)]
+
+
+def run_benchmark(args: Sequence[str], tmp_path: Path, timeout: float = 240) -> tuple[int, str]:
+    """``python -m benchmarks ARGS`` from the checkout, with its temporary directories under
+    ``tmp_path``, in a session of its own that is SIGKILLed afterwards (anything it left
+    behind): its exit code and output."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks", *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, output

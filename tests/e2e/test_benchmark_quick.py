@@ -5,18 +5,14 @@ holds; nothing is written into ``benchmarks/results``."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks.harness import RESULTS, git_commit
-from tests.helpers import REPO_ROOT
+from tests.helpers import run_benchmark
 
 
 def committed_results() -> set[Path]:
@@ -26,22 +22,9 @@ def committed_results() -> set[Path]:
 @pytest.mark.timeout(300)
 def test_quick_runtime_micro_writes_its_result_to_a_temporary_directory(tmp_path: Path) -> None:
     before = committed_results()
-    env = {**os.environ, "TMPDIR": str(tmp_path)}  # where the quick run's directory is made
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks", "runtime", "--quick", "--parts", "micro"],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=240)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # anything it left behind
-    assert proc.returncode == 0, output
+    # TMPDIR (tmp_path): where the quick run's directory is made
+    code, output = run_benchmark(["runtime", "--quick", "--parts", "micro"], tmp_path)
+    assert code == 0, output
 
     written = list(tmp_path.glob("benchmarks-quick-*/runtime/*.json"))
     assert len(written) == 1, (output, sorted(tmp_path.rglob("*")))

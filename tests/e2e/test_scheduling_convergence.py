@@ -3,38 +3,21 @@ real, both curves are recorded and the figure is written next to the result."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO_ROOT
+from tests.helpers import run_benchmark
 
 
 @pytest.mark.timeout(300)
 def test_quick_convergence_records_both_curves_and_the_figure(tmp_path: Path) -> None:
     out = tmp_path / "convergence.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks", "scheduling", "convergence", "--quick"]
-        + ["--out", str(out)],
-        cwd=REPO_ROOT,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+    code, output = run_benchmark(
+        ["scheduling", "convergence", "--quick", "--out", str(out)], tmp_path
     )
-    try:
-        output, _ = proc.communicate(timeout=240)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # anything it left behind
-    assert proc.returncode == 0, output[-4000:]
+    assert code == 0, output[-4000:]
 
     report = json.loads(out.read_text())
     epochs = report["settings"]["epochs"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ import pytest
 
 from kfp_elastic.gpus import GpuShortage, gpus_for_worker, require_gpus, visible_gpus
 from tests.gpu.support import GPU_COUNT, REPO_ROOT, python_env, requires_cuda, run_python
+from tests.ranks import run_ranks
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
 
@@ -33,40 +33,18 @@ RANK = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_nccl_ranks_on_their_own_gpus_reduce_together() -> None:
     world = min(2, GPU_COUNT)  # 2 processes where there are 2 GPUs, else a world of 1
-    port, gpus = _free_port(), visible_gpus()
-    ranks = []
-    for rank in range(world):
-        env = python_env(
-            RANK=str(rank),
-            LOCAL_RANK="0",  # each local node sees only its own GPU, as a pod does
-            WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            CUDA_VISIBLE_DEVICES=gpus_for_worker(rank, 1, gpus) or "",
-        )
-        ranks.append(
-            subprocess.Popen(
-                [sys.executable, "-c", RANK, "cuda"],
-                cwd=REPO_ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    results = []
-    for process in ranks:
-        out, err = process.communicate(timeout=120)
-        assert process.returncode == 0, err
-        results.append(json.loads(out.splitlines()[-1]))
+    gpus = visible_gpus()
+    results = run_ranks(
+        RANK,
+        "cuda",
+        world=world,
+        env_of=lambda rank: {
+            "LOCAL_RANK": "0",  # each local node sees only its own GPU, as a pod does
+            "CUDA_VISIBLE_DEVICES": gpus_for_worker(rank, 1, gpus) or "",
+        },
+    )
     assert {r["backend"] for r in results} == {"nccl"}
     assert all(r["device"] == "cuda:0" and r["current"] == 0 for r in results)
     assert {r["sum"] for r in results} == {world * (world + 1) / 2}

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import socket
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.gpu.support import GPU_COUNT, REPO_ROOT, python_env, requires_cuda
+from tests.gpu.support import GPU_COUNT, requires_cuda
+from tests.ranks import run_ranks
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
 
@@ -161,40 +158,14 @@ RANK = textwrap.dedent("""
 
 def test_two_nccl_ranks_restore_a_state_as_tensors_byte_for_byte() -> None:
     """Ranks share the GPU when there is one (each its own NCCL_HOSTID, sockets on lo)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ranks = []
-    for rank in range(2):
-        env = python_env(
-            RANK=str(rank),
-            WORLD_SIZE="2",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            CUDA_VISIBLE_DEVICES=str(rank if GPU_COUNT > 1 else 0),
-            NCCL_HOSTID=f"shared-state-{rank}",
-            NCCL_SOCKET_IFNAME="lo",
-        )
-        ranks.append(
-            subprocess.Popen(
-                [sys.executable, "-c", RANK],
-                cwd=REPO_ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    reports = []
-    try:
-        for process in ranks:
-            out, err = process.communicate(timeout=180)
-            assert process.returncode == 0, err[-3000:]
-            reports.append(json.loads(out.splitlines()[-1]))
-    finally:
-        for process in ranks:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    reports = run_ranks(
+        RANK,
+        timeout=180,
+        env_of=lambda rank: {
+            "CUDA_VISIBLE_DEVICES": str(rank if GPU_COUNT > 1 else 0),
+            "NCCL_HOSTID": f"shared-state-{rank}",
+            "NCCL_SOCKET_IFNAME": "lo",
+        },
+    )
     for report in reports:
         assert report["got"] == report["expected"] and report["step"] == 4

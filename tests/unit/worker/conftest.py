@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 
-from kfp_elastic.rendezvous.embedded_etcd import free_port
+from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, free_port
 
 
 @pytest.fixture
@@ -24,3 +24,11 @@ def world_of_one() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+@pytest.fixture
+def etcd_env(etcd: EmbeddedEtcd, run_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The etcd connection and run id in the environment, as torchrun gives a worker."""
+    for name, value in etcd.client_settings().to_env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", run_id)

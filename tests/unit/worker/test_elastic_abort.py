@@ -21,13 +21,12 @@ from kfp_elastic.worker.rescue import Rescues
 
 def test_a_script_stalled_after_its_round_broke_is_aborted_and_rescued(
     world_of_one: None,
+    etcd_env: None,
     etcd: EmbeddedEtcd,
     run_id: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name, value in etcd.client_settings().to_env().items():
-        monkeypatch.setenv(name, value)
     monkeypatch.setattr(sys, "excepthook", lambda *_: None)  # State chains to it; restored
     aborted = threading.Event()
     made: list[StallAbort | None] = []

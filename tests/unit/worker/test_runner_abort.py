@@ -38,14 +38,12 @@ class BreaksAfterFirstStep(StallAbort):
 
 def test_the_runtime_stalled_after_its_round_broke_is_aborted_and_rescued(
     world_of_one: None,
+    etcd_env: None,
     etcd: EmbeddedEtcd,
     run_id: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name, value in etcd.client_settings().to_env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", run_id)
     aborted = threading.Event()
     made: list[StallAbort] = []
 

@@ -20,14 +20,12 @@ from kfp_elastic.worker.options import parse_args
 
 def test_the_timed_wrapper_numbers_the_runners_steps(
     world_of_one: None,
+    etcd_env: None,
     etcd: EmbeddedEtcd,
     run_id: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name, value in etcd.client_settings().to_env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", run_id)
     monkeypatch.setenv("TIMED_MODEL_DEF", "kfp_elastic.testing.model_defs.counting")
     monkeypatch.setenv("TIMED_STEPS_FILE", str(tmp_path / "steps.jsonl"))
     import benchmarks.timed_model_def as timed
