@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import (
-    add_common_options,
     comma_list,
     export_checkout_to_children,
     parse_options,
+    suite_parser,
     write_result,
 )
 from kfp_elastic.testing.cluster.chaos import (
@@ -52,13 +52,7 @@ NODE = {"cpu": "1", "memory": "8Gi"}
 
 def build_parser() -> argparse.ArgumentParser:
     """``python -m benchmarks chaos``'s options."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks chaos",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
-    add_common_options(parser, f"--events {QUICK_EVENTS}")
+    parser = suite_parser("python -m benchmarks chaos", __doc__, f"--events {QUICK_EVENTS}")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--seeds", type=comma_list, default=None, help="several seeds, one after another: 1,2,3"

@@ -34,6 +34,19 @@ RESULTS = REPO_ROOT / "benchmarks" / "results"
 # --------------------------------------------------------------------------- options
 
 
+def suite_parser(prog: str, doc: str, quick_help: str) -> argparse.ArgumentParser:
+    """A suite's parser: its module docstring ``doc`` gives the description (the first line)
+    and the epilog (the rest), with the common options (:func:`add_common_options`)."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=doc.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=doc.split("\n\n", 1)[1],
+    )
+    add_common_options(parser, quick_help)
+    return parser
+
+
 def add_common_options(parser: argparse.ArgumentParser, quick_help: str) -> None:
     """``--quick`` (what it shortens is the suite's own: ``quick_help``) and ``--out``."""
     parser.add_argument(

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import (
-    add_common_options,
     comma_list,
     export_checkout_to_children,
     parse_options,
+    suite_parser,
     write_result,
 )
 from benchmarks.scheduling.cluster_jobs import (
@@ -54,14 +54,9 @@ QUICK = {"solo_s": 4.0, "slots": 2, "min_workers": 1}
 
 def build_parser() -> argparse.ArgumentParser:
     """``python -m benchmarks scheduling admission``'s options."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks scheduling admission",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
-    add_common_options(
-        parser,
+    parser = suite_parser(
+        "python -m benchmarks scheduling admission",
+        __doc__,
         f"--solo-s {QUICK['solo_s']:g} --slots {QUICK['slots']} "
         f"--min-workers {QUICK['min_workers']} --policies evict",
     )

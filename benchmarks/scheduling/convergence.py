@@ -43,13 +43,13 @@ import torch
 
 from benchmarks.harness import (
     RESULTS,
-    add_common_options,
     export_checkout_to_children,
     git_commit,
     group_log,
     parse_options,
     run_in_work_dir,
     start_etcd,
+    suite_parser,
     write_result,
 )
 from kfp_elastic.etcd.client import connect
@@ -70,14 +70,9 @@ LAST_CALL_S = 1  # rendezvous: wait this long for more nodes once the minimum is
 
 def build_parser() -> argparse.ArgumentParser:
     """``python -m benchmarks scheduling convergence``'s options."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks scheduling convergence",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
-    add_common_options(
-        parser,
+    parser = suite_parser(
+        "python -m benchmarks scheduling convergence",
+        __doc__,
         f"--epochs {QUICK['epochs']} --world {QUICK['world']} --batch-size "
         f"{QUICK['batch_size']}, no growth: the elastic run stays at half the world",
     )
@@ -334,10 +329,9 @@ def train(
 def plot(runs: Mapping[str, Mapping[str, Any]], out: Path, title: str) -> None:
     """Held-out accuracy and loss per epoch of every run; the elastic run's world size and
     effective LR over its optimizer steps."""
-    import matplotlib
+    from benchmarks.scheduling.figures import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (acc_ax, loss_ax, world_ax) = plt.subplots(3, 1, figsize=(8, 10))
     styles = {"gang": ("tab:blue", "-o"), "elastic": ("tab:orange", "--s")}
@@ -370,9 +364,7 @@ def plot(runs: Mapping[str, Mapping[str, Any]], out: Path, title: str) -> None:
         lr_ax.set_yscale("log")
         lr_ax.set_ylabel("effective LR (green)")
         world_ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out, dpi=110)
 
 
 # --------------------------------------------------------------------------- main

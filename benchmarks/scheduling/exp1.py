@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import (
-    add_common_options,
     comma_list,
     export_checkout_to_children,
     parse_options,
+    suite_parser,
     write_result,
 )
 from benchmarks.scheduling.cluster_jobs import (
@@ -53,14 +53,9 @@ QUICK = {"solo_s": 21.0, "slots": 3, "workers": 2}
 
 def build_parser() -> argparse.ArgumentParser:
     """``python -m benchmarks scheduling exp1``'s options."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks scheduling exp1",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
-    add_common_options(
-        parser,
+    parser = suite_parser(
+        "python -m benchmarks scheduling exp1",
+        __doc__,
         f"--solo-s {QUICK['solo_s']:g} --slots {QUICK['slots']} --workers {QUICK['workers']}",
     )
     parser.add_argument("--slots", type=int, default=6, help="GPUs in the cluster")

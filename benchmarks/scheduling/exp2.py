@@ -50,11 +50,11 @@ from typing import Any
 
 from benchmarks.harness import (
     RESULTS,
-    add_common_options,
     export_checkout_to_children,
     git_commit,
     parse_options,
     run_in_work_dir,
+    suite_parser,
     write_result,
 )
 from benchmarks.scheduling.cluster_jobs import write_model_def
@@ -433,14 +433,10 @@ def _serving(text: str) -> tuple[int, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     """``python -m benchmarks scheduling exp2``'s options."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks scheduling exp2",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
-    add_common_options(
-        parser, f"{QUICK['slots']} slots, serving 1 -> 2 -> 1, curve {QUICK['curve']}"
+    parser = suite_parser(
+        "python -m benchmarks scheduling exp2",
+        __doc__,
+        f"{QUICK['slots']} slots, serving 1 -> 2 -> 1, curve {QUICK['curve']}",
     )
     parser.add_argument("--slots", type=int, default=None, help="slots (GPUs) in the cluster")
     parser.add_argument(

@@ -1,4 +1,5 @@
-"""The simulation's figures (matplotlib, written as PNG next to the result's JSON).
+"""The scheduling benchmarks' figures (matplotlib, written as PNG next to the result's JSON):
+:func:`pyplot` and :func:`save`, which every figure of them uses, and the simulation's own.
 
 :func:`plot_loads`: average JCT and mean pending time against the load, gang against elastic,
 one column per cluster size, from the result's ``runs``. A workload run (experiment 1) draws the
@@ -13,6 +14,26 @@ from typing import Any
 
 HOUR = 3600.0
 STYLE = {"gang": ("tab:red", "s"), "elastic": ("tab:blue", "o")}
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` drawing to files only (no display), imported when first drawn:
+    an experiment that writes no figure does not pay the import."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig: Any, path: Path, dpi: int = 100) -> Path:
+    """Lay ``fig`` out, write it as a PNG at ``path`` (its directory made) and free it."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
 
 
 def png_next_to(json_path: Path) -> Path:
@@ -33,10 +54,7 @@ def load_title(settings: Mapping[str, Any]) -> str:
 def plot_loads(runs: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path:
     """Average JCT (top) and mean pending time (bottom), hours, against the jobs submitted in
     the window, one line per policy, one column per cluster size. Writes a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     sizes = sorted({run["gpus"] for run in runs})
     fig, axes = plt.subplots(
@@ -65,8 +83,4 @@ def plot_loads(runs: Sequence[Mapping[str, Any]], path: Path, title: str) -> Pat
                 ax.set_xlabel("jobs submitted in the window")
         axes[0][column].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(fig, path)

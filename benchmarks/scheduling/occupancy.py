@@ -160,10 +160,9 @@ def plot_slots(
     e.g. gang above elastic), the cluster's size as a dashed line; ``labels`` names owners in
     the legend, ``marks`` adds labelled vertical lines per panel (a submission, a scale event).
     Writes a PNG and returns its path."""
-    import matplotlib
+    from benchmarks.scheduling.figures import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = labels or {}
     owners = sorted({who for samples in panels.values() for s in samples for who in s.held})
@@ -186,8 +185,4 @@ def plot_slots(
     axes[0].legend(loc="upper right", fontsize=7)
     axes[-1].set_xlabel("seconds")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(fig, path)

@@ -35,9 +35,9 @@ from pathlib import Path
 
 from benchmarks.harness import (
     REPO_ROOT,
-    add_common_options,
     comma_list,
     parse_options,
+    suite_parser,
     write_result,
 )
 from benchmarks.scheduling import workload
@@ -108,13 +108,11 @@ def _min_rule(text: str) -> int | str:
 
 def build_parser() -> argparse.ArgumentParser:
     """``python -m benchmarks scheduling simulate``'s options."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks scheduling simulate",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
+    parser = suite_parser(
+        "python -m benchmarks scheduling simulate",
+        __doc__,
+        f"--gpus {QUICK['gpus'][0]} --jobs {QUICK['jobs'][0]}",
     )
-    add_common_options(parser, f"--gpus {QUICK['gpus'][0]} --jobs {QUICK['jobs'][0]}")
     parser.add_argument(
         "--json", type=Path, default=None, help="the result file (the same as --out)"
     )
