@@ -101,7 +101,9 @@ class WorkerPodSpec:
     # KFP_ELASTIC_ETCD_* (EtcdSettings.to_env(files=False)); the files come from Secrets:
     etcd_tls_secret: str | None = None  # Secret with ca.crt/tls.crt/tls.key for etcd mTLS
     etcd_password_secret: str | None = None  # Secret whose key "password" is the etcd password
-    shm_size: str | None = None  # memory-backed /dev/shm (NCCL, DataLoader workers)
+    # Memory-backed /dev/shm (NCCL, DataLoader workers): what is written there counts against
+    # the container's memory limit, so its size is added once to the memory request and limit.
+    shm_size: str | None = None
     termination_grace_period_s: int = 30
     image_pull_policy: str | None = None
     image_pull_secrets: tuple[str, ...] = ()
@@ -379,12 +381,11 @@ def _resources(spec: WorkerPodSpec) -> dict[str, Any]:
         requests["cpu"] = str(spec.cpu)
     if spec.cpu_limit is not None:
         limits["cpu"] = str(spec.cpu_limit)
-    memory = with_snapshot_buffers(spec.memory, spec.snapshot_buffer, processes(spec))
+    memory = pod_memory(spec.memory, spec)
     if memory is not None:
         requests["memory"] = memory
     if spec.memory_limit is not None or memory is not None:
-        limit = with_snapshot_buffers(spec.memory_limit, spec.snapshot_buffer, processes(spec))
-        limits["memory"] = limit or memory
+        limits["memory"] = pod_memory(spec.memory_limit, spec) or memory
     if spec.gpu:
         # Extended resources cannot be overcommitted: Kubernetes wants limits == requests.
         requests[spec.gpu_resource] = limits[spec.gpu_resource] = str(spec.gpu)
@@ -404,10 +405,20 @@ def processes(spec: WorkerPodSpec) -> int:
     return max(1, spec.gpu)
 
 
-def with_snapshot_buffers(memory: str | None, buffer: str | None, count: int) -> str | None:
-    """``memory`` plus ``count`` snapshot buffers of ``buffer`` bytes (Kubernetes quantities).
-    Without a ``memory`` there is no limit to overrun and nothing is added."""
-    if memory is None or not buffer:
+def pod_memory(memory: str | None, spec: WorkerPodSpec) -> str | None:
+    """``memory`` (Kubernetes quantities) plus what the pod adds to its processes' own: one
+    snapshot buffer per process (pinned host memory) and the memory-backed ``/dev/shm``, whose
+    contents the kernel charges to the container's memory cgroup (a full ``/dev/shm`` under a
+    limit that did not count it is an OOM kill). Without a ``memory`` there is no limit to
+    overrun and nothing is added."""
+    if memory is None:
         return memory
-    total = int(parse_quantity(memory) + count * parse_quantity(buffer))
-    return f"{total // 2**20}Mi" if total % 2**20 == 0 else str(total)
+    extra = processes(spec) * parse_quantity(spec.snapshot_buffer or "0")
+    extra += parse_quantity(spec.shm_size or "0")
+    if not extra:
+        return memory
+    total = int(parse_quantity(memory) + extra)
+    for unit, size in (("Gi", 2**30), ("Mi", 2**20)):
+        if total % size == 0:
+            return f"{total // size}{unit}"
+    return str(total)

@@ -119,8 +119,9 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
             worker_snapshot_buffer: the training state's size (e.g. "9Gi"): each process pins
                 one host buffer of it for GPU snapshots; added, times the processes per pod, to
                 each worker pod's memory request and limit when worker_memory is given.
-            worker_shm_size: /dev/shm per worker pod; empty: 1Gi per process when a pod has
-                several, else the container runtime's 64Mi.
+            worker_shm_size: /dev/shm per worker pod, added to its memory request and limit
+                when worker_memory is given; empty: 1Gi per process when a pod has several,
+                else the container runtime's 64Mi.
             on_demand_price: price per worker slot-hour on on-demand nodes (guaranteed
                 workers, and the fixed-size job the report compares with); 0: the ConfigMap's
                 KFP_ELASTIC_ON_DEMAND_PRICE, else no cost shown.

@@ -119,8 +119,9 @@ def elastic_train(
             processes per pod, to each worker pod's memory request and limit (only when
             ``worker_memory`` is given); empty: nothing added (docs/runtime.md, Devices).
         worker_shm_size: memory-backed ``/dev/shm`` per worker pod, e.g. ``"8Gi"`` (NCCL and
-            DataLoader workers use it); empty: 1Gi per process when a pod has several, else
-            the container runtime's 64Mi.
+            DataLoader workers use it; its contents count as the pod's memory, so the master
+            adds it to the memory request and limit when ``worker_memory`` is given); empty:
+            1Gi per process when a pod has several, else the container runtime's 64Mi.
         snapshot_dir: shared directory for snapshots; empty: the task's first mounted volume
             (cluster) or a local directory next to the outputs.
         inject_faults: e.g. ``preempt:worker-1@step10,kill:worker-0@40s`` (demos, tests).

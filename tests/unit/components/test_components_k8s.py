@@ -138,8 +138,8 @@ def test_the_snapshot_buffer_and_shm_parameters_size_the_worker_pods(
     factory, _ = launcher_and_faults(req, LauncherHolder())
     pod = k8s.pod(factory(None).launch(0).name)
     resources = pod["spec"]["containers"][0]["resources"]
-    # worker_memory (2Gi) plus one 9Gi buffer per process, requested and limited
-    assert resources["requests"]["memory"] == resources["limits"]["memory"] == "20480Mi"
+    # worker_memory (2Gi), one 9Gi buffer per process and the 3Gi /dev/shm, requested and limited
+    assert resources["requests"]["memory"] == resources["limits"]["memory"] == "23Gi"
     shm = {v["name"]: v for v in pod["spec"]["volumes"]}["dshm"]["emptyDir"]
     assert shm == {"medium": "Memory", "sizeLimit": "3Gi"}
 

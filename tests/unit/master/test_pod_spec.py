@@ -211,8 +211,9 @@ def test_every_passthrough_field_lands_in_the_manifest() -> None:
     assert c["image"] == FULL.image and c["imagePullPolicy"] == "IfNotPresent"
     assert c["command"] == ["python", "-m", "torch.distributed.run"]
     assert c["resources"] == {
-        "requests": {"cpu": "3500m", "memory": "24Gi", "nvidia.com/gpu": "2"},
-        "limits": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"},
+        # The 2Gi memory-backed /dev/shm on top of the 24Gi and 32Gi given.
+        "requests": {"cpu": "3500m", "memory": "26Gi", "nvidia.com/gpu": "2"},
+        "limits": {"cpu": "8", "memory": "34Gi", "nvidia.com/gpu": "2"},
     }
     env = env_of(pod)
     assert env["NCCL_DEBUG"] == "WARN" and env["OMP_NUM_THREADS"] == "4"
@@ -263,15 +264,29 @@ def test_memory_limit_defaults_to_request_and_cpu_is_not_limited() -> None:
 def test_each_process_snapshot_buffer_is_added_to_the_memory_request_and_limit() -> None:
     two = replace(BASE, memory="8Gi", snapshot_buffer="9Gi", nproc_per_node=2)
     resources = container(build_pod(two))["resources"]
-    assert resources["requests"]["memory"] == resources["limits"]["memory"] == "26624Mi"
+    assert resources["requests"]["memory"] == resources["limits"]["memory"] == "26Gi"
     limited = container(build_pod(replace(two, memory_limit="10Gi")))["resources"]
-    assert (limited["requests"]["memory"], limited["limits"]["memory"]) == ("26624Mi", "28672Mi")
+    assert (limited["requests"]["memory"], limited["limits"]["memory"]) == ("26Gi", "28Gi")
     by_gpu = replace(two, nproc_per_node="gpu", gpu=4, snapshot_buffer="1Gi")
-    assert container(build_pod(by_gpu))["resources"]["requests"]["memory"] == "12288Mi"
+    assert container(build_pod(by_gpu))["resources"]["requests"]["memory"] == "12Gi"
     odd = replace(BASE, memory="1000", snapshot_buffer="24")
     assert container(build_pod(odd))["resources"]["requests"]["memory"] == "1024"
     # No memory given: no limit to overrun, nothing to add to.
     unlimited = container(build_pod(replace(BASE, snapshot_buffer="9Gi")))
+    assert "memory" not in str(unlimited.get("resources", {}))
+
+
+def test_a_memory_backed_dev_shm_is_added_once_to_the_memory_request_and_limit() -> None:
+    # Pages written to a memory-backed emptyDir are charged to the container's memory cgroup:
+    # a /dev/shm the limit did not count would OOM-kill the pod when NCCL or DataLoader
+    # workers fill it.
+    two = replace(BASE, memory="8Gi", shm_size="2Gi", nproc_per_node=2)
+    resources = container(build_pod(two))["resources"]
+    assert resources["requests"]["memory"] == resources["limits"]["memory"] == "10Gi"
+    both = container(build_pod(replace(two, snapshot_buffer="1Gi", memory_limit="9Gi")))
+    assert both["resources"]["requests"]["memory"] == "12Gi"  # 8 + 2 x 1 + 2
+    assert both["resources"]["limits"]["memory"] == "13Gi"  # 9 + 2 x 1 + 2
+    unlimited = container(build_pod(replace(BASE, shm_size="2Gi")))
     assert "memory" not in str(unlimited.get("resources", {}))
 
 
