@@ -591,7 +591,10 @@ class FakeKubernetes:
             if "merge-patch" not in content_type or not isinstance(body, dict):
                 # JSON patch (a list body) and server-side apply are not implemented
                 raise ApiError(415, "UnsupportedMediaType", f"unsupported patch: {content_type}")
-            new = merge_patch(old, body, strategic="strategic" in content_type)
+            try:
+                new = merge_patch(old, body, strategic="strategic" in content_type)
+            except ValueError as error:
+                raise ApiError(400, "BadRequest", str(error)) from None
             rv = (body.get("metadata") or {}).get("resourceVersion")
             if rv not in (None, old["metadata"]["resourceVersion"]):
                 raise ApiError(

@@ -24,15 +24,28 @@ _REQUIREMENT = re.compile(
     r"\s*(?P<neg>!)?\s*(?P<key>[A-Za-z0-9./_-]+)\s*(?:(?P<op>==|=|!=)\s*"
     r"(?P<val>[A-Za-z0-9._-]*)|\s+(?P<set>in|notin)\s*\((?P<vals>[^)]*)\))?\s*"
 )
+# The lists a strategic merge patch merges instead of replacing, with their merge keys, as
+# core/v1's ``patchStrategy:"merge" patchMergeKey:...`` tags say (``containerStatuses``: the
+# kubelet's status writes here). Any other list (tolerations, args, envFrom...) is replaced.
 _MERGE_KEYS = {
     "containers": "name",
     "initContainers": "name",
+    "ephemeralContainers": "name",
     "env": "name",
     "volumes": "name",
+    "volumeMounts": "mountPath",
+    "ports": "containerPort",
+    "imagePullSecrets": "name",
+    "hostAliases": "ip",
+    "schedulingGates": "name",
+    "resourceClaims": "name",
     "conditions": "type",
     "containerStatuses": "name",
     "ownerReferences": "uid",
 }
+# Lists of scalars a strategic merge patch unions (metadata.finalizers).
+_MERGED_SCALAR_LISTS = {"finalizers"}
+_DIRECTIVE = "$patch"
 
 
 @dataclass(frozen=True)
@@ -136,8 +149,12 @@ def labels_match(selector: list[tuple[str, str, set[str]]], labels: dict[str, st
 
 
 def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
-    """RFC 7386 merge patch; ``strategic`` merges the lists Kubernetes merges by key instead of
-    replacing them (``$patch`` directives are not supported)."""
+    """RFC 7386 merge patch; ``strategic``: a strategic merge patch, which merges the lists
+    Kubernetes merges by key (``_MERGE_KEYS``; ``_MERGED_SCALAR_LISTS`` by value) instead of
+    replacing them, and honours the ``$patch`` directive on a list item (``delete``: remove the
+    item with that key) and in a list (``{"$patch": "replace"}``: the list is the patch's other
+    items). ``$setElementOrder``, ``$retainKeys`` and ``$deleteFromPrimitiveList`` are not
+    supported."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
     out = dict(target) if isinstance(target, dict) else {}
@@ -145,14 +162,29 @@ def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
         if value is None:
             out.pop(key, None)
         elif strategic and key in _MERGE_KEYS and isinstance(value, list):
-            merged = {item.get(_MERGE_KEYS[key]): item for item in out.get(key) or []}
-            for item in value:
-                k = item.get(_MERGE_KEYS[key])
-                merged[k] = merge_patch(merged.get(k, {}), item, True)
-            out[key] = list(merged.values())
+            out[key] = _merge_keyed_list(out.get(key) or [], value, _MERGE_KEYS[key])
+        elif strategic and key in _MERGED_SCALAR_LISTS and isinstance(value, list):
+            old = list(out.get(key) or [])
+            out[key] = old + [item for item in value if item not in old]
         else:
             out[key] = merge_patch(out.get(key), value, strategic)
     return out
+
+
+def _merge_keyed_list(old: list[Any], patch: list[Any], merge_key: str) -> list[Any]:
+    if any(isinstance(item, dict) and item.get(_DIRECTIVE) == "replace" for item in patch):
+        return [copy.deepcopy(i) for i in patch if not (isinstance(i, dict) and _DIRECTIVE in i)]
+    merged = {item.get(merge_key): item for item in old}
+    for item in patch:
+        key = item.get(merge_key)
+        if item.get(_DIRECTIVE) == "delete":
+            merged.pop(key, None)
+        elif item.get(_DIRECTIVE, "merge") != "merge":
+            raise ValueError(f"unknown strategic merge patch directive {item[_DIRECTIVE]!r}")
+        else:
+            fields = {k: v for k, v in item.items() if k != _DIRECTIVE}
+            merged[key] = merge_patch(merged.get(key, {}), fields, True)
+    return list(merged.values())
 
 
 class Server(ThreadingHTTPServer):

@@ -35,6 +35,7 @@ from tests.helpers import eventually, job_worker_pods
 
 NS = "kfp-elastic"
 MERGE = "application/merge-patch+json"
+STRATEGIC = "application/strategic-merge-patch+json"
 
 
 def gpus(n: float) -> dict[str, float]:
@@ -174,6 +175,24 @@ def test_gates_are_reported_and_may_only_be_removed() -> None:
         with pytest.raises(ApiError) as bound:
             k8s.create(NS, worker("bound", gates=True, node="n1"))
         assert bound.value.status["code"] == 422
+
+
+def test_a_strategic_merge_patch_merges_gates_by_name_as_kubernetes_does() -> None:
+    # core/v1 tags schedulingGates patchStrategy=merge, patchMergeKey=name: a strategic patch
+    # naming one gate adds it (refused: gates may only go) instead of replacing the list, and
+    # ``$patch: delete`` removes one.
+    with FakeKubernetes(namespace=NS, validate_pods=False) as k8s:
+        k8s.create(NS, worker("w", gates=True))
+        with pytest.raises(ApiError) as added:
+            k8s.patch(NS, "w", {"spec": {"schedulingGates": [{"name": "x.io/c"}]}}, STRATEGIC)
+        assert added.value.status["code"] == 422
+        delete_a = {"spec": {"schedulingGates": [{"name": "example.com/a", "$patch": "delete"}]}}
+        left = k8s.patch(NS, "w", delete_a, STRATEGIC)
+        assert left["spec"]["schedulingGates"] == [{"name": "example.com/b"}]
+        with pytest.raises(ApiError) as unknown:
+            bad = {"spec": {"schedulingGates": [{"name": "example.com/b", "$patch": "drop"}]}}
+            k8s.patch(NS, "w", bad, STRATEGIC)
+        assert unknown.value.status["code"] == 400
 
 
 def test_a_pod_kueue_evicted_is_a_preemption_for_the_master() -> None:
