@@ -5,8 +5,10 @@ call ``launcher_factory``.
 
 from __future__ import annotations
 
+import importlib
 import os
 import tempfile
+import threading
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +22,7 @@ from kfp_elastic.master.launcher import Launcher, next_attempts
 from kfp_elastic.master.preflight import WorkerSide, check
 from kfp_elastic.master.state import MasterState
 
+K8S_LAUNCHER_MODULE = "kfp_elastic.master.k8s_launcher"
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _NO_PYTHON = ("--no-python", "--no_python")
 
@@ -98,13 +101,20 @@ def _local(spec: JobSpec, adopting: bool) -> LauncherFactory:
 
 
 def _kubernetes(spec: JobSpec, files_here: bool, adopting: bool) -> LauncherFactory:
-    from kfp_elastic.master.k8s_launcher import KubernetesLauncher
-
     template = worker_pod_template(spec)
     assert spec.etcd is not None
     env = {**os.environ, **spec.etcd.to_env(), **job_env(spec)}
     worker = WorkerSide(spec.worker_argv(), env, Path.cwd(), files_here=files_here and not adopting)
+    # The Kubernetes client's import (≈ 1 s) and the model definition's check (a subprocess
+    # that imports torch, ≈ 2 s) are both on the way from submission to the first worker pod:
+    # import while the check's subprocess runs. The check still ends before any pod exists.
+    importing = threading.Thread(
+        target=importlib.import_module, args=(K8S_LAUNCHER_MODULE,), daemon=True
+    )
+    importing.start()
     check(spec, worker)
+    importing.join()
+    from kfp_elastic.master.k8s_launcher import KubernetesLauncher
 
     class OwnClientLauncher(KubernetesLauncher):
         """Closes the API client it was made with (one per launcher)."""
