@@ -192,10 +192,14 @@ class WatchedPrefix:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop following etcd. Never waits for a load in progress: the agent's SIGTERM handler
+        calls this (``leave.py``), and the load may be the very frame the signal interrupted on
+        the same thread, holding the lock until the handler returns (a 30 s hang until the
+        kubelet's SIGKILL, seen in a preemption). Such a load cancels its watches itself when
+        it sees the stop (``_cancel_if_stopped``)."""
         self._stopped.set()
         self._resync_needed.set()
-        with self._load_lock:
-            self._cancel_watches()
+        self._cancel_if_stopped()
         with self._changed:
             self._changed.notify_all()
 
@@ -213,6 +217,13 @@ class WatchedPrefix:
     def _load_and_watch(self, start_revision: int | None = None, resync: bool = False) -> None:
         """``resync``: this load replaces a lost watch; counted as the new copy is published,
         so a reader that sees the re-read data also sees the count."""
+        try:
+            self._load(start_revision, resync)
+        finally:
+            self._cancel_if_stopped()  # a stop during the load did not cancel what it started
+        self._notify_listeners()
+
+    def _load(self, start_revision: int | None, resync: bool) -> None:
         with self._load_lock:
             self._cancel_watches()
             if self._stopped.is_set():
@@ -254,7 +265,15 @@ class WatchedPrefix:
                         start, callback, range_end=end, start_revision=watch_from
                     )
                 )
-        self._notify_listeners()
+
+    def _cancel_if_stopped(self) -> None:
+        """Cancel the watches once stopped, unless a load holds the lock: that load calls
+        this again when it has let go of it, so no watch outlives a stop."""
+        if self._stopped.is_set() and self._load_lock.acquire(blocking=False):
+            try:
+                self._cancel_watches()
+            finally:
+                self._load_lock.release()
 
     def _cancel_watches(self) -> None:
         while self._watch_ids:

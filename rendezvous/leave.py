@@ -4,7 +4,9 @@ torchrun turns SIGTERM/SIGINT/SIGHUP/SIGQUIT into ``SignalException`` through
 ``torch.distributed.elastic.multiprocessing.api._terminate_process_handler``, installed each time
 workers start. We wrap that function, and install the wrapper right away for the time before the
 first workers start, so every live handler revokes its lease before the agent stops its workers:
-peers see the node gone within milliseconds instead of a lease TTL later.
+peers see the node gone within milliseconds instead of a lease TTL later. The leave runs on a
+thread of its own, waited for at most ``LEAVE_WAIT_S``: a signal handler runs on top of
+whatever the main thread was doing, which may hold a lock the leave needs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from kfp_elastic import slow_stop
 log = logging.getLogger(__name__)
 
 _LEAVE_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+# How long the signal handler waits for the leave before torchrun stops the workers anyway. The
+# leave runs on a thread of its own: the code the signal interrupted (on the main thread) may
+# hold a lock the leave needs, and it lets go only once the handler has raised; the leave then
+# ends while the workers stop. A leave takes milliseconds otherwise.
+LEAVE_WAIT_S = 2.0
 
 
 class Leaver(Protocol):
@@ -44,8 +51,19 @@ def leave_all(reason: str) -> None:
 
 def _wrap(original: Callable[[int, FrameType | None], None]) -> Callable[..., None]:
     def leave_then_terminate(signum: int, frame: FrameType | None) -> None:
-        slow_stop.arm(f"agent signal={signal.Signals(signum).name}")
-        leave_all(f"signal {signal.Signals(signum).name}")
+        name = signal.Signals(signum).name
+        slow_stop.arm(f"agent signal={name}")
+        leaving = threading.Thread(
+            target=leave_all, args=(f"signal {name}",), name="leave", daemon=True
+        )
+        leaving.start()
+        leaving.join(LEAVE_WAIT_S)
+        if leaving.is_alive():
+            log.warning(
+                "leave not done after %.1f s signal=%s: stopping the workers meanwhile",
+                LEAVE_WAIT_S,
+                name,
+            )
         original(signum, frame)
 
     leave_then_terminate.__wrapped__ = original  # type: ignore[attr-defined]

@@ -105,6 +105,11 @@ def test_settle_measures_room_the_world_change_and_the_window() -> None:
     assert event.training_pause_s == 0.5  # the old world's last commit at 12.5
     assert reaction_windows([event], end=20) == [(10, 13.0)]
 
+    # A pod scaled away before it had room waited at least until its deletion.
+    late = ScaleEvent(t=10, replicas_from=2, replicas_to=3, training_world=5, created=["s-late"])
+    settle(late, {"s-late": {"created": 10.0, "deleting": 35.5}}, commits)
+    assert (late.room_s, late.no_room_s) == ([], [25.5])
+
     down = ScaleEvent(t=30, replicas_from=3, replicas_to=2, training_world=6, deleted=["s-new"])
     settle(down, {"s-new": {"created": 10.0}}, commits)
     assert (down.serving_settled_s, down.training_first_step_s, down.settled_s) == (
