@@ -38,7 +38,7 @@ from kfp_elastic.worker import ending
 from kfp_elastic.worker.device import set_nccl_error_handling
 
 from . import leave as leave_hook
-from . import orphan, peer_failures, warm_start
+from . import broken_round, orphan, peer_failures, warm_start
 from .config import RendezvousConfig, config_from_torch_params
 from .membership import Membership
 from .membership_view import Status
@@ -125,6 +125,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         self._master_watch: orphan.MasterWatch | None = None
         leave_hook.register(self)
         peer_failures.install()
+        broken_round.install()
         atexit.register(self.leave, "process exit")
         if config.orphan_timeout is not None:
             # Workers a master started stop on their own once it has been gone for long.

@@ -23,6 +23,11 @@ from .config import DEFAULT_STORE_TIMEOUT_S
 
 log = logging.getLogger("kfp_elastic.rendezvous.store")
 
+
+class RoundBrokenError(dist.DistStoreError):
+    """A wait for keys ended because the round broke (a node left or joined): the keys of a node
+    that left never come. ``broken_round.py`` has torchrun join the next round on it."""
+
 DEFAULT_STORE_TIMEOUT = timedelta(seconds=DEFAULT_STORE_TIMEOUT_S)
 # How often a blocked wait asks whether its round broke.
 ABORT_CHECK_S = 0.2
@@ -217,7 +222,7 @@ class EtcdStore(dist.Store):
                 while not changed.wait(min(ABORT_CHECK_S, max(0.0, deadline - time.monotonic()))):
                     missing = [k for k in keys if self._key(k) not in present]
                     if self._abort_if is not None and self._abort_if():
-                        raise dist.DistStoreError(
+                        raise RoundBrokenError(
                             f"elastic-etcd store: round of {self._prefix} broke (a node left or "
                             f"joined) while waiting for keys {missing}"
                         )
