@@ -37,8 +37,8 @@ from kfp_elastic.job_env import ROUND_ENV, WORKER_NAME_VARS
 from kfp_elastic.worker import ending
 from kfp_elastic.worker.device import set_nccl_error_handling
 
-from . import leave as leave_hook
 from . import broken_round, orphan, peer_failures, warm_start
+from . import leave as leave_hook
 from .config import RendezvousConfig, config_from_torch_params
 from .membership import Membership
 from .membership_view import Status

@@ -28,6 +28,7 @@ class RoundBrokenError(dist.DistStoreError):
     """A wait for keys ended because the round broke (a node left or joined): the keys of a node
     that left never come. ``broken_round.py`` has torchrun join the next round on it."""
 
+
 DEFAULT_STORE_TIMEOUT = timedelta(seconds=DEFAULT_STORE_TIMEOUT_S)
 # How often a blocked wait asks whether its round broke.
 ABORT_CHECK_S = 0.2
