@@ -70,6 +70,9 @@ def parse_options(
     args = parser.parse_args(argv)
     if args.quick and args.out is not None and is_under(args.out, RESULTS):
         parser.error(f"--quick writes no result under {RESULTS}: drop --out or point it elsewhere")
+    # The code that runs is the checkout's now: a commit made during a long run must not name
+    # its result (``write_result``).
+    args._checkout_at_start = git_commit()
     return args
 
 
@@ -123,7 +126,11 @@ def environment() -> dict[str, Any]:
 
 
 def jsonable_settings(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    return {
+        k: (str(v) if isinstance(v, Path) else v)
+        for k, v in vars(args).items()
+        if not k.startswith("_")
+    }
 
 
 def write_result(
@@ -138,6 +145,10 @@ def write_result(
     and where it went. Returns the file written."""
     now = datetime.now(timezone.utc)
     commit, dirty = git_commit()
+    started = getattr(args, "_checkout_at_start", None)
+    if started is not None:  # what ran: the checkout at the start, changed since or not
+        dirty = started[1] or dirty or started[0] != commit
+        commit = started[0]
     date = now.strftime("%Y-%m-%d")
     if args.out is not None:
         out = args.out

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import argparse
+import json
+import time
 from pathlib import Path
 
 import pytest
 
+from benchmarks import harness
 from benchmarks.harness import (
     RESULTS,
     add_common_options,
@@ -70,3 +73,17 @@ def test_quick_elsewhere_and_full_runs_anywhere_are_fine(tmp_path: Path) -> None
 
 def test_comma_lists_drop_blanks_and_spaces() -> None:
     assert comma_list(" a, b,,c ") == ["a", "b", "c"] and comma_list("") == []
+
+
+def test_a_result_names_the_checkout_its_run_started_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A commit made while a long run went on (results of another run, say) must not name it,
+    # and the change in between is flagged.
+    checkouts = iter([("aaa1111", False), ("bbb2222", False)])
+    monkeypatch.setattr(harness, "git_commit", lambda repo=harness.REPO_ROOT: next(checkouts))
+    args = parse_options(parser(), ["--out", str(tmp_path / "r.json")])
+    out = harness.write_result("suite", args, time.time(), True, {}, {})
+    document = json.loads(out.read_text())
+    assert (document["commit"], document["uncommitted_changes"]) == ("aaa1111", True)
+    assert not any(key.startswith("_") for key in document["settings"])
