@@ -15,16 +15,13 @@ passes through.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from .store import RoundBrokenError
+from .torchrun_hooks import wrap_once
 
 log = logging.getLogger(__name__)
-
-_install_lock = threading.Lock()
-_installed = False
 
 
 def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -41,13 +38,6 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def install() -> None:
     """Wrap torchrun's ``SimpleElasticAgent._rendezvous`` once per process."""
-    global _installed
-    with _install_lock:
-        if _installed:
-            return
-        _installed = True
-        from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 
-        SimpleElasticAgent._rendezvous = _wrap(  # type: ignore[method-assign]
-            SimpleElasticAgent._rendezvous
-        )
+    wrap_once(SimpleElasticAgent, "_rendezvous", _wrap)

@@ -28,7 +28,6 @@ against ``--max-failures``, so a failure that repeats at every start ends the jo
 from __future__ import annotations
 
 import logging
-import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from .round_formation import NodeRecord, RoundRecord, is_waiting
+from .torchrun_hooks import wrap_once
 
 log = logging.getLogger(__name__)
 
@@ -190,10 +190,6 @@ class FailureJudge(Protocol):
     def on_worker_failure(self, failures: Mapping[int, Any]) -> Verdict: ...
 
 
-_install_lock = threading.Lock()
-_installed = False
-
-
 def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 
@@ -218,13 +214,6 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def install() -> None:
     """Wrap torchrun's ``LocalElasticAgent._monitor_workers`` once per process."""
-    global _installed
-    with _install_lock:
-        if _installed:
-            return
-        _installed = True
-        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-        LocalElasticAgent._monitor_workers = _wrap(  # type: ignore[method-assign]
-            LocalElasticAgent._monitor_workers
-        )
+    wrap_once(LocalElasticAgent, "_monitor_workers", _wrap)

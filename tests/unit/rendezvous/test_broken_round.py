@@ -51,3 +51,5 @@ def test_the_handler_installs_it_on_torchruns_agent_once(make_handler) -> None:
     installed = SimpleElasticAgent._rendezvous
     assert installed.__name__ == "rendezvous_again_if_broken"
     assert installed.__wrapped__.__name__ == "_rendezvous"  # type: ignore[attr-defined]
+    broken_round.install()  # again: nothing changes
+    assert SimpleElasticAgent._rendezvous is installed
