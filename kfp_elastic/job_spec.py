@@ -675,14 +675,13 @@ class JobSpec:
         except ConfigError as error:
             raise field_error("rdzv_conf", str(error)) from None
         self.launch.kubernetes.check_priority_classes()
-        from kfp_elastic.master.pod_spec_checks import is_dns_label, parse_quantity
+        from kfp_elastic.master.pod_spec_checks import DNS_LABEL_RULE, is_dns_label, parse_quantity
 
         queue = self.launch.kubernetes.kueue_queue
         if queue and not is_dns_label(queue):
             raise field_error(
                 "kueue_queue",
-                "must name a Kueue LocalQueue: a DNS-1123 label (lower-case letters, digits "
-                f"and '-', at most 63, starting and ending alphanumeric), got {queue!r}",
+                f"must name a Kueue LocalQueue: {DNS_LABEL_RULE}, got {queue!r}",
                 KubernetesSettings,
             )
         if self.launch.kind == "kubernetes":

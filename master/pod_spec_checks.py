@@ -90,6 +90,10 @@ RESERVED_ENV = frozenset(
 )
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS_LABEL_RULE = (
+    "a DNS-1123 label (lower-case letters, digits and '-', at most 63, starting and ending "
+    "alphanumeric)"
+)
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
@@ -314,11 +318,8 @@ def is_dns_label(value: str) -> bool:
 
 
 def _dns_label(what: str, value: str) -> None:
-    if not isinstance(value, str) or len(value) > 63 or not _DNS_LABEL.fullmatch(value):
-        raise ValueError(
-            f"{what}={value!r} is not a DNS-1123 label (lower-case letters, "
-            "digits and '-', at most 63, starting and ending alphanumeric)"
-        )
+    if not is_dns_label(value):
+        raise ValueError(f"{what}={value!r} is not {DNS_LABEL_RULE}")
 
 
 def _dns_subdomain(what: str, value: str) -> None:

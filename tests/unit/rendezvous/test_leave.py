@@ -12,65 +12,69 @@ from __future__ import annotations
 import signal
 import threading
 import weakref
+from collections.abc import Iterator
 
 import pytest
+from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.rendezvous import leave
 from kfp_elastic.rendezvous.cache import WatchedPrefix
 from tests.unit.rendezvous.test_handler import raw_client
 
 
-def test_a_stop_from_inside_a_load_on_the_same_thread_returns_and_cancels_its_watches(
-    private_etcd,
-) -> None:
+@pytest.fixture
+def started_cache(private_etcd) -> Iterator[tuple[MultiEndpointEtcd3Client, WatchedPrefix]]:
+    """A client of the private etcd and a started copy of ``/s/`` read through it."""
     client = raw_client(private_etcd)
     try:
         cache = WatchedPrefix(client, "/s/")
         cache.start()
-        read = client.get_range_response
-
-        def interrupted_read(*args, **kwargs):  # a SIGTERM handler runs here, on this thread
-            cache.stop()
-            return read(*args, **kwargs)
-
-        client.get_range_response = interrupted_read  # type: ignore[method-assign]
-        loading = threading.Thread(target=cache._load_and_watch, daemon=True)
-        loading.start()
-        loading.join(30)
-        assert not loading.is_alive(), "the stop waited for the load it interrupted"
-        assert cache._watch_ids == []  # what the load started after the stop is cancelled
+        yield client, cache
     finally:
         client.close()
+
+
+def test_a_stop_from_inside_a_load_on_the_same_thread_returns_and_cancels_its_watches(
+    started_cache,
+) -> None:
+    client, cache = started_cache
+    read = client.get_range_response
+
+    def interrupted_read(*args, **kwargs):  # a SIGTERM handler runs here, on this thread
+        cache.stop()
+        return read(*args, **kwargs)
+
+    client.get_range_response = interrupted_read  # type: ignore[method-assign]
+    loading = threading.Thread(target=cache._load_and_watch, daemon=True)
+    loading.start()
+    loading.join(30)
+    assert not loading.is_alive(), "the stop waited for the load it interrupted"
+    assert cache._watch_ids == []  # what the load started after the stop is cancelled
 
 
 def test_a_stop_does_not_wait_for_another_threads_load_and_no_watch_outlives_it(
-    private_etcd,
+    started_cache,
 ) -> None:
-    client = raw_client(private_etcd)
-    try:
-        cache = WatchedPrefix(client, "/t/")
-        cache.start()
-        reading, release = threading.Event(), threading.Event()
-        read = client.get_range_response
+    client, cache = started_cache
+    reading, release = threading.Event(), threading.Event()
+    read = client.get_range_response
 
-        def slow_read(*args, **kwargs):
-            reading.set()
-            release.wait(30)
-            return read(*args, **kwargs)
+    def slow_read(*args, **kwargs):
+        reading.set()
+        release.wait(30)
+        return read(*args, **kwargs)
 
-        client.get_range_response = slow_read  # type: ignore[method-assign]
-        loading = threading.Thread(target=cache._load_and_watch, daemon=True)
-        loading.start()
-        assert reading.wait(30)
-        stopping = threading.Thread(target=cache.stop, daemon=True)
-        stopping.start()
-        stopping.join(30)
-        assert not stopping.is_alive(), "the stop waited for a load in progress"
-        release.set()
-        loading.join(30)
-        assert not loading.is_alive() and cache._watch_ids == []
-    finally:
-        client.close()
+    client.get_range_response = slow_read  # type: ignore[method-assign]
+    loading = threading.Thread(target=cache._load_and_watch, daemon=True)
+    loading.start()
+    assert reading.wait(30)
+    stopping = threading.Thread(target=cache.stop, daemon=True)
+    stopping.start()
+    stopping.join(30)
+    assert not stopping.is_alive(), "the stop waited for a load in progress"
+    release.set()
+    loading.join(30)
+    assert not loading.is_alive() and cache._watch_ids == []
 
 
 class _BlockedLeaver:
