@@ -15,7 +15,7 @@ from pyetcd import exceptions as etcd_errors
 from pyetcd.client import Endpoint as PyEtcdEndpoint
 from pyetcd.client import MultiEndpointEtcd3Client
 
-from .settings import EtcdSettings
+from kfp_elastic.etcd.settings import EtcdSettings
 
 log = logging.getLogger(__name__)
 
