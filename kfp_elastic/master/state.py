@@ -29,8 +29,8 @@ from pyetcd.events import DeleteEvent
 
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS, retry
 from kfp_elastic.etcd.keys import MasterKeys, TimelineKeys
+from kfp_elastic.etcd.leases import KEEPALIVES_PER_TTL, LeaseKeeper, grant
 from kfp_elastic.master.timeline import Event, to_json
-from kfp_elastic.rendezvous.leases import KEEPALIVES_PER_TTL, LeaseKeeper, grant
 
 log = logging.getLogger(__name__)
 # How long a master waits for an unreachable etcd while it asks for leadership.
