@@ -88,8 +88,8 @@ from benchmarks.harness import (
     worker_pids,
     write_result,
 )
+from kfp_elastic.etcd.embedded import EmbeddedEtcd, free_port
 from kfp_elastic.job_spec import DEVICES
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, free_port
 from kfp_elastic.testing.nodes import AgentGroup, new_run_id, read_events
 
 # --------------------------------------------------------------------------- workload

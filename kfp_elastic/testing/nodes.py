@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kfp_elastic.etcd.embedded import free_port
 from kfp_elastic.gpus import gpus_for_worker, require_gpus, visible_gpus
-from kfp_elastic.rendezvous.embedded_etcd import free_port
 from kfp_elastic.rendezvous.local_agents import (
     AGENT,
     REPO_ROOT,

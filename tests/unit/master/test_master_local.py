@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.client import connect
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.gpus import GpuShortage
 from kfp_elastic.job_spec import (
     Data,
@@ -54,7 +55,6 @@ from kfp_elastic.master.timeline import (
     of_type,
     read_timeline,
 )
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.rendezvous.orphan import ORPHANED_EXIT_CODE
 from kfp_elastic.worker.progress import INITIAL, Progress
 from tests.helpers import REPO_ROOT, WORKER_ENTRY, master_command, read_events, wait_for
