@@ -32,6 +32,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 
+from kfp_elastic.processes import seconds_since_start
 from kfp_elastic.rendezvous.zygote import (
     fork_poison,
     preload,
@@ -145,7 +146,7 @@ def _serve_in_child(
                 "zygote pid=%d forked from agent pid=%d, %.2fs after the agent started",
                 os.getpid(),
                 parent_pid,
-                _seconds_since_start(parent_pid),
+                seconds_since_start(parent_pid),
             )
             poison = fork_poison(probe=False)
             if poison is not None:
@@ -230,15 +231,3 @@ def _thread_names() -> list[str]:
         except OSError:
             pass
     return names
-
-
-def _seconds_since_start(pid: int) -> float:
-    """Age of process ``pid`` (NaN when /proc cannot tell): when the fork came in its life."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as uptime:
-            now = float(uptime.read().split()[0])
-        return now - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return float("nan")
