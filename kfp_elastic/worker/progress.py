@@ -20,7 +20,7 @@ from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS
 from kfp_elastic.etcd.keys import QUEUE_STATES, ProgressKeys
-from kfp_elastic.etcd.transactions import put_if_absent, unchanged_since
+from kfp_elastic.etcd.transactions import absent, put_if_absent, unchanged_since
 from kfp_elastic.worker.data_plan import (
     QueueState,
     Shard,
@@ -188,7 +188,7 @@ class Progress:
         ops = []
         for shard in manifest.shards:
             keys = [self.keys.queue(epoch, state, shard.shard_id) for state in QUEUE_STATES]
-            ops.append(([tx.version(k) == 0 for k in keys], [tx.put(keys[0], "{}")]))
+            ops.append(([absent(self._client, k) for k in keys], [tx.put(keys[0], "{}")]))
         for compare, success in ops:  # one small txn per shard: idempotent, never too big
             self._client.transaction(compare=compare, success=success, failure=[])
 
