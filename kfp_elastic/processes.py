@@ -147,3 +147,46 @@ def sigkill_process_tree(root: int) -> None:
     signal_quietly(root, signal.SIGSTOP)
     for pid in {root} | descendants(root):
         signal_quietly(pid, signal.SIGKILL)
+
+
+# -- this process -------------------------------------------------------------------------------
+
+
+def own_open_fds() -> list[int]:
+    """This process's open file descriptors (empty without ``/proc``)."""
+    try:
+        listed = sorted(int(name) for name in os.listdir(PROC / "self" / "fd"))
+    except OSError:
+        return []
+    open_now = []
+    for fd in listed:  # the listing's own descriptor is closed again by now
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        open_now.append(fd)
+    return open_now
+
+
+def own_thread_names() -> list[str]:
+    """OS thread names of this process (empty without ``/proc``)."""
+    names = []
+    try:
+        tasks = os.listdir(PROC / "self" / "task")
+    except OSError:
+        return names
+    for task in tasks:
+        try:
+            names.append((PROC / "self" / "task" / task / "comm").read_text().strip())
+        except OSError:
+            pass
+    return names
+
+
+def own_memory_map() -> str:
+    """This process's memory map (``/proc/self/maps``: the files and libraries it has mapped);
+    empty when it cannot be read."""
+    try:
+        return (PROC / "self" / "maps").read_text()
+    except OSError:
+        return ""

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -87,3 +88,27 @@ def test_age_and_cpu_time_of_this_process() -> None:
     assert processes.cpu_seconds({os.getpid()}) > 0
     assert processes.cpu_seconds({os.getpid(), 2**22 + 1}) >= 0  # a pid that is gone counts 0
     assert os.getpid() not in processes.pids_with_env("PATH", os.environ["PATH"])
+
+
+def test_this_process_fds_threads_and_memory_map(tmp_path) -> None:
+    with open(tmp_path / "file", "w") as file:
+        fd = file.fileno()
+        assert fd in processes.own_open_fds()
+    assert fd not in processes.own_open_fds()
+    started = threading.Event()
+    stop = threading.Event()
+
+    def run() -> None:
+        started.set()
+        stop.wait(10)
+
+    thread = threading.Thread(target=run)
+    before = len(processes.own_thread_names())
+    thread.start()
+    started.wait(10)
+    try:
+        assert len(processes.own_thread_names()) == before + 1
+    finally:
+        stop.set()
+        thread.join(10)
+    assert "libc" in processes.own_memory_map()
