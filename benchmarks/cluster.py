@@ -601,7 +601,7 @@ class LocalPath:
 
 def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     from kfp_elastic.components.shard_dataset.shard import build_manifest
-    from kfp_elastic.rendezvous.testing_pki import generate_test_pki
+    from kfp_elastic.etcd.pki import generate_test_pki
 
     export_checkout_to_children()  # pods and local workers import benchmarks.timed_model_def
     params = job_params(args)

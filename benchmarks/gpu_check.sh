@@ -245,7 +245,7 @@ from pathlib import Path
 
 import torch
 
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.testing.nodes import AgentGroup, new_run_id
 
 MODE, DEVICE = sys.argv[1], sys.argv[2]

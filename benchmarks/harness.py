@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.testing.nodes import AgentGroup, run_with_cleanup
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

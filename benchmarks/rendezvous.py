@@ -49,7 +49,7 @@ from benchmarks.harness import (
     start_etcd,
     write_result,
 )
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, free_port
+from kfp_elastic.etcd.embedded import EmbeddedEtcd, free_port
 from kfp_elastic.testing.nodes import (
     AGENT,
     TORCHRUN,

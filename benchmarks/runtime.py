@@ -88,8 +88,9 @@ from benchmarks.harness import (
     worker_pids,
     write_result,
 )
+from kfp_elastic.etcd.embedded import EmbeddedEtcd, free_port
 from kfp_elastic.job_spec import DEVICES
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, free_port
+from kfp_elastic.processes import cpu_seconds, is_running
 from kfp_elastic.testing.nodes import AgentGroup, new_run_id, read_events
 
 # --------------------------------------------------------------------------- workload
@@ -279,27 +280,8 @@ def pause_when_training(jobs: list[Job], timeout: float) -> None:
             print(f"  {job.label}: FAILED: {job.error}\n{job.group.logs(20)}", flush=True)
 
 
-def cpu_seconds(pids: set[int]) -> float:
-    """utime + stime of the processes (those alive now)."""
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def agent_pids(job: Job) -> set[int]:
     return {a.pid for a in job.group.agents if a.alive()}
-
-
-def _running(pid: int) -> bool:
-    """The process exists and is not a zombie (a stopped one counts as running)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def time_slice(jobs: list[Job], window: float, cap: float) -> int:
@@ -317,7 +299,7 @@ def time_slice(jobs: list[Job], window: float, cap: float) -> int:
             break
         shift = rounds % len(active)
         for job in active[shift:] + active[:shift]:
-            if not pids.get(job.name) or not all(_running(p) for p in pids[job.name]):
+            if not pids.get(job.name) or not all(is_running(p) for p in pids[job.name]):
                 pids[job.name] = worker_pids(job.group)  # (re)scan only when needed: slow
             mine = pids[job.name]
             if not mine:
@@ -330,7 +312,7 @@ def time_slice(jobs: list[Job], window: float, cap: float) -> int:
             t_stop = time.time()
             events = job.events()
             finished = len(events) >= job.total_steps
-            disturbed = not finished and not all(_running(p) for p in mine)
+            disturbed = not finished and not all(is_running(p) for p in mine)
             job.windows.append((t_cont, t_stop, disturbed))
             if disturbed:
                 print(

@@ -42,7 +42,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "evaluate": Subcommand(
         "kfp_elastic.worker.evaluate", "evaluate a trained model on its test split"
     ),
-    "etcd": Subcommand("kfp_elastic.rendezvous.embedded_etcd", "a throw-away local etcd"),
+    "etcd": Subcommand("kfp_elastic.etcd.embedded", "a throw-away local etcd"),
     "forget": Subcommand(
         "kfp_elastic.forget", "delete a run's etcd keys (its run id can start a new job)"
     ),

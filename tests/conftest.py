@@ -14,11 +14,11 @@ import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from kfp_elastic.components.common import reap_local_processes
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
+from kfp_elastic.etcd.pki import generate_test_pki
 from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.pipelines.run_local import SESSION_ENV
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.rendezvous.handler import ElasticEtcdRendezvousHandler, create_handler
-from kfp_elastic.rendezvous.testing_pki import generate_test_pki
 from kfp_elastic.testing.cluster import FAST_NODE_LIFECYCLE, TestCluster
 
 logging.getLogger("kfp_elastic.rendezvous").setLevel(logging.INFO)

@@ -9,11 +9,11 @@ import signal
 import time
 import uuid
 from collections.abc import Mapping
-from pathlib import Path
 
 from kfp_elastic.etcd import settings as etcd_settings
 from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.job_env import RUN_ID_ENV  # every local worker process of a run carries it
+from kfp_elastic.processes import pids_with_env
 
 MAX_RUN_ID = 40  # pod names are {run_id}-worker-{index}-{attempt}, at most 63 characters
 
@@ -39,17 +39,7 @@ def in_cluster() -> bool:
 def run_pids(value: str, env: str = RUN_ID_ENV) -> set[int]:
     """Live local processes (not this one) whose environment has ``env=value``: the workers
     of run ``value`` by default."""
-    needle = f"{env}={value}".encode()
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                if state not in ("Z", "X"):
-                    found.add(int(entry))
-    return found
+    return pids_with_env(env, value)
 
 
 def reap_local_processes(value: str, grace_s: float = 3.0, env: str = RUN_ID_ENV) -> list[int]:

@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     embedded = None
     try:
         if args.etcd == "embedded":
-            from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+            from kfp_elastic.etcd.embedded import EmbeddedEtcd
 
             embedded = EmbeddedEtcd().start()
             args.etcd = embedded.endpoint

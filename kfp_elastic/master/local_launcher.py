@@ -2,7 +2,7 @@
 
 A worker is ``python -m kfp_elastic.master.supervise EXIT_FILE -- python -m
 kfp_elastic.rendezvous.agent ...
-ENTRY`` started in its own session (``rendezvous.local_agents.Agent``), so it survives a master
+ENTRY`` started in its own session (``master.local_agent.Agent``), so it survives a master
 SIGKILL. The supervisor records how the agent ended (see ``master/supervise.py``); the agent's
 tag (an environment variable every process of the tree inherits) finds the whole tree in
 ``/proc``, also the workers torchrun starts in sessions of their own.
@@ -50,8 +50,9 @@ from kfp_elastic.master.launcher import (
     WorkerStatus,
     next_attempts,
 )
+from kfp_elastic.master.local_agent import TAG_VAR, Agent
 from kfp_elastic.master.supervise import read_exit_file
-from kfp_elastic.rendezvous.local_agents import TAG_VAR, Agent
+from kfp_elastic.processes import has_env, parent
 from kfp_elastic.rendezvous.orphan import ORPHANED_EXIT_CODE
 
 log = logging.getLogger(__name__)
@@ -175,7 +176,7 @@ class LocalLauncher(Launcher):
     def _find_root(worker: _Worker) -> int | None:
         """The root of a tree started but not recorded (the master died in between)."""
         pids = worker.agent.tree_pids()  # by tag: the agent object has no process of its own
-        roots = [pid for pid in pids if _parent(pid) not in pids]
+        roots = [pid for pid in pids if parent(pid) not in pids]
         return min(roots) if roots else None
 
     # -- Launcher -----------------------------------------------------------------------------
@@ -356,7 +357,7 @@ class LocalLauncher(Launcher):
             return False
         if worker.agent.process is not None:
             return worker.agent.process.poll() is None
-        return _has_tag(worker.pid, worker.agent.tag)
+        return has_env(worker.pid, TAG_VAR, worker.agent.tag)
 
     def _status(self, worker: _Worker) -> WorkerStatus:
         if worker.final is not None:
@@ -493,24 +494,6 @@ def _absolute_script(entry: list[str], cwd: Path) -> list[str]:
     if not entry[0].startswith("-") and (cwd / entry[0]).exists():
         entry[0] = str((cwd / entry[0]).resolve())
     return entry
-
-
-def _has_tag(pid: int, tag: str) -> bool:
-    """``pid`` lives (not a zombie) and is the process we started (its tag, not a reused pid)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except (OSError, IndexError):
-        return False
-    needle = f"{TAG_VAR}={tag}".encode()
-    return state not in ("Z", "X") and needle in environ
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _signame(number: int) -> str:

@@ -1,6 +1,6 @@
 """What the workers do, as the master sees it in etcd: rounds formed and committed progress.
 
-Two watched keys (``rendezvous.cache.WatchedPrefix``, so reading them costs no request):
+Two watched keys (``etcd.watched_prefix.WatchedPrefix``, so reading them costs no request):
 ``{run}/rdzv/round`` (written by the rendezvous leader, see docs/rendezvous.md) and
 ``{run}/progress/committed`` (written by the worker runtime, see ``worker/progress.py``). Each
 change becomes timeline events (``RoundFormed``, ``Committed``, ``EpochEnd``). Both records
@@ -25,11 +25,11 @@ from typing import Any
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.keys import RunKeys
+from kfp_elastic.etcd.watched_prefix import WatchedPrefix
 from kfp_elastic.master import timeline
 from kfp_elastic.master.metrics import TimelineStats
 from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import EpochEnd, Event, RoundFormed
-from kfp_elastic.rendezvous.cache import WatchedPrefix
 from kfp_elastic.rendezvous.round_formation import RoundRecord
 from kfp_elastic.worker.progress import CommitEntry, Committed, Manifest, Progress
 

@@ -165,9 +165,9 @@ def model_def_of(argv: Sequence[str]) -> str | None:
 
 def run_entry_check(side: WorkerSide, kind: str, name: str) -> dict[str, object]:
     """``worker/check_entry.py`` in a worker's environment and working directory."""
-    from kfp_elastic.rendezvous.local_agents import with_repo_on_path
+    from kfp_elastic.master.local_agent import with_package_on_path
 
-    env = with_repo_on_path({**os.environ, **side.env})
+    env = with_package_on_path({**os.environ, **side.env})
     with tempfile.TemporaryDirectory(prefix="kfp-elastic-check-") as tmp:
         result = Path(tmp) / "result.json"
         command = [sys.executable, "-m", "kfp_elastic.worker.check_entry", str(result), kind, name]

@@ -3,12 +3,13 @@
 Keys: ``{run}/master/...`` and ``{run}/events/...`` of the one key schema,
 ``kfp_elastic.etcd.keys`` (``MasterKeys``, ``TimelineKeys``).
 
-Leadership: a master grants a lease (TTL ``lease_ttl``, refreshed every TTL/3) and creates the
-leader key in a transaction that succeeds only if the key is absent. A second master watches
-the key and tries again when it is deleted (the first master released it, or its lease expired
-``lease_ttl`` seconds after it died). Every write of the leader is a transaction guarded by
-"the leader key still holds my value", so a master that lost its lease cannot overwrite the
-state of the master that replaced it (it gets :class:`NotLeaderError`).
+Leadership (the election of ``kfp_elastic.etcd.election``): a master grants a lease (TTL
+``lease_ttl``, refreshed every TTL/3) and creates the leader key in a transaction that succeeds
+only if the key is absent. A second master watches the key and tries again when it is deleted
+(the first master released it, or its lease expired ``lease_ttl`` seconds after it died). Every
+write of the leader is a transaction guarded by "the leader key still holds my value", so a
+master that lost its lease cannot overwrite the state of the master that replaced it (it gets
+:class:`NotLeaderError`).
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from dataclasses import replace
 from typing import Any
 
 from pyetcd.client import MultiEndpointEtcd3Client
-from pyetcd.events import DeleteEvent
 
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS, retry
+from kfp_elastic.etcd.election import LeaderKey, WriteOutcome
 from kfp_elastic.etcd.keys import MasterKeys, TimelineKeys
+from kfp_elastic.etcd.leases import KEEPALIVES_PER_TTL, LeaseKeeper, grant
+from kfp_elastic.etcd.records import read_json, read_json_prefix
+from kfp_elastic.etcd.transactions import unchanged_since
 from kfp_elastic.master.timeline import Event, to_json
-from kfp_elastic.rendezvous.leases import KEEPALIVES_PER_TTL, LeaseKeeper, grant
 
 log = logging.getLogger(__name__)
 # How long a master waits for an unreachable etcd while it asks for leadership.
@@ -127,6 +130,7 @@ class MasterState:
         self.keys = MasterKeys(run_prefix.rstrip("/"))
         self.timeline_keys = TimelineKeys(self.keys.run_prefix)
         self.lease_ttl = lease_ttl
+        self._election = LeaderKey(client, self.keys.leader)
         self.identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.origin = origin
         self._token = json.dumps(
@@ -151,8 +155,7 @@ class MasterState:
         return self._leader and not self.lost.is_set()
 
     def leader(self) -> dict[str, Any] | None:
-        value, _ = self.client.get(self.keys.leader)
-        return json.loads(value) if value is not None else None
+        return read_json(self.client, self.keys.leader)
 
     def refusal(self, run_id: str, committed_step: int | None) -> str | None:
         """``start_refusal`` for this master, from what etcd holds now."""
@@ -190,15 +193,12 @@ class MasterState:
                 self.client, self.lease_ttl / KEEPALIVES_PER_TTL, self._lease_lost
             )
             self._keeper.keep(self._lease)
-        tx = self.client.transactions
         waiting_logged = False
         unreachable_since: float | None = None
         while not stop.is_set():
             try:
-                ok, responses = self.client.transaction(
-                    compare=[tx.version(self.keys.leader) == 0],
-                    success=[tx.put(self.keys.leader, self._token, lease=self._lease)],
-                    failure=[tx.get(self.keys.leader)],
+                ok, responses = self._election.campaign(
+                    self._token, self._lease, failure=[self._election.read_op()]
                 )
             except TRANSIENT_ERRORS as error:  # etcd restarting: wait it out, within bounds
                 unreachable_since = unreachable_since or time.monotonic()
@@ -232,41 +232,9 @@ class MasterState:
                     holder.decode(errors="replace"),
                 )
                 waiting_logged = True
-            if not self._wait_for_delete(meta.mod_revision, stop, deadline):
+            if not self._election.wait_until_vacant(meta.mod_revision, stop, deadline):
                 break
         return False
-
-    def _wait_for_delete(
-        self, revision: int, stop: threading.Event, deadline: float | None
-    ) -> bool:
-        """Watch the leader key from after ``revision`` until it is deleted; False on stop or
-        timeout. Every second the key is read again (a broken watch must not hang us)."""
-        gone = threading.Event()
-
-        def on_event(response: Any) -> None:
-            if isinstance(response, BaseException) or response is None:
-                gone.set()  # watch broken: re-check by reading
-                return
-            if any(isinstance(e, DeleteEvent) for e in response.events):
-                gone.set()
-
-        watch_id = self.client.add_watch_callback(
-            self.keys.leader, on_event, start_revision=revision + 1
-        )
-        try:
-            while not gone.is_set():
-                if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
-                    return False
-                if gone.wait(1.0):
-                    break
-                if self.client.get(self.keys.leader)[0] is None:
-                    break
-            return True
-        finally:
-            try:
-                self.client.cancel_watch(watch_id)
-            except Exception:  # noqa: BLE001 - a broken stream has nothing to cancel
-                pass
 
     def _lease_lost(self, lease_id: int) -> None:
         if self._leader and not self.lost.is_set():
@@ -300,26 +268,17 @@ class MasterState:
         extra compare failed; NotLeaderError when leadership is gone."""
         if not self._leader:
             raise NotLeaderError(f"not the leader of {self.keys.run_prefix}")
-        tx = self.client.transactions
-        ok, responses = self.client.transaction(
-            compare=[tx.value(self.keys.leader) == self._token, *(extra_compare or [])],
-            success=success,
-            failure=[tx.get(self.keys.leader)],
-        )
-        if ok:
-            return True
-        rows = responses[0] if responses else []
-        if not rows or rows[0][0].decode() != self._token:
+        outcome = self._election.write(self._token, success, extra_compare or [])
+        if outcome is WriteOutcome.NOT_HOLDER:
             self.lost.set()
             raise NotLeaderError(f"another master leads {self.keys.run_prefix} now")
-        return False
+        return outcome is WriteOutcome.WRITTEN
 
     def _put(self, key: str, value: Any) -> None:
         self._fenced([self.client.transactions.put(key, json.dumps(value))])
 
     def _get(self, key: str) -> Any:
-        value, _ = self.client.get(key)
-        return json.loads(value) if value is not None else None
+        return read_json(self.client, key)
 
     # -- job spec and status ------------------------------------------------------------------
     def spec(self) -> dict[str, Any] | None:
@@ -339,11 +298,7 @@ class MasterState:
 
     # -- workers table (also the LocalLauncher's process registry) ----------------------------
     def workers(self) -> dict[str, dict[str, Any]]:
-        table = {}
-        for value, meta in self.client.get_prefix(self.keys.workers):
-            name = meta.key.decode()[len(self.keys.workers) :]
-            table[name] = json.loads(value)
-        return table
+        return read_json_prefix(self.client, self.keys.workers)
 
     def update_worker(self, name: str, **fields: Any) -> dict[str, Any]:
         """Merge ``fields`` into the worker's record (created if absent); return the record."""
@@ -375,10 +330,8 @@ class MasterState:
             while True:
                 value, meta = self.client.get(self.keys.event_seq)
                 seq = int(value) + 1 if value is not None else 1
-                guard = (
-                    tx.mod(self.keys.event_seq) == meta.mod_revision
-                    if value is not None
-                    else tx.version(self.keys.event_seq) == 0
+                guard = unchanged_since(
+                    self.client, self.keys.event_seq, meta.mod_revision if value is not None else 0
                 )
                 if self._fenced(
                     [

@@ -17,7 +17,7 @@ from torch.distributed.elastic.rendezvous import RendezvousStoreInfo
 from torch.distributed.elastic.utils.distributed import get_free_port
 
 from kfp_elastic.etcd.keys import RunKeys
-from kfp_elastic.rendezvous.cache import WatchedPrefix
+from kfp_elastic.etcd.watched_prefix import WatchedPrefix
 from kfp_elastic.rendezvous.round_formation import MasterRecord
 
 

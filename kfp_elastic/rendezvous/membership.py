@@ -1,7 +1,8 @@
 """One node's membership in a run: its lease and record, the run lease, rounds, closing.
 
 This is the I/O edge of the rendezvous: everything it decides comes from ``round_formation``;
-everything it reads comes from the watched cache.
+everything it reads comes from the watched cache. The leader key is an election of
+``kfp_elastic.etcd.election`` (one deciding node per round).
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from dataclasses import replace
 import grpc
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.etcd.election import LeaderKey
 from kfp_elastic.etcd.keys import CLOSED_SUCCEEDED, CLOSED_UNKNOWN, RunKeys, prefix_range_end
+from kfp_elastic.etcd.leases import KEEPALIVES_PER_TTL, LeaseKeeper, grant
+from kfp_elastic.etcd.records import decode_record
+from kfp_elastic.etcd.transactions import put_if_absent, unchanged_since
+from kfp_elastic.etcd.watched_prefix import CachedKey, WatchedPrefix
 from kfp_elastic.rendezvous.bootstrap import cached_master, master_ops
-from kfp_elastic.rendezvous.cache import WatchedPrefix
 from kfp_elastic.rendezvous.config import RendezvousConfig
-from kfp_elastic.rendezvous.leases import KEEPALIVES_PER_TTL, LeaseKeeper, grant
 from kfp_elastic.rendezvous.membership_view import MembershipView, Status
 from kfp_elastic.rendezvous.probe import PeerProbe, ProbeTarget
 from kfp_elastic.rendezvous.probe_ring import ProbeRing, RingInputs
@@ -61,6 +65,7 @@ class Membership:
         # Narrowed (own record + round/leader/closed/run keys) while we wait and do not lead;
         # everything while we lead or are a member (see ``follow_all``).
         self._cache = WatchedPrefix(client, keys.rdzv, hidden=keys.nodes, shown=keys.node(node_id))
+        self._election = LeaderKey(client, keys.leader)
         self._leader_value = ""  # the leader key's value while we hold it
         self._view_lock = threading.Lock()
         self._view = MembershipView(keys)
@@ -162,13 +167,9 @@ class Membership:
 
     def completed(self) -> bool:
         """Closed by a node whose workers all succeeded (``close_run(CLOSED_SUCCEEDED)``)."""
-        value = self._cache.get(self._keys.closed)
-        if value is None:
-            return False
-        try:
-            return json.loads(value.value).get("outcome") == CLOSED_SUCCEEDED
-        except (ValueError, AttributeError):
-            return False
+        entry = self._cache.get(self._keys.closed)
+        record = decode_record(entry.value) if entry is not None else None
+        return record is not None and record.get("outcome") == CLOSED_SUCCEEDED
 
     # -- registration -------------------------------------------------------------------------
     def register(self) -> None:
@@ -214,16 +215,18 @@ class Membership:
         lead = self._lead_compare()
         leader = LeaderRecord(self.node_id, self._node_lease, self._probe_address())
         try:
-            won, responses = self._client.transaction(
-                compare=lead or [],
-                success=[put_record]
-                + (
-                    [tx.put(self._keys.leader, leader.to_json(), lease=self._node_lease)]
-                    if lead
-                    else []
-                ),
-                failure=[put_record],
-            )
+            if lead is None:
+                won, responses = self._client.transaction(
+                    compare=[], success=[put_record], failure=[put_record]
+                )
+            else:
+                won, responses = self._election.campaign(
+                    leader.to_json(),
+                    self._node_lease,
+                    compare=lead,
+                    success=[put_record],
+                    failure=[put_record],
+                )
         except grpc.RpcError as error:
             if "lease not found" not in str(error.details()):
                 raise
@@ -231,26 +234,26 @@ class Membership:
             self.publish(waiting, after_round)
             return
         revision = responses[0].response_put.header.revision
-        if won and lead:
+        if won and lead is not None:
             self._leader_value = leader.to_json()
             log.info("leading node=%s run=%s", self.node_id, self._config.run_id)
             self._cache.wait_for_key(self._keys.leader, revision, self._config.request_timeout)
         self._cache.wait_for_key(node_key, revision, self._config.request_timeout)
 
     def _lead_compare(self) -> list[object] | None:
-        """The compares under which we may take the leader key: nobody holds it and the round
-        key is the one we saw; None if the round we see admits us already (the watches of a
-        narrowed cache may show the leader key deleted before that round: same transaction)."""
-        tx = self._client.transactions
+        """The compares under which we may take the leader key, besides nobody holding it: the
+        round key is the one we saw; None if the round we see admits us already (the watches of
+        a narrowed cache may show the leader key deleted before that round: same transaction)."""
         entry = self._cache.get(self._keys.round)
         if entry is not None and is_admitted(self._record, RoundRecord.from_json(entry.value)):
             return None
-        same_round = (
-            tx.mod(self._keys.round) == entry.mod_revision
-            if entry is not None
-            else tx.version(self._keys.round) == 0
+        return [self._round_unchanged(entry)]
+
+    def _round_unchanged(self, entry: CachedKey | None) -> object:
+        """The compare "the round key is as the cache shows it" (``entry``)."""
+        return unchanged_since(
+            self._client, self._keys.round, entry.mod_revision if entry is not None else 0
         )
-        return [tx.version(self._keys.leader) == 0, same_round]
 
     def is_leader(self) -> bool:
         return bool(self._leader_value)
@@ -265,10 +268,10 @@ class Membership:
         if lead is None:
             return False
         try:
-            won, _ = self._client.transaction(
+            won, _ = self._election.campaign(
+                record.to_json(),
+                self._node_lease,
                 compare=[*lead, tx.version(self._keys.node(self.node_id)) > 0],
-                success=[tx.put(self._keys.leader, record.to_json(), lease=self._node_lease)],
-                failure=[],
             )
         except grpc.RpcError as error:
             if "lease not found" not in str(error.details()):
@@ -295,11 +298,8 @@ class Membership:
                 return lease
         else:
             lease = grant(self._client, self._config.close_timeout)
-            tx = self._client.transactions
-            created, _ = self._client.transaction(
-                failure=[],
-                compare=[tx.version(self._keys.run) == 0],
-                success=[tx.put(self._keys.run, json.dumps({"lease": lease}), lease=lease)],
+            created, _ = put_if_absent(
+                self._client, self._keys.run, json.dumps({"lease": lease}), lease=lease
             )
             if not created:
                 self._client.revoke_lease(lease)
@@ -345,17 +345,12 @@ class Membership:
             return 0  # decided on an outdated view
         run_lease = self._ensure_run_lease()
         tx = self._client.transactions
-        guard = (
-            tx.mod(self._keys.round) == entry.mod_revision
-            if entry is not None
-            else tx.version(self._keys.round) == 0
-        )
+        guard = self._round_unchanged(entry)
         if not self._leader_value:
             return 0
         # Only the holder of the leader key writes; a leader admitted by its own round hands
         # the key on (the waiting nodes left, spares, race for it).
-        leads = tx.value(self._keys.leader) == self._leader_value
-        hand_on = [tx.delete(self._keys.leader)] if self.node_id in participants else []
+        hand_on = [self._election.resign_op()] if self.node_id in participants else []
         if len(participants) <= MAX_ALIVE_COMPARES:
             alive = [tx.version(self._keys.node(n)) > 0 for n in participants]
         else:
@@ -380,9 +375,9 @@ class Membership:
             else []
         )
         try:
-            ok, _ = self._client.transaction(
-                failure=[],
-                compare=[guard, leads, *alive],
+            ok, _ = self._election.guarded(
+                self._leader_value,
+                compare=[guard, *alive],
                 success=[
                     tx.put(self._keys.round, new_round.to_json(), lease=run_lease),
                     tx.delete(old_store, range_end=prefix_range_end(old_store)),
@@ -420,9 +415,8 @@ class Membership:
         entry = self._cache.get(self._keys.round)
         if entry is None or RoundRecord.from_json(entry.value).number != current.number:
             return
-        tx = self._client.transactions
         self._client.transaction(
-            compare=[tx.mod(self._keys.round) == entry.mod_revision],
+            compare=[self._round_unchanged(entry)],
             failure=[],
             success=master_ops(
                 self._client,

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.keys import prefix_range_end
+from kfp_elastic.etcd.transactions import unchanged_since
 from kfp_elastic.rendezvous.config import DEFAULT_STORE_TIMEOUT_S
 
 log = logging.getLogger("kfp_elastic.rendezvous.store")
@@ -113,10 +114,8 @@ class EtcdStore(dist.Store):
             value, meta = self._client.get(full_key)
             current = int(value) if value is not None else 0
             new = current + amount
-            guard = (
-                tx.mod(full_key) == meta.mod_revision
-                if meta is not None
-                else tx.version(full_key) == 0
+            guard = unchanged_since(
+                self._client, full_key, meta.mod_revision if meta is not None else 0
             )
             ok, _ = self._client.transaction(
                 failure=[], compare=[guard], success=[tx.put(full_key, str(new), lease=self._lease)]
@@ -134,11 +133,11 @@ class EtcdStore(dist.Store):
             if value is None:
                 if expected_b:
                     return expected_b
-                guard = tx.version(full_key) == 0
-            elif value == expected_b:
-                guard = tx.mod(full_key) == meta.mod_revision
-            else:
+            elif value != expected_b:
                 return value
+            guard = unchanged_since(
+                self._client, full_key, meta.mod_revision if value is not None else 0
+            )
             ok, _ = self._client.transaction(
                 failure=[],
                 compare=[guard],

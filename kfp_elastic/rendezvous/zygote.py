@@ -35,6 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from kfp_elastic.processes import own_memory_map
 from kfp_elastic.rendezvous.zygote_shim import recv_message, send_message
 
 log = logging.getLogger("kfp_elastic.rendezvous.zygote")
@@ -260,11 +261,7 @@ def nvml_loaded(maps: str | None = None) -> bool:
     a zygote forked from the agent even has those files replaced by /dev/null; NCCL's
     ``nvmlInit`` then fails in every worker. ``import torch`` does not load it."""
     if maps is None:
-        try:
-            with open("/proc/self/maps") as file:
-                maps = file.read()
-        except OSError:
-            return False
+        maps = own_memory_map()
     return "libnvidia-ml" in maps
 
 

@@ -32,6 +32,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 
+from kfp_elastic.processes import own_open_fds, own_thread_names, seconds_since_start
 from kfp_elastic.rendezvous.zygote import (
     fork_poison,
     preload,
@@ -58,7 +59,7 @@ def fork_is_safe() -> bool:
     """
     if threading.active_count() != 1:
         return False
-    names = _thread_names()
+    names = own_thread_names()  # none without /proc: then nothing is forked
     return bool(names) and not any(name.startswith(_UNSAFE_THREAD_PREFIXES) for name in names)
 
 
@@ -113,7 +114,7 @@ def fork_zygote(
     if not fork_is_safe():
         log.info(
             "zygote not forked: this process has threads %s (Python: %d)",
-            _thread_names(),
+            own_thread_names(),
             threading.active_count(),
         )
         return None
@@ -145,7 +146,7 @@ def _serve_in_child(
                 "zygote pid=%d forked from agent pid=%d, %.2fs after the agent started",
                 os.getpid(),
                 parent_pid,
-                _seconds_since_start(parent_pid),
+                seconds_since_start(parent_pid),
             )
             poison = fork_poison(probe=False)
             if poison is not None:
@@ -175,7 +176,7 @@ def _become_zygote(listener_fd: int) -> None:
     os.setsid()  # like Popen(start_new_session=True): the agent's signals stay the agent's
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
-    for fd in _open_fds():
+    for fd in own_open_fds():
         if fd > 2 and fd not in (listener_fd, devnull):
             # /dev/null in place of closing: the agent's objects that own these numbers stay
             # valid, and a number is never reused under them.
@@ -199,46 +200,3 @@ def _become_zygote(listener_fd: int) -> None:
         level=os.environ.get("KFP_ELASTIC_LOG_LEVEL", "INFO").upper(),
         format="[%(asctime)s] elastic-etcd %(levelname)s %(name)s: %(message)s",
     )
-
-
-def _open_fds() -> list[int]:
-    try:
-        listed = sorted(int(name) for name in os.listdir("/proc/self/fd"))
-    except OSError:
-        return []
-    open_now = []
-    for fd in listed:  # the listing's own descriptor is closed again by now
-        try:
-            os.fstat(fd)
-        except OSError:
-            continue
-        open_now.append(fd)
-    return open_now
-
-
-def _thread_names() -> list[str]:
-    """OS thread names of this process (empty without /proc: then nothing is forked)."""
-    names = []
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return names
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/comm") as comm:
-                names.append(comm.read().strip())
-        except OSError:
-            pass
-    return names
-
-
-def _seconds_since_start(pid: int) -> float:
-    """Age of process ``pid`` (NaN when /proc cannot tell): when the fork came in its life."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as uptime:
-            now = float(uptime.read().split()[0])
-        return now - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return float("nan")

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.testing.nodes import (
     AgentGroup,
     first_step_with_world,

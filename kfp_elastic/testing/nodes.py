@@ -1,6 +1,6 @@
 """Run local torchrun agents as separate "nodes" for tests, benchmarks and the demo.
 
-:class:`AgentGroup` starts :class:`~kfp_elastic.rendezvous.local_agents.Agent` processes (one per
+:class:`AgentGroup` starts :class:`~kfp_elastic.master.local_agent.Agent` processes (one per
 "node"), gives each node GPUs of its own (``CUDA_VISIBLE_DEVICES``, the rule of
 ``kfp_elastic.gpus``, as the master's local launcher does) and SIGKILLs every process tree it
 started when it exits, also on errors. Unless told otherwise a node runs ``examples/tiny_ddp.py``
@@ -29,17 +29,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kfp_elastic.etcd.embedded import free_port
 from kfp_elastic.gpus import gpus_for_worker, require_gpus, visible_gpus
-from kfp_elastic.rendezvous.embedded_etcd import free_port
-from kfp_elastic.rendezvous.local_agents import (
-    AGENT,
-    REPO_ROOT,
-    TORCHRUN,
-    Agent,
-    sigkill_process_tree,
-    signal_quietly,
-)
+from kfp_elastic.master.local_agent import AGENT, TORCHRUN, Agent
+from kfp_elastic.processes import sigkill_process_tree, signal_quietly
 
+# The checkout the harness runs from: its examples are what a node runs unless told otherwise.
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_DDP = REPO_ROOT / "examples" / "tiny_ddp.py"
 
 T = TypeVar("T")

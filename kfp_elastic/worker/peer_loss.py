@@ -29,8 +29,8 @@ from pyetcd.client import MultiEndpointEtcd3Client
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.keys import RunKeys
 from kfp_elastic.etcd.settings import EtcdSettings
+from kfp_elastic.etcd.watched_prefix import WatchedPrefix
 from kfp_elastic.job_env import ROUND_ENV, rendezvous_round
-from kfp_elastic.rendezvous.cache import WatchedPrefix
 from kfp_elastic.rendezvous.membership_view import MembershipView
 from kfp_elastic.rendezvous.round_formation import NO_ROUND, NodeRecord, RoundRecord, is_waiting
 from kfp_elastic.worker.device import StallAbort, abort_process_group

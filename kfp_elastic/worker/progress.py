@@ -20,6 +20,7 @@ from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS
 from kfp_elastic.etcd.keys import QUEUE_STATES, ProgressKeys
+from kfp_elastic.etcd.transactions import absent, put_if_absent, unchanged_since
 from kfp_elastic.worker.data_plan import (
     QueueState,
     Shard,
@@ -174,12 +175,7 @@ class Progress:
     # -- manifest -----------------------------------------------------------------------------
     def publish_manifest(self, manifest: Manifest) -> Manifest:
         """Write the manifest and every epoch's TODO queue once; return the one in etcd."""
-        tx = self._client.transactions
-        self._client.transaction(
-            compare=[tx.version(self.keys.manifest) == 0],
-            success=[tx.put(self.keys.manifest, manifest.to_json())],
-            failure=[],
-        )
+        put_if_absent(self._client, self.keys.manifest, manifest.to_json())
         stored = self.manifest()
         assert stored is not None
         if self.committed_record()[0] is None:
@@ -192,7 +188,7 @@ class Progress:
         ops = []
         for shard in manifest.shards:
             keys = [self.keys.queue(epoch, state, shard.shard_id) for state in QUEUE_STATES]
-            ops.append(([tx.version(k) == 0 for k in keys], [tx.put(keys[0], "{}")]))
+            ops.append(([absent(self._client, k) for k in keys], [tx.put(keys[0], "{}")]))
         for compare, success in ops:  # one small txn per shard: idempotent, never too big
             self._client.transaction(compare=compare, success=success, failure=[])
 
@@ -216,11 +212,7 @@ class Progress:
         Returns the new record's mod revision (for the next compare-and-swap), 0 if the swap
         lost: read back in the same transaction, which saves a request per snapshot."""
         tx = self._client.transactions
-        guard = (
-            tx.mod(self.keys.committed) == previous_revision
-            if previous_revision
-            else tx.version(self.keys.committed) == 0
-        )
+        guard = unchanged_since(self._client, self.keys.committed, previous_revision)
         moves = self._queue_moves(manifest, previous or INITIAL, new)
         first, rest = moves[: MAX_TXN_OPS - 2], moves[MAX_TXN_OPS - 2 :]
         ok, responses = self._client.transaction(
@@ -324,12 +316,7 @@ class Progress:
 
     def base_world_size(self, proposed: int) -> int:
         """The world size the batch policy scales from: the first proposal wins, for good."""
-        tx = self._client.transactions
-        self._client.transaction(
-            compare=[tx.version(self.keys.base_world_size) == 0],
-            success=[tx.put(self.keys.base_world_size, str(proposed))],
-            failure=[],
-        )
+        put_if_absent(self._client, self.keys.base_world_size, str(proposed))
         value, _ = self._client.get(self.keys.base_world_size)
         return int(value)
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from kfp_elastic.rendezvous.embedded_etcd import free_port
+from kfp_elastic.etcd.embedded import free_port
 from tests.helpers import REPO_ROOT, TINY_DDP
 
 # A hang would be the bug; 10 s after torchrun's start-up is the promise to users, the

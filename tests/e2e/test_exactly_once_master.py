@@ -13,8 +13,10 @@ from pathlib import Path
 import torch
 
 from kfp_elastic.etcd.client import connect
+from kfp_elastic.job_env import RUN_ID_ENV
 from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import EventKind, read_timeline
+from kfp_elastic.processes import pids_with_env, signal_quietly
 from kfp_elastic.worker.progress import Progress
 from tests.helpers import (
     REPO_ROOT,
@@ -121,11 +123,7 @@ def _alive(pid: int) -> bool:
 
 
 def _kill_run(run_id: str) -> None:
-    needle = f"KFP_ELASTIC_RUN_ID={run_id}".encode()
     for _ in range(3):
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                with contextlib.suppress(OSError):
-                    if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                        os.kill(int(entry), signal.SIGKILL)
+        for pid in pids_with_env(RUN_ID_ENV, run_id):
+            signal_quietly(pid, signal.SIGKILL)
         time.sleep(0.1)

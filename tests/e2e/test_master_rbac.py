@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from kfp_elastic.etcd.client import connect
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.master.pod_spec_checks import MASTER_POD_LABELS, RUN_ID_LABEL
 from kfp_elastic.master.timeline import WorkerLaunched, WorkerLost, of_type, read_timeline
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.testing.api_rules import service_account_user
 from kfp_elastic.testing.api_wire import ApiCall, ApiError
 from kfp_elastic.testing.cluster import TestCluster

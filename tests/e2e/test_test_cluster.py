@@ -13,6 +13,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kfp_elastic import processes
 from kfp_elastic.testing.cluster import TestCluster
 from tests.helpers import eventually, job_worker_pods
 
@@ -458,12 +459,7 @@ def node_ready(core: client.CoreV1Api, name: str) -> str:
     return next(c.status for c in node.status.conditions if c.type == "Ready")
 
 
-def process_state(pid: int) -> str:
-    """The state letter of /proc/PID/stat (R, S, T, Z...); X for a process that is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "X"
+process_state = processes.state
 
 
 @pytest.mark.parametrize("how", ["remove", "hang"])

@@ -181,8 +181,8 @@ def run(spec: JobSpec, inject_faults: str = "", say: Say = print) -> TrainResult
     """Run the job to its end; returns the result (the caller decides what a failure means).
     ``spec.etcd`` None: an embedded etcd (local launcher only)."""
     from kfp_elastic.etcd.client import connect
+    from kfp_elastic.etcd.embedded import EmbeddedEtcd
     from kfp_elastic.master.job import ElasticJob
-    from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 
     say = _safe(say)
     faults = validate(spec, inject_faults)

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from kfp_elastic.components.common import run_pids
-from kfp_elastic.rendezvous.testing_pki import generate_test_pki
+from kfp_elastic.etcd.pki import generate_test_pki
 from kfp_elastic.testing.api_server import CLUSTER_SCOPED, OBJECT_KINDS, FakeKubernetes
 from kfp_elastic.testing.api_wire import ApiError
 from kfp_elastic.testing.cluster.kubelet import CLUSTER_ENV, ClusterAccess, Kubelet

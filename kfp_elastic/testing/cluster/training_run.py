@@ -34,13 +34,13 @@ from kubernetes.client.rest import ApiException
 from kfp_elastic.components.common import normalize_run_id, run_pids
 from kfp_elastic.components.shard_dataset.shard import build_manifest
 from kfp_elastic.etcd.client import connect
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.etcd.keys import RunKeys, run_prefix_of
+from kfp_elastic.etcd.pki import generate_test_pki
 from kfp_elastic.master.pod_spec import run_selector
 from kfp_elastic.master.timeline import Event, read_timeline
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.rendezvous.handler import node_id_pid
 from kfp_elastic.rendezvous.round_formation import NO_ROUND, RoundRecord
-from kfp_elastic.rendezvous.testing_pki import generate_test_pki
 from kfp_elastic.testing.cluster import FAST_NODE_LIFECYCLE, TestCluster
 from kfp_elastic.testing.cluster.kfp_task import (
     CompiledPipeline,

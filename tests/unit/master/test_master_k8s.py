@@ -15,6 +15,7 @@ import pytest
 
 from kfp_elastic.etcd import settings as etcd_settings
 from kfp_elastic.etcd.client import connect
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.job_spec import DEFAULT_GUARANTEED_PRIORITY_CLASS as GUARANTEED
 from kfp_elastic.job_spec import DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS as OPPORTUNISTIC
 from kfp_elastic.master.cli import build_parser, make_spec, split_entry
@@ -22,7 +23,6 @@ from kfp_elastic.master.job import ElasticJob, JobResult
 from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import JobDone, WorkerLaunched, WorkerLost, of_type, read_timeline
 from kfp_elastic.master.wiring import launcher_factory
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.testing.api_server import FakeKubernetes
 from kfp_elastic.worker.ending import END_SIGTERM, WorkerEnd, record_end
 from tests.helpers import wait_for

@@ -23,7 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.client import connect
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.gpus import GpuShortage
+from kfp_elastic.job_env import RUN_ID_ENV
 from kfp_elastic.job_spec import (
     Data,
     Entry,
@@ -54,7 +56,7 @@ from kfp_elastic.master.timeline import (
     of_type,
     read_timeline,
 )
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.processes import is_running, pids_with_env
 from kfp_elastic.rendezvous.orphan import ORPHANED_EXIT_CODE
 from kfp_elastic.worker.progress import INITIAL, Progress
 from tests.helpers import REPO_ROOT, WORKER_ENTRY, master_command, read_events, wait_for
@@ -64,14 +66,7 @@ RDZV = {"last_call_timeout": "0.5"}
 
 
 def _pids_in_run(run_id: str) -> set[int]:
-    needle = f"KFP_ELASTIC_RUN_ID={run_id}".encode()
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                    found.add(int(entry))
-    return found
+    return pids_with_env(RUN_ID_ENV, run_id)
 
 
 @pytest.fixture
@@ -88,14 +83,7 @@ def reaper(run_id: str) -> Iterator[Callable[[subprocess.Popen[bytes]], None]]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
-    assert not [p for p in _pids_in_run(run_id) if _not_zombie(p)]
-
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    assert not [p for p in _pids_in_run(run_id) if is_running(p)]
 
 
 @pytest.fixture

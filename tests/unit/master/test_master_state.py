@@ -14,6 +14,7 @@ import pytest
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.client import connect
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.master.state import MasterState, NotLeaderError
 from kfp_elastic.master.timeline import (
     Committed,
@@ -23,7 +24,6 @@ from kfp_elastic.master.timeline import (
     of_type,
     read_timeline,
 )
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from tests.helpers import REPO_ROOT
 
 

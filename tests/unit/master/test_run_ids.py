@@ -14,11 +14,11 @@ import pytest
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.client import connect
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.etcd.keys import ProgressKeys
 from kfp_elastic.job_spec import Entry, JobSpec, Policy
 from kfp_elastic.master.job import ElasticJob
 from kfp_elastic.master.state import MasterState, start_refusal
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from tests.helpers import REPO_ROOT, master_command
 
 KFP = "kfp-run:r"

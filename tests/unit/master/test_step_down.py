@@ -12,6 +12,7 @@ import pytest
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.client import connect
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.job_spec import Entry, JobSpec, Policy
 from kfp_elastic.master.job import ElasticJob, JobResult
 from kfp_elastic.master.launcher import (
@@ -24,7 +25,6 @@ from kfp_elastic.master.launcher import (
 from kfp_elastic.master.own_pod import REASON
 from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import MasterStarted, MasterSteppedDown, read_timeline
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from tests.helpers import wait_for
 
 

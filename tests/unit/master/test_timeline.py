@@ -12,6 +12,7 @@ import pytest
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.client import connect
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.etcd.keys import TimelineKeys
 from kfp_elastic.master import timeline
 from kfp_elastic.master.state import MasterState
@@ -33,7 +34,6 @@ from kfp_elastic.master.timeline import (
     read_timeline,
     to_json,
 )
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -16,7 +16,7 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
 )
 
-from kfp_elastic.rendezvous.cache import WatchedPrefix
+from kfp_elastic.etcd.watched_prefix import WatchedPrefix
 from kfp_elastic.rendezvous.handler import ElasticEtcdRendezvousHandler, RunCompletedError
 
 
@@ -342,7 +342,7 @@ def test_failing_agent_leaves_without_closing_the_run(make_handler) -> None:
 
 
 def test_cache_reports_the_keys_changed_since_a_position(private_etcd, monkeypatch) -> None:
-    monkeypatch.setattr("kfp_elastic.rendezvous.cache.CHANGE_LOG_SIZE", 4)
+    monkeypatch.setattr("kfp_elastic.etcd.watched_prefix.CHANGE_LOG_SIZE", 4)
     client = raw_client(private_etcd)
     try:
         cache = WatchedPrefix(client, "/l/")

@@ -1,5 +1,5 @@
 """The agent's leave on a termination signal (``rendezvous/leave.py``) and the watched copy's
-stop (``rendezvous/cache.py``) never wait on the code the signal interrupted.
+stop (``etcd/watched_prefix.py``) never wait on the code the signal interrupted.
 
 A signal handler runs on the main thread on top of whatever it was doing. An agent SIGTERMed
 while its copy of the run's keys re-read them (a round change) held the copy's load lock in the
@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.etcd.watched_prefix import WatchedPrefix
 from kfp_elastic.rendezvous import leave
-from kfp_elastic.rendezvous.cache import WatchedPrefix
 from tests.unit.rendezvous.test_handler import raw_client
 
 

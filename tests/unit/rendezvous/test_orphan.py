@@ -12,6 +12,7 @@ import pytest
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from kfp_elastic.etcd.client import connect
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.job_env import WORKER_NAME_VARS
 from kfp_elastic.job_spec import (
     DEFAULT_ORPHAN_TIMEOUT_S,
@@ -26,7 +27,6 @@ from kfp_elastic.master.pod_status import classify
 from kfp_elastic.master.scaling import outcome_of
 from kfp_elastic.rendezvous import agent, orphan
 from kfp_elastic.rendezvous.config import ConfigError, RendezvousConfig
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.rendezvous.handler import ElasticEtcdRendezvousHandler
 from kfp_elastic.rendezvous.orphan import (
     MAX_POLL_S,

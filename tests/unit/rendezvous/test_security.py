@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, TlsFiles
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
+from kfp_elastic.etcd.pki import TestPki, TlsFiles, generate_test_pki
 from kfp_elastic.rendezvous.handler import ElasticEtcdRendezvousHandler, create_handler
-from kfp_elastic.rendezvous.testing_pki import TestPki, generate_test_pki
 
 FAIL_WITHIN_S = 10.0
 ROOT_PASSWORD = "root-secret"

@@ -10,7 +10,7 @@ import pytest
 import torch.distributed as dist
 from pyetcd.client import Endpoint, MultiEndpointEtcd3Client
 
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, free_port
+from kfp_elastic.etcd.embedded import EmbeddedEtcd, free_port
 from kfp_elastic.rendezvous.store import EtcdStore, RoundBrokenError
 
 

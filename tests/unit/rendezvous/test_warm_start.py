@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from kfp_elastic.processes import is_running
 from kfp_elastic.rendezvous.warm_start import SHIM_PATH, shim_command
 from kfp_elastic.rendezvous.zygote import PythonTarget, parse_python_command
 from kfp_elastic.rendezvous.zygote_shim import SOCKET_ENV
@@ -158,12 +159,7 @@ def test_exceptions_threads_and_atexit_behave_as_in_python(zygote, worker_script
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    return state != "Z"
+    return is_running(pid)
 
 
 def test_signals_reach_the_worker_and_its_death_reaches_torchrun(

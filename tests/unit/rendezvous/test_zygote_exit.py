@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kfp_elastic.rendezvous.embedded_etcd import free_port
+from kfp_elastic.etcd.embedded import free_port
 from kfp_elastic.rendezvous.warm_start import SHIM_PATH
 from kfp_elastic.rendezvous.zygote import DEFAULT_PRELOAD
 from kfp_elastic.rendezvous.zygote_shim import SOCKET_ENV

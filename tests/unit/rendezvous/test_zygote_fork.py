@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from kfp_elastic.processes import is_running
 from kfp_elastic.rendezvous.warm_start import SHIM_PATH
 from kfp_elastic.rendezvous.zygote_shim import SOCKET_ENV
 from tests.helpers import REPO_ROOT
@@ -158,11 +159,7 @@ def _wait_gone(pid: int, timeout: float) -> bool:
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return True
-        if state == "Z":  # dead; its new parent reaps it
+        if not is_running(pid):  # gone, or dead and left to its new parent to reap
             return True
         time.sleep(0.05)
     return False

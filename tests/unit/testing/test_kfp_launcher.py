@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kfp_elastic.processes import is_running
 from kfp_elastic.testing.cluster import kfp_launcher
 from tests.helpers import REPO_ROOT, wait_for
 
@@ -112,7 +113,4 @@ def _reap(pid: int) -> bool:
     """PID 1 is reparented to init (or this test process, a subreaper): a zombie counts as gone."""
     with contextlib.suppress(ChildProcessError, OSError):
         return os.waitpid(pid, os.WNOHANG)[0] == pid
-    try:
-        return open(f"/proc/{pid}/stat").read().split()[2] == "Z"
-    except OSError:
-        return True
+    return not is_running(pid)

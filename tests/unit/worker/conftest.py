@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, free_port
+from kfp_elastic.etcd.embedded import EmbeddedEtcd, free_port
 
 
 @pytest.fixture

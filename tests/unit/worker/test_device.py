@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kfp_elastic.rendezvous.embedded_etcd import free_port
+from kfp_elastic.etcd.embedded import free_port
 from kfp_elastic.worker.device import (
     NCCL_ERROR_HANDLING_ENV,
     CollectiveAborted,

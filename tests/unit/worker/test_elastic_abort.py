@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.job_env import JobEnv
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.worker import elastic, loop, peer_loss
 from kfp_elastic.worker.device import CollectiveAborted, StallAbort
 from kfp_elastic.worker.rescue import Rescues

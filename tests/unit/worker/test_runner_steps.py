@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.worker import runner
 from kfp_elastic.worker.device import Placement
 from kfp_elastic.worker.model_def import load_model_def

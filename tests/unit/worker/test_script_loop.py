@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from kfp_elastic.etcd.client import connect
+from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.job_env import ROUND_ENV, JobEnv
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd
 from kfp_elastic.worker import elastic
 from kfp_elastic.worker.collective import EXIT_PREEMPTED
 from kfp_elastic.worker.ending import END_COMPLETED, END_SIGTERM, read_end

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kfp_elastic.etcd.client import connect
-from kfp_elastic.rendezvous.embedded_etcd import free_port
+from kfp_elastic.etcd.embedded import free_port
 from kfp_elastic.worker.data_plan import shards_for_length
 from kfp_elastic.worker.progress import Committed, Progress, manifest_from_shards
 from tests.helpers import REPO_ROOT

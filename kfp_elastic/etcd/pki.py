@@ -1,4 +1,5 @@
-"""A throw-away PKI for TLS tests and local TLS demos (needs the ``cryptography`` package).
+"""The PEM files of a TLS etcd (``TlsFiles``) and a throw-away PKI for them: ``kfp-elastic etcd
+--tls-dir``, local TLS demos and tests (needs the ``cryptography`` package).
 
 ``generate_test_pki(directory)`` writes, as PEM files:
 
@@ -21,9 +22,25 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kfp_elastic.rendezvous.embedded_etcd import TlsFiles
-
 _VALIDITY = datetime.timedelta(days=2)
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for etcd's client port: CA, server certificate and key.
+
+    With ``client_cert_auth`` etcd demands a client certificate signed by ``ca``
+    (``--trusted-ca-file --client-cert-auth``); the health check and ``etcdctl`` then present
+    the server certificate as their client certificate, so it must allow client auth too (as
+    etcd's own gateway requires); ``generate_test_pki`` makes such a
+    certificate. Without it etcd only serves TLS and ``ca`` is what clients trust (etcd would
+    demand client certificates whenever it got a CA file).
+    """
+
+    ca: Path
+    cert: Path
+    key: Path
+    client_cert_auth: bool = True
 
 
 @dataclass(frozen=True)

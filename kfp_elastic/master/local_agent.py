@@ -1,13 +1,11 @@
-"""One local torchrun agent as a separate "node": the process the master's local launcher starts.
+"""One local torchrun agent as a separate "node": the process the master's local launcher starts
+(and the local nodes harness, ``kfp_elastic.testing.nodes``).
 
 An :class:`Agent` is one ``python -m kfp_elastic.rendezvous.agent --nproc-per-node=N`` (torchrun
 with a faster start; ``launcher=TORCHRUN`` for plain torchrun) process in its own session
 (process group), like one pod. torchrun starts its workers with ``start_new_session=True`` too, so
 a worker is *not* in its agent's process group: the whole tree of an agent is found by a tag in
-the environment (inherited by the workers) and by walking ``/proc``.
-
-The test harness that starts groups of agents and reads their events is
-:mod:`kfp_elastic.testing.nodes`.
+the environment (inherited by the workers) and by walking ``/proc`` (``kfp_elastic.processes``).
 """
 
 from __future__ import annotations
@@ -22,7 +20,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+import kfp_elastic
+from kfp_elastic.processes import descendants, pids_with_env, signal_quietly
+
+# Where ``kfp_elastic`` is imported from (a checkout or site-packages): first on the agents'
+# PYTHONPATH, so that they and their workers run this very copy.
+IMPORT_ROOT = Path(kfp_elastic.__file__).resolve().parent.parent
 TAG_VAR = "KFP_ELASTIC_HARNESS_TAG"
 
 __all__ = [
@@ -30,67 +33,8 @@ __all__ = [
     "TAG_VAR",
     "TORCHRUN",
     "Agent",
-    "sigkill_process_tree",
-    "with_repo_on_path",
+    "with_package_on_path",
 ]
-
-# --------------------------------------------------------------------------- processes
-
-
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        # Fields after the command name "(...)": state, ppid, ...
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    return children
-
-
-def _pids_with_tag(tag: str) -> set[int]:
-    needle = f"{TAG_VAR}={tag}".encode()
-    found: set[int] = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0"):
-            found.add(int(entry))
-    return found
-
-
-def _descendants(root: int) -> set[int]:
-    children = _children_map()
-    found: set[int] = set()
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        for child in children.get(pid, []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def sigkill_process_tree(root: int) -> None:
-    """SIGKILL ``root`` and every process below it (stopped first, so none can fork away)."""
-    signal_quietly(root, signal.SIGSTOP)
-    for pid in {root} | _descendants(root):
-        signal_quietly(pid, signal.SIGKILL)
-
-
-def signal_quietly(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
-
 
 # What starts an agent: ``kfp-elastic agent`` (torchrun with a faster start, see
 # ``rendezvous/agent.py``) or plain torchrun (what users of other backends run).
@@ -98,10 +42,10 @@ AGENT: tuple[str, ...] = (sys.executable, "-m", "kfp_elastic.rendezvous.agent")
 TORCHRUN: tuple[str, ...] = (sys.executable, "-m", "torch.distributed.run")
 
 
-def with_repo_on_path(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` with this checkout (or installation) first on ``PYTHONPATH``: how every local
-    agent, its workers and the master's check of a worker's entry import ``kfp_elastic``."""
-    python_path = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+def with_package_on_path(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with the directory ``kfp_elastic`` is imported from first on ``PYTHONPATH``: how
+    every local agent, its workers and the master's check of a worker's entry import it."""
+    python_path = os.pathsep.join(p for p in (str(IMPORT_ROOT), env.get("PYTHONPATH", "")) if p)
     return {**env, "PYTHONPATH": python_path}
 
 
@@ -149,7 +93,7 @@ class Agent:
         if rdzv_conf:
             self.command.append(f"--rdzv-conf={rdzv_conf}")
         self.command += [*extra_args, str(script), *map(str, script_args)]
-        self.env = with_repo_on_path({**os.environ, **(env or {})})
+        self.env = with_package_on_path({**os.environ, **(env or {})})
         self.env[TAG_VAR] = self.tag
         self.env.setdefault("OMP_NUM_THREADS", "1")
         if disable_shared_store:
@@ -196,9 +140,9 @@ class Agent:
 
     def tree_pids(self) -> set[int]:
         """The agent, its workers (in their own sessions) and their children, also orphans."""
-        pids = _pids_with_tag(self.tag)
+        pids = pids_with_env(TAG_VAR, self.tag)
         if self.alive():
-            pids |= {self.pid} | _descendants(self.pid)
+            pids |= {self.pid} | descendants(self.pid)
         return pids
 
     def sigkill_tree(self) -> float:

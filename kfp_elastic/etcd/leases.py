@@ -1,4 +1,4 @@
-"""Keeping etcd leases alive from one background thread.
+"""Keeping etcd leases alive from one background thread (the rendezvous, the master).
 
 A node keeps two leases alive: its own (its liveness) and the run's shared lease (which holds
 the round record and the store, so they vanish ``close_timeout`` after the last node left).

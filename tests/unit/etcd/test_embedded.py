@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kfp_elastic.rendezvous.embedded_etcd import EmbeddedEtcd, PortInUseError, port_taken
+from kfp_elastic.etcd.embedded import EmbeddedEtcd, PortInUseError, port_taken
 from tests.helpers import REPO_ROOT
 
 REFUSE_WITHIN_S = 60  # a refusal takes about a second; the bound only stops a hang
