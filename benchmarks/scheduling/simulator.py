@@ -36,7 +36,7 @@ once (their grace period is not modelled), which may let the preemptors bind on 
 for MIN): at world ``w`` with ``w >= MIN``, none below.
 
 **Costs** (seconds; defaults from ``docs/benchmarks.md``, "The cluster path", worker pods,
-``benchmarks/results/cluster/cluster_recovery.json``):
+``benchmarks/results/cluster/cluster-2026-11-23-94db901.json``):
 
 - ``join_s`` = 4.91, "capacity freed → first step of the bigger world": a worker bound while
   its job trains holds its GPU that long before it trains (pod start, agent, rendezvous);

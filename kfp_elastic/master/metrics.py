@@ -30,6 +30,9 @@ from kfp_elastic.master.timeline import Committed, Event, RoundFormed
 
 log = logging.getLogger(__name__)
 
+# Committed steps per second are averaged over this long: part of what the
+# ``kfp_elastic_steps_per_second`` and lost-steps metrics mean (docs/master.md, "Metrics"), so
+# a constant, not a setting.
 RATE_WINDOW_S = 60.0
 
 

@@ -35,7 +35,11 @@ from kfp_elastic.worker.progress import CommitEntry, Committed, Manifest, Progre
 
 log = logging.getLogger(__name__)
 
+# The shard queues' sizes are metrics only (range reads of the current epoch): read at most
+# this often, however often /metrics is scraped (internal, not a setting).
 QUEUE_REFRESH_S = 2.0
+# A key of the watched copy is also read from etcd this often, a safety net should a watch
+# stop silently: one small read per key, far below any decision's time scale (internal).
 DIRECT_READ_S = 5.0
 
 

@@ -21,6 +21,7 @@ from kfp_elastic.etcd.settings import (
     EtcdSettings,
     parse_endpoints,
 )
+from kfp_elastic.rendezvous.probe import CONNECT_TIMEOUT_S
 
 __all__ = [
     "DEFAULT_KEY_PREFIX",
@@ -87,6 +88,10 @@ class RendezvousConfig:
     close_on_failure: bool = False
     # How many ring successors each node probes.
     probe_fanout: int = 2
+    # How long a probe connection to a peer may take; a peer that does not accept in time is
+    # left to its lease (never declared dead), so raise it where connects are slow (a node
+    # across a long network path) to keep the fast detection (rendezvous/probe.py).
+    probe_connect_timeout: float = CONNECT_TIMEOUT_S
     # Fork restarted workers from a process with torch imported (rendezvous/zygote.py).
     warm_start: bool = True
     # Modules the zygote imports besides torch, torch.distributed, DDP, dynamo and torch.optim;
@@ -167,6 +172,7 @@ class RendezvousConfig:
             "close_timeout",
             "exit_barrier_timeout",
             "store_timeout",
+            "probe_connect_timeout",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--rdzv-conf {name}={getattr(self, name)} must be > 0")
@@ -209,6 +215,7 @@ _FLOAT_KEYS = {
     "peer_failure_grace",
     "free_restart_window",
     "orphan_timeout",
+    "probe_connect_timeout",
 }
 _INT_KEYS = {"probe_fanout", "max_free_restarts", "max_repeated_failures"}
 _BOOL_KEYS = {"peer_probe", "close_on_failure", "warm_start"}

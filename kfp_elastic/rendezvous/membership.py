@@ -77,7 +77,9 @@ class Membership:
         self._ring: ProbeRing | None = None
         self._left = False
         if config.peer_probe:
-            self._probe = PeerProbe("0.0.0.0", self._on_peer_dead)
+            self._probe = PeerProbe(
+                "0.0.0.0", self._on_peer_dead, connect_timeout=config.probe_connect_timeout
+            )
             self._ring = ProbeRing(self._probe, node_id, config.probe_fanout, self._ring_inputs)
             self._cache.add_listener(self._ring.changed)
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 # A live peer's listener accepts at once; one that does not within this is unreachable (not
-# declared dead: its lease decides), and the probe ring's caller is not held up longer.
+# declared dead: its lease decides), and the probe ring's caller is not held up longer. The
+# default of ``--rdzv-conf probe_connect_timeout`` (rendezvous/config.py).
 CONNECT_TIMEOUT_S = 1.0
 # The watch thread wakes at least this often to see ``stop``; ``stop`` also wakes it through a
 # socket, so this only bounds a missed wake-up.
@@ -48,8 +49,14 @@ def ring_successors(order: Sequence[str], me: str, fanout: int) -> list[str]:
 
 
 class PeerProbe:
-    def __init__(self, bind_host: str, on_dead: Callable[[ProbeTarget], None]) -> None:
+    def __init__(
+        self,
+        bind_host: str,
+        on_dead: Callable[[ProbeTarget], None],
+        connect_timeout: float = CONNECT_TIMEOUT_S,
+    ) -> None:
         self._on_dead = on_dead
+        self.connect_timeout = connect_timeout
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -81,7 +88,7 @@ class PeerProbe:
     def _connect(self, target: ProbeTarget) -> None:
         host, _, port = target.address.rpartition(":")
         try:
-            sock = socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT_S)
+            sock = socket.create_connection((host.strip("[]"), int(port)), self.connect_timeout)
         except ConnectionRefusedError:
             # Listening starts before registration, so refused means the process is gone.
             log.warning("probe refused, peer gone node=%s", target.node_id)

@@ -17,6 +17,9 @@ from kfp_elastic.rendezvous.round_formation import LeaderRecord, NodeRecord
 
 log = logging.getLogger(__name__)
 
+# Changes of the watched keys come in bursts (a round's records, leases): the ring is
+# recomputed once per burst, this long after its first change. Short against any detection
+# time the probe offers (internal, not a setting).
 PROBE_DEBOUNCE_S = 0.05
 
 

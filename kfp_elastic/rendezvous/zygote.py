@@ -48,6 +48,9 @@ DEFAULT_PRELOAD = (
     "torch._dynamo",
     "torch.optim",
 )
+# How long the zygote waits for the rest of a fork request once a worker connected: the
+# request is a few hundred bytes sent at once by a process of this package, so only a broken
+# client takes longer, and the zygote must not hang on it (internal, not a setting).
 REQUEST_TIMEOUT_S = 10.0
 _PR_SET_PDEATHSIG = 1
 _BAD_FORK_EXIT = 3  # the probe child's exit code when it could not use CUDA

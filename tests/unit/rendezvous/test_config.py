@@ -109,3 +109,12 @@ def test_readme_documents_every_rdzv_conf_key() -> None:
     table = readme[readme.index("### `--rdzv-conf` keys") :]
     missing = [name for name in RendezvousConfig.setting_names() if f"`{name}`" not in table]
     assert missing == []
+
+
+def test_probe_connect_timeout_is_a_setting_in_seconds() -> None:
+    assert config({}).probe_connect_timeout == 1.0
+    assert config({"probe_connect_timeout": "2.5"}).probe_connect_timeout == 2.5
+    with pytest.raises(ConfigError, match="probe_connect_timeout"):
+        config({"probe_connect_timeout": "0"})
+    with pytest.raises(ConfigError, match="not a number of seconds"):
+        config({"probe_connect_timeout": "soon"})
