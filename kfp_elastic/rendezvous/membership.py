@@ -17,10 +17,10 @@ from dataclasses import replace
 import grpc
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.contract.rendezvous_config import RendezvousConfig
 from kfp_elastic.etcd.keys import CLOSED_SUCCEEDED, CLOSED_UNKNOWN, RunKeys, prefix_range_end
 from kfp_elastic.rendezvous.bootstrap import cached_master, master_ops
 from kfp_elastic.rendezvous.cache import WatchedPrefix
-from kfp_elastic.rendezvous.config import RendezvousConfig
 from kfp_elastic.rendezvous.leases import KEEPALIVES_PER_TTL, LeaseKeeper, grant
 from kfp_elastic.rendezvous.membership_view import MembershipView, Status
 from kfp_elastic.rendezvous.probe import PeerProbe, ProbeTarget
