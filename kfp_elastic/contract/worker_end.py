@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.keys import RunKeys
-from kfp_elastic.job_env import WORKER_NAME_VARS
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +58,6 @@ class WorkerEnd:
             )
         except (ValueError, TypeError, KeyError):
             return None
-
-
-def worker_name(environ: Mapping[str, str] = os.environ) -> str | None:
-    """The master's name for the worker this process belongs to (None: not started by one)."""
-    return next((environ[v] for v in WORKER_NAME_VARS if environ.get(v)), None)
 
 
 def record_end(

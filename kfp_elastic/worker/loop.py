@@ -44,11 +44,10 @@ from kfp_elastic.contract.worker_end import (
     END_SIGTERM,
     now_end,
     record_end,
-    worker_name,
 )
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.settings import EtcdSettings
-from kfp_elastic.job_env import rendezvous_round
+from kfp_elastic.job_env import rendezvous_round, worker_name
 from kfp_elastic.worker.collective import gathered, shared
 from kfp_elastic.worker.peer_loss import watch_stalls
 from kfp_elastic.worker.progress import (
