@@ -120,7 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kfp-elastic {__version__}")
         return 0
     name, rest = args[0], args[1:]
-    sub = subcommands().get(name)
+    # A built-in one first: the agent's start (every worker, every join) scans no entry points.
+    sub = SUBCOMMANDS.get(name) or added_subcommands().get(name)
     if sub is None:
         sys.stderr.write(f"kfp-elastic: unknown subcommand {name!r}\n\n{usage()}")
         return 2
