@@ -10,7 +10,9 @@ import logging
 import os
 from collections.abc import Mapping, MutableMapping
 
-log = logging.getLogger(__name__)
+# The worker's logger: a user's script that configured no logging shows its warning
+# (``worker/elastic.py``), as it shows the rest of the worker's.
+log = logging.getLogger("kfp_elastic.worker")
 
 # torch 2.13, ProcessGroupNCCL.hpp, what its watchdog does when a collective fails or times out:
 # 0 nothing (a collective whose peer hangs alive stays blocked for good), 1 and 3 (3 is the

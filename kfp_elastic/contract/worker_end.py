@@ -20,7 +20,9 @@ from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.keys import RunKeys
 
-log = logging.getLogger(__name__)
+# The worker's logger: a user's script that configured no logging shows its lines
+# (``worker/elastic.py``), as it shows the rest of the worker's.
+log = logging.getLogger("kfp_elastic.worker")
 
 #: ``WorkerEnd.end``: stopped on SIGTERM (the kubelet's notice of a preemption, eviction or
 #: node shutdown), finished (exit 0), or stopped by its own agent because the run had no master

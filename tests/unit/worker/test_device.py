@@ -259,7 +259,7 @@ def test_another_nccl_error_handling_is_overridden_and_logged(
     value: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     environ = {NCCL_ERROR_HANDLING_ENV: value}
-    with caplog.at_level(logging.WARNING, logger="kfp_elastic.contract.nccl_env"):
+    with caplog.at_level(logging.WARNING, logger="kfp_elastic.worker"):
         set_nccl_error_handling(environ)
     assert environ == {NCCL_ERROR_HANDLING_ENV: "2"}
     assert f"TORCH_NCCL_ASYNC_ERROR_HANDLING='{value}' overridden with 2" in caplog.text
