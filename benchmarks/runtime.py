@@ -678,9 +678,9 @@ def bench_disrupt(
 def bench_micro(args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path) -> dict[str, Any]:
     import torch
 
+    from kfp_elastic.contract.data_plan import shards_for_length
     from kfp_elastic.etcd.client import connect
     from kfp_elastic.worker import snapshot_format
-    from kfp_elastic.worker.data_plan import shards_for_length
     from kfp_elastic.worker.progress import Committed, Progress, manifest_from_shards
     from kfp_elastic.worker.snapshot import Snapshotter
 

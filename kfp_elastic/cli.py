@@ -7,15 +7,22 @@ kfp-elastic agent ...            torchrun with a faster start (what the master r
 kfp-elastic evaluate ...         evaluate a trained model on a model definition's test split
 kfp-elastic etcd ...             a throw-away local etcd (TLS on request)
 kfp-elastic forget RUN_ID ...    delete a run's etcd keys (its run id can start a new job)
-kfp-elastic demo                 the rendezvous alone: three torchrun nodes, 3 -> 2 -> 3
 kfp-elastic compile [--check]    compile the KFP components and the pipeline to YAML
+kfp-elastic demo                 the rendezvous alone: three torchrun nodes, 3 -> 2 -> 3
+
+``demo`` is added by the testing package (``kfp_elastic.testing.demo``) through the entry point
+group ``kfp_elastic.subcommands`` (pyproject.toml), as any installed package may add one: this
+console script is product code and never names the testing package.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.metadata
+import importlib.util
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -46,11 +53,44 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "forget": Subcommand(
         "kfp_elastic.forget", "delete a run's etcd keys (its run id can start a new job)"
     ),
-    "demo": Subcommand("kfp_elastic.testing.demo", "three torchrun nodes: one killed, one joining"),
     "compile": Subcommand(
         "kfp_elastic.pipelines.compile", "compile the components and the pipeline to YAML"
     ),
 }
+
+
+#: Where installed packages add subcommands: ``NAME = "MODULE"`` under
+#: ``[project.entry-points."kfp_elastic.subcommands"]``, MODULE having ``main(argv)``.
+ADDED_SUBCOMMANDS = "kfp_elastic.subcommands"
+
+
+def added_subcommands(
+    entry_points: Iterable[importlib.metadata.EntryPoint] | None = None,
+) -> dict[str, Subcommand]:
+    """The subcommands installed packages add (``entry_points``: the installed ones of
+    ``ADDED_SUBCOMMANDS``); one named like a built-in one is not taken."""
+    if entry_points is None:
+        entry_points = importlib.metadata.entry_points(group=ADDED_SUBCOMMANDS)
+    return {
+        point.name: Subcommand(point.module, _summary(point.module))
+        for point in entry_points
+        if point.name not in SUBCOMMANDS
+    }
+
+
+def _summary(module: str) -> str:
+    """The first line of ``module``'s docstring, read without running the module."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return ""
+    with open(spec.origin, encoding="utf-8") as source:
+        docstring = ast.get_docstring(ast.parse(source.read())) or ""
+    return docstring.strip().splitlines()[0] if docstring.strip() else ""
+
+
+def subcommands() -> dict[str, Subcommand]:
+    """Every subcommand: the built-in ones, then the added ones."""
+    return {**SUBCOMMANDS, **added_subcommands()}
 
 
 def prog(name: str) -> str:
@@ -59,8 +99,9 @@ def prog(name: str) -> str:
 
 
 def usage() -> str:
-    width = max(map(len, SUBCOMMANDS))
-    lines = [f"  {name:<{width}}  {sub.summary}" for name, sub in SUBCOMMANDS.items()]
+    every = subcommands()
+    width = max(map(len, every))
+    lines = [f"  {name:<{width}}  {sub.summary}" for name, sub in every.items()]
     return (
         "usage: kfp-elastic SUBCOMMAND [ARGS...]   (kfp-elastic SUBCOMMAND --help)\n\n"
         "Elastic, preemption-proof PyTorch DDP training for Kubeflow Pipelines.\n\n"
@@ -79,7 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kfp-elastic {__version__}")
         return 0
     name, rest = args[0], args[1:]
-    sub = SUBCOMMANDS.get(name)
+    # A built-in one first: the agent's start (every worker, every join) scans no entry points.
+    sub = SUBCOMMANDS.get(name) or added_subcommands().get(name)
     if sub is None:
         sys.stderr.write(f"kfp-elastic: unknown subcommand {name!r}\n\n{usage()}")
         return 2

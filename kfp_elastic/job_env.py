@@ -125,4 +125,11 @@ def rendezvous_round(env: Mapping[str, str] = os.environ) -> int | None:
 #: Which worker an agent (and its workers) runs, in the master's words: the local launcher sets
 #: the first, a pod has its name in the second (downward API).
 WORKER_NAME_VARS = ("KFP_ELASTIC_WORKER_NAME", "POD_NAME")
+
+
+def worker_name(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The master's name for the worker this process belongs to (None: not started by one)."""
+    return next((environ[v] for v in WORKER_NAME_VARS if environ.get(v)), None)
+
+
 RUN_ID_ENV = _env_name("run_id")

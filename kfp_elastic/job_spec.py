@@ -9,25 +9,33 @@ fails naming any of them (or a CLI default) that disagrees with the defaults bel
 Every field has a CLI flag and a component parameter, both spelled from its name (``min_workers``
 → ``--min-workers`` / ``min_workers``) unless its metadata says otherwise (``max_wait_s`` →
 ``--max-wait``); errors name the field with both (``field_error``).
+
+It imports only what lies below it: the etcd layer and the pure pieces it shares with the other
+parts (``kfp_elastic/contract/``: prices, Kubernetes syntax, the rendezvous settings, batch
+policies, the data plan), so that every part may import the contract (docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import shlex
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kfp_elastic.contract.batch_policy import BatchPolicy
+from kfp_elastic.contract.data_plan import (
+    Manifest,
+    Shard,
+    manifest_from_shards,
+    shards_for_length,
+)
+from kfp_elastic.contract.kubernetes_syntax import DNS_LABEL_RULE, is_dns_label, parse_quantity
+from kfp_elastic.contract.prices import Prices, price_from_env
+from kfp_elastic.contract.rendezvous_config import ETCD_KEYS, ConfigError, RendezvousConfig
 from kfp_elastic.etcd.keys import run_prefix_of
 from kfp_elastic.etcd.settings import DEFAULT_KEY_PREFIX, EtcdSettings
-
-if TYPE_CHECKING:
-    from kfp_elastic.master.cost import Prices
-    from kfp_elastic.master.scaling import ScalingPolicy
-    from kfp_elastic.worker.progress import Manifest
 
 # -- the defaults (the only ones: every signature and flag that repeats one is tested) ----------
 DEFAULT_MODEL_DEF = "kfp_elastic.worker.examples.digits"
@@ -408,15 +416,14 @@ class KubernetesSettings:
             or DEFAULT_SERVICE_ACCOUNT,
             etcd_tls_secret=self.etcd_tls_secret or env.get(TLS_SECRET_ENV, ""),
             etcd_password_secret=self.etcd_password_secret or env.get(PASSWORD_SECRET_ENV, ""),
-            on_demand_price=self.on_demand_price or _price(env, ON_DEMAND_PRICE_ENV),
-            spot_price=self.spot_price or _price(env, SPOT_PRICE_ENV),
+            on_demand_price=self.on_demand_price or price_from_env(env, ON_DEMAND_PRICE_ENV),
+            spot_price=self.spot_price or price_from_env(env, SPOT_PRICE_ENV),
         )
 
     def prices(self, env: Mapping[str, str]) -> Prices:
-        """The prices per slot-hour (``master.cost``): the job's, else ``env``'s (the ConfigMap's
-        variables); ``ValueError`` naming the setting for a bad one, before any worker starts."""
-        from kfp_elastic.master.cost import Prices
-
+        """The prices per slot-hour (``contract/prices.py``): the job's, else ``env``'s (the
+        ConfigMap's variables); ``ValueError`` naming the setting for a bad one, before any worker
+        starts."""
         resolved = self.resolved(env)
         for name in ("on_demand_price", "spot_price"):
             if getattr(resolved, name) < 0:
@@ -429,21 +436,6 @@ class KubernetesSettings:
                 type(self),
             )
         return Prices(resolved.on_demand_price, resolved.spot_price)
-
-
-def _price(env: Mapping[str, str], variable: str) -> float:
-    """A price from ``env`` (empty: 0, not given); ``ValueError`` naming the variable."""
-    text = env.get(variable, "").strip()
-    try:
-        value = float(text) if text else 0.0
-    except ValueError:
-        value = float("nan")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(
-            f"{variable}={text!r} (from the kfp-elastic-config ConfigMap or the environment) "
-            "must be a price >= 0 per worker slot-hour"
-        )
-    return value
 
 
 @dataclass(frozen=True)
@@ -492,6 +484,17 @@ class Policy:
         flag="--orphan-timeout",
     )
     reconcile_interval_s: float = _option(DEFAULT_RECONCILE_INTERVAL_S, flag=None, param=None)
+
+
+@dataclass(frozen=True)
+class ScalingPolicy:
+    """What ``master/scaling.py`` decides with: the job's size and the master's limits
+    (``JobSpec.scaling``)."""
+
+    min_workers: int
+    max_workers: int
+    max_failures: int = DEFAULT_MAX_FAILURES
+    max_wait_s: float = DEFAULT_MAX_WAIT_S
 
 
 SECTIONS: tuple[type, ...] = (
@@ -545,8 +548,6 @@ class JobSpec:
 
     @property
     def scaling(self) -> ScalingPolicy:
-        from kfp_elastic.master.scaling import ScalingPolicy
-
         return ScalingPolicy(
             self.size.min_workers,
             self.size.max_workers,
@@ -594,8 +595,6 @@ class JobSpec:
     def validate(self) -> None:
         """Raise ``ValueError`` naming the field at fault (with its flag and parameter), before
         anything starts."""
-        from kfp_elastic.worker.policy import BatchPolicy
-
         if not self.run_id or "/" in self.run_id:
             raise field_error("run_id", f"must be non-empty and without '/', got {self.run_id!r}")
         entry, size, data, training = self.entry, self.size, self.data, self.training
@@ -650,8 +649,6 @@ class JobSpec:
             raise field_error(
                 "kind", f"must be one of {', '.join(LAUNCHERS)}, got {self.launch.kind!r}"
             )
-        from kfp_elastic.rendezvous.config import ETCD_KEYS, ConfigError, RendezvousConfig
-
         etcd_keys = sorted(set(self.launch.rdzv_conf) & {*ETCD_KEYS, "password"})
         if etcd_keys:
             raise field_error(
@@ -675,8 +672,6 @@ class JobSpec:
         except ConfigError as error:
             raise field_error("rdzv_conf", str(error)) from None
         self.launch.kubernetes.check_priority_classes()
-        from kfp_elastic.master.pod_spec_checks import DNS_LABEL_RULE, is_dns_label, parse_quantity
-
         queue = self.launch.kubernetes.kueue_queue
         if queue and not is_dns_label(queue):
             raise field_error(
@@ -758,9 +753,6 @@ class JobSpec:
 
     def manifest(self) -> Manifest | None:
         """The shard manifest the master publishes (None: the workers plan their own)."""
-        from kfp_elastic.worker.data_plan import Shard, shards_for_length
-        from kfp_elastic.worker.progress import manifest_from_shards
-
         data = self.data
         if data.shard_manifest:
             try:

@@ -44,8 +44,8 @@ from typing import Any
 
 from benchmarks.scheduling.occupancy import OccupancySampler, Sample, owner_of, utilization
 from benchmarks.scheduling.throughput import step_seconds
+from kfp_elastic.contract.data_plan import steps_left
 from kfp_elastic.master.pod_spec import run_selector
-from kfp_elastic.worker.data_plan import steps_left
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ that no two share one), so ``etcdctl get --prefix {run}/<part>/`` shows exactly 
 | *rendezvous/peer_failures.py*  |                                                |          |
 | errors/{worker}                | ``{"error", "failures", ...}``: last counted   | -        |
 |                                | worker error of an agent (≤ 1.5 KB of text)    |          |
-| *worker/ending.py*             |                                                |          |
+| *contract/worker_end.py*      |                                                |          |
 | ends/{worker}                  | ``{"end", "t", "step", "round", "message"}``:  | -        |
 |                                | how a worker ended, in its own words           |          |
 | *master/state.py*              |                                                |          |

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from kfp_elastic.contract.prices import GUARANTEED, OPPORTUNISTIC, TIERS, Prices
 from kfp_elastic.master.pod_spec import is_guaranteed
 from kfp_elastic.master.timeline import (
     Committed,
@@ -38,35 +39,10 @@ from kfp_elastic.master.timeline import (
     WorkerRunning,
 )
 
-GUARANTEED, OPPORTUNISTIC = "guaranteed", "opportunistic"
-TIERS = (GUARANTEED, OPPORTUNISTIC)
-
 
 def tier_of(worker_index: int, min_workers: int) -> str:
     """The tier of worker slot ``worker_index`` (its PriorityClass: ``pod_spec``)."""
     return GUARANTEED if is_guaranteed(worker_index, min_workers) else OPPORTUNISTIC
-
-
-@dataclass(frozen=True)
-class Prices:
-    """Prices per slot-hour (any currency); 0 on-demand: no cost shown."""
-
-    on_demand: float = 0.0
-    spot: float = 0.0
-
-    @property
-    def given(self) -> bool:
-        return self.on_demand > 0
-
-    def of(self, tier: str) -> float:
-        """The price per slot-hour of ``tier``: guaranteed on on-demand nodes, opportunistic on
-        spot nodes (on-demand ones when no spot price is given)."""
-        if tier == GUARANTEED:
-            return self.on_demand
-        return self.spot or self.on_demand
-
-
-NO_PRICES = Prices()
 
 
 @dataclass(frozen=True)

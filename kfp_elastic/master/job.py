@@ -22,6 +22,7 @@ from typing import Any
 
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.contract.worker_end import END_COMPLETED, END_ORPHANED, WorkerEnd, read_end
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS, retry
 from kfp_elastic.etcd.keys import RunKeys
 from kfp_elastic.job_spec import JobSpec
@@ -59,7 +60,6 @@ from kfp_elastic.master.timeline import (
 )
 from kfp_elastic.rendezvous.orphan import ORPHANED_EXIT_CODE
 from kfp_elastic.rendezvous.peer_failures import Verdict
-from kfp_elastic.worker.ending import END_COMPLETED, END_ORPHANED, WorkerEnd, read_end
 from kfp_elastic.worker.progress import Committed, Progress
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def vanished_status(
 ) -> WorkerStatus:
     """A worker of the table that the launcher no longer lists: it ended while no master
     watched and its pod (process tree) is gone, status and all. Why, from what the worker
-    recorded itself: its end (``worker/ending.py``), else its agent giving up on an error
+    recorded itself: its end (``contract/worker_end.py``), else its agent giving up on an error
     (``errors/{worker}`` with verdict ``give_up``); without either, unknown rather than a
     guess."""
     index, attempt = record.get("index"), record.get("attempt")

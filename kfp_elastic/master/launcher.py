@@ -47,7 +47,7 @@ class Reason(str, Enum):
     # orphan_timeout_s (exit code ORPHANED_EXIT_CODE, rendezvous/orphan.py): not its fault.
     ORPHANED = "Orphaned"
     # Ended while no master watched, and nothing tells why: its pod (or process tree) is gone
-    # with its status and the worker left no end record of its own (``worker/ending.py``).
+    # with its status and the worker left no end record of its own (``contract/worker_end.py``).
     UNKNOWN = "Unknown"
 
 

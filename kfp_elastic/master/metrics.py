@@ -25,7 +25,8 @@ from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kfp_elastic.master.cost import TIERS, Cost, SlotUsage
+from kfp_elastic.contract.prices import TIERS
+from kfp_elastic.master.cost import Cost, SlotUsage
 from kfp_elastic.master.timeline import Committed, Event, RoundFormed
 
 log = logging.getLogger(__name__)

@@ -9,9 +9,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from kfp_elastic.contract.kubernetes_syntax import DNS_LABEL_RULE, is_dns_label, parse_quantity
+from kfp_elastic.contract.rendezvous_config import (
+    ETCD_KEYS,
+    ConfigError,
+    RendezvousConfig,
+    parse_endpoints,
+)
 from kfp_elastic.job_spec import (
     DEFAULT_GUARANTEED_PRIORITY_CLASS as DEFAULT_GUARANTEED_PRIORITY_CLASS,
 )
@@ -21,12 +28,6 @@ from kfp_elastic.job_spec import (
 from kfp_elastic.job_spec import DEFAULT_SERVICE_ACCOUNT as DEFAULT_SERVICE_ACCOUNT
 from kfp_elastic.job_spec import PASSWORD_SECRET_ENV as PASSWORD_SECRET_ENV
 from kfp_elastic.job_spec import TLS_SECRET_ENV as TLS_SECRET_ENV
-from kfp_elastic.rendezvous.config import (
-    ETCD_KEYS,
-    ConfigError,
-    RendezvousConfig,
-    parse_endpoints,
-)
 
 if TYPE_CHECKING:
     from kfp_elastic.master.pod_spec import WorkerPodSpec
@@ -89,53 +90,13 @@ RESERVED_ENV = frozenset(
     }
 )
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-DNS_LABEL_RULE = (
-    "a DNS-1123 label (lower-case letters, digits and '-', at most 63, starting and ending "
-    "alphanumeric)"
-)
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
-_QUANTITY = re.compile(r"([+-]?)(\d+\.?\d*|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?")
-_SUFFIX = {
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-}
 _NPROC_WORDS = {"auto", "cpu", "gpu", "xpu"}
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _TOLERATION_EFFECTS = {"", "NoSchedule", "PreferNoSchedule", "NoExecute"}
 _PULL_POLICIES = {"Always", "IfNotPresent", "Never"}
-
-
-def parse_quantity(text: str | int | float) -> Decimal:
-    """A Kubernetes resource quantity as a number ("1.5Gi" -> 1610612736, "250m" -> 0.25)."""
-    match = _QUANTITY.fullmatch(str(text).strip())
-    if not match:
-        raise ValueError(f"{text!r} is not a Kubernetes quantity (e.g. 500m, 2, 4Gi)")
-    sign, number, suffix = match.groups()
-    try:
-        value = Decimal(number)
-    except InvalidOperation:  # pragma: no cover - the regex admits only decimals
-        raise ValueError(f"{text!r} is not a Kubernetes quantity") from None
-    if suffix and len(suffix) > 1 and suffix[0] in "eE":
-        value *= Decimal(10) ** int(suffix[1:])
-    elif suffix:
-        value *= Decimal(_SUFFIX[suffix])
-    return -value if sign == "-" else value
 
 
 def validate(spec: WorkerPodSpec) -> None:
@@ -310,11 +271,6 @@ def _validate_volumes(spec: WorkerPodSpec) -> None:
         if not path.startswith("/") or path in paths:
             raise ValueError(f"volume mount path {path!r} must be absolute and unique")
         paths.add(path)
-
-
-def is_dns_label(value: str) -> bool:
-    """Whether ``value`` is a DNS-1123 label (what many Kubernetes object names must be)."""
-    return isinstance(value, str) and len(value) <= 63 and bool(_DNS_LABEL.fullmatch(value))
 
 
 def _dns_label(what: str, value: str) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
-from kfp_elastic.job_spec import DEFAULT_MAX_FAILURES, DEFAULT_MAX_WAIT_S
+from kfp_elastic.job_spec import ScalingPolicy
 from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
 
 #: ``cause`` of an ended worker, as the timeline records it.
@@ -45,14 +45,6 @@ CAUSES = {
     Reason.ERROR: "failed",
     Reason.UNKNOWN: "unknown",
 }
-
-
-@dataclass(frozen=True)
-class ScalingPolicy:
-    min_workers: int
-    max_workers: int
-    max_failures: int = DEFAULT_MAX_FAILURES
-    max_wait_s: float = DEFAULT_MAX_WAIT_S
 
 
 @dataclass(frozen=True)

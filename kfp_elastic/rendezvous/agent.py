@@ -34,20 +34,14 @@ import os
 import sys
 from collections.abc import Sequence
 
+from kfp_elastic.rendezvous import warm_start
 from kfp_elastic.rendezvous.orphan import ORPHANED_EXIT_CODE, stopped_after
 
 log = logging.getLogger("kfp_elastic.rendezvous.agent")
-_running = False
 NVML_CUDA_CHECK = ("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # read by torch.cuda.is_available()
 
 
-def running() -> bool:
-    """Whether this process is an agent started by :func:`main` (then it forks a zygote)."""
-    return _running
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    global _running
     os.environ.setdefault(*NVML_CUDA_CHECK)  # before torchrun asks whether CUDA is there
     gc.disable()
     try:
@@ -55,10 +49,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         gc.freeze()
         gc.enable()
-    _running = True
     try:
-        torchrun_main(list(sys.argv[1:] if argv is None else argv))
+        with warm_start.agent_process():
+            torchrun_main(list(sys.argv[1:] if argv is None else argv))
     except Exception as error:
+        # Here, not at the top: the handler imports torch, which is imported above first, with
+        # the collector paused.
         from kfp_elastic.rendezvous.handler import RunCompletedError
 
         if isinstance(error, RunCompletedError):
@@ -71,13 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Stopped by the master watch (the SIGTERM it sent itself), not by a failure.
         log.error("no master for %.0f s: workers stopped, exiting %d", gone_s, ORPHANED_EXIT_CODE)
         return ORPHANED_EXIT_CODE
-    finally:
-        _running = False
     return 0
 
 
 if __name__ == "__main__":
-    # Through the imported module, not ``__main__``: ``running()`` is read from that one.
-    from kfp_elastic.rendezvous.agent import main as agent_main
-
-    raise SystemExit(agent_main())
+    raise SystemExit(main())

@@ -31,12 +31,14 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
 )
 
+from kfp_elastic.contract import worker_end
+from kfp_elastic.contract.nccl_env import set_nccl_error_handling
+from kfp_elastic.contract.rendezvous_config import RendezvousConfig, config_from_torch_params
 from kfp_elastic.etcd.client import EtcdConnectionError, connect
 from kfp_elastic.etcd.keys import CLOSED_FAILED, CLOSED_SUCCEEDED, CLOSED_UNKNOWN, RunKeys
-from kfp_elastic.job_env import ROUND_ENV, WORKER_NAME_VARS
+from kfp_elastic.job_env import ROUND_ENV, worker_name
 from kfp_elastic.rendezvous import broken_round, orphan, peer_failures, warm_start
 from kfp_elastic.rendezvous import leave as leave_hook
-from kfp_elastic.rendezvous.config import RendezvousConfig, config_from_torch_params
 from kfp_elastic.rendezvous.membership import Membership
 from kfp_elastic.rendezvous.membership_view import Status
 from kfp_elastic.rendezvous.node_steps import (
@@ -62,8 +64,6 @@ from kfp_elastic.rendezvous.round_formation import (
     nodes_waiting_count,
 )
 from kfp_elastic.rendezvous.store import EtcdStore, ExitBarrier
-from kfp_elastic.worker import ending
-from kfp_elastic.worker.device import set_nccl_error_handling
 
 log = logging.getLogger(__name__)
 
@@ -154,11 +154,11 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
     def _stop_orphaned(self, gone_s: float) -> None:
         """Say why this node's worker ends, for a master that finds its pod already gone (a
         later KFP retry: ``master.job.vanished_status``), then stop as a SIGTERM would."""
-        worker = ending.worker_name()
+        worker = worker_name()
         if worker:
             message = f"no master for {gone_s:.0f} s"
-            end = ending.WorkerEnd(ending.END_ORPHANED, time.time(), message=message)
-            ending.record_end(self._client, self._config.run_prefix, worker, end)
+            end = worker_end.WorkerEnd(worker_end.END_ORPHANED, time.time(), message=message)
+            worker_end.record_end(self._client, self._config.run_prefix, worker, end)
         orphan.stop_agent(gone_s)
 
     # -- RendezvousHandler --------------------------------------------------------------------
@@ -258,7 +258,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         return verdict
 
     def _record_worker_error(self, round_number: int, verdict: Verdict, text: str) -> None:
-        worker = next((os.environ[v] for v in WORKER_NAME_VARS if os.environ.get(v)), None)
+        worker = worker_name()
         record = {
             "worker": worker or self.node_id,
             "node": self.node_id,

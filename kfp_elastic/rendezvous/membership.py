@@ -18,6 +18,7 @@ from dataclasses import replace
 import grpc
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.contract.rendezvous_config import RendezvousConfig
 from kfp_elastic.etcd.election import LeaderKey
 from kfp_elastic.etcd.keys import CLOSED_SUCCEEDED, CLOSED_UNKNOWN, RunKeys, prefix_range_end
 from kfp_elastic.etcd.leases import KEEPALIVES_PER_TTL, LeaseKeeper, grant
@@ -25,7 +26,6 @@ from kfp_elastic.etcd.records import decode_record
 from kfp_elastic.etcd.transactions import put_if_absent, unchanged_since
 from kfp_elastic.etcd.watched_prefix import CachedKey, WatchedPrefix
 from kfp_elastic.rendezvous.bootstrap import cached_master, master_ops
-from kfp_elastic.rendezvous.config import RendezvousConfig
 from kfp_elastic.rendezvous.membership_view import MembershipView, Status
 from kfp_elastic.rendezvous.probe import PeerProbe, ProbeTarget
 from kfp_elastic.rendezvous.probe_ring import ProbeRing, RingInputs

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from kfp_elastic.rendezvous.config import RendezvousConfig
+from kfp_elastic.contract.rendezvous_config import RendezvousConfig
 from kfp_elastic.rendezvous.membership_view import Status
 from kfp_elastic.rendezvous.round_formation import (
     LastCallClock,

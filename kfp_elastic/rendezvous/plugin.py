@@ -33,7 +33,7 @@ def create_handler(params: Any) -> Any:
     handler imports the etcd client (gRPC, protobuf: ≈ 0.25 s): the zygote's own imports are
     what a new node's first worker waits for.
     """
-    from kfp_elastic.rendezvous.config import config_from_torch_params
+    from kfp_elastic.contract.rendezvous_config import config_from_torch_params
 
     config = config_from_torch_params(params)
     hand_etcd_settings_to_workers(config.etcd)

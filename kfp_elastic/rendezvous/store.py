@@ -17,9 +17,9 @@ from datetime import timedelta
 import torch.distributed as dist
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.contract.rendezvous_config import DEFAULT_STORE_TIMEOUT_S
 from kfp_elastic.etcd.keys import prefix_range_end
 from kfp_elastic.etcd.transactions import unchanged_since
-from kfp_elastic.rendezvous.config import DEFAULT_STORE_TIMEOUT_S
 
 log = logging.getLogger("kfp_elastic.rendezvous.store")
 

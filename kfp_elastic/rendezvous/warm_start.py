@@ -15,6 +15,7 @@ than ``-u``, another interpreter) is started exactly as before.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import shutil
@@ -24,10 +25,9 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from kfp_elastic.rendezvous import agent
 from kfp_elastic.rendezvous.zygote import DEFAULT_PRELOAD, parse_python_command, zygote_command
 from kfp_elastic.rendezvous.zygote_fork import ForkedZygote, fork_zygote
 
@@ -35,6 +35,9 @@ __all__ = ["DEFAULT_PRELOAD", "install", "shim_command", "ZygoteProcess"]
 from kfp_elastic.rendezvous.zygote_shim import SOCKET_ENV
 
 log = logging.getLogger(__name__)
+
+# True while torchrun runs inside ``kfp-elastic agent`` (``agent.py``) in this process.
+_in_agent = False
 
 SHIM_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote_shim.py")
 STOP_TIMEOUT_S = 5.0
@@ -156,10 +159,22 @@ def install(preload: Sequence[str] = DEFAULT_PRELOAD) -> None:
         _zygote.socket_path(fork_from_here=True)
 
 
+@contextlib.contextmanager
+def agent_process() -> Iterator[None]:
+    """Marks this process as an agent while ``kfp-elastic agent`` runs torchrun in it: its
+    zygote is then forked from it (``install``)."""
+    global _in_agent
+    _in_agent = True
+    try:
+        yield
+    finally:
+        _in_agent = False
+
+
 def _running_under_torchrun() -> bool:
     main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     return (
-        agent.running()
+        _in_agent
         or getattr(main_spec, "name", None) == "torch.distributed.run"
         or os.path.basename(sys.argv[0]) == "torchrun"
     )

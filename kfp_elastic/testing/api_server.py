@@ -53,6 +53,7 @@ from kfp_elastic.testing.api_rules import (
     service_account_user,
 )
 from kfp_elastic.testing.api_wire import (
+    OBJECT_KINDS,
     ApiCall,
     ApiError,
     Handler,
@@ -962,23 +963,6 @@ def _bookmark(resource_version: int) -> dict[str, Any]:
         "apiVersion": "v1",
         "metadata": {"resourceVersion": str(resource_version)},
     }
-
-
-# resource (the URL's plural) -> (kind, apiVersion) of the kinds other than Pod. StatefulSets
-# are stored only (no controller runs them): a PodDisruptionBudget reads their replicas.
-OBJECT_KINDS = {
-    "priorityclasses": ("PriorityClass", "scheduling.k8s.io/v1"),
-    "configmaps": ("ConfigMap", "v1"),
-    "secrets": ("Secret", "v1"),
-    "nodes": ("Node", "v1"),
-    "roles": ("Role", "rbac.authorization.k8s.io/v1"),
-    "rolebindings": ("RoleBinding", "rbac.authorization.k8s.io/v1"),
-    "clusterroles": ("ClusterRole", "rbac.authorization.k8s.io/v1"),
-    "clusterrolebindings": ("ClusterRoleBinding", "rbac.authorization.k8s.io/v1"),
-    "poddisruptionbudgets": ("PodDisruptionBudget", "policy/v1"),
-    "statefulsets": ("StatefulSet", "apps/v1"),
-}
-CLUSTER_SCOPED = {"priorityclasses", "nodes", "clusterroles", "clusterrolebindings"}
 
 
 def _validate_object(resource: str, kind: str, name: str, obj: dict[str, Any]) -> None:

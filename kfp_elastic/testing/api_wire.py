@@ -1,6 +1,6 @@
 """The API machinery of the fake Kubernetes API server (``testing/api_server.py``) that is not pod
-storage: Status errors, label selectors, merge patches, and the HTTP transport (routing, JSON
-replies, chunked watch streams, connections closed on stop).
+storage: the object kinds it routes, Status errors, label selectors, merge patches, and the HTTP
+transport (routing, JSON replies, chunked watch streams, connections closed on stop).
 """
 
 from __future__ import annotations
@@ -14,11 +14,25 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-if TYPE_CHECKING:
-    from kfp_elastic.testing.api_server import FakeKubernetes
+# resource (the URL's plural) -> (kind, apiVersion) of the kinds other than Pod. StatefulSets
+# are stored only (no controller runs them): a PodDisruptionBudget reads their replicas.
+OBJECT_KINDS = {
+    "priorityclasses": ("PriorityClass", "scheduling.k8s.io/v1"),
+    "configmaps": ("ConfigMap", "v1"),
+    "secrets": ("Secret", "v1"),
+    "nodes": ("Node", "v1"),
+    "roles": ("Role", "rbac.authorization.k8s.io/v1"),
+    "rolebindings": ("RoleBinding", "rbac.authorization.k8s.io/v1"),
+    "clusterroles": ("ClusterRole", "rbac.authorization.k8s.io/v1"),
+    "clusterrolebindings": ("ClusterRoleBinding", "rbac.authorization.k8s.io/v1"),
+    "poddisruptionbudgets": ("PodDisruptionBudget", "policy/v1"),
+    "statefulsets": ("StatefulSet", "apps/v1"),
+}
+CLUSTER_SCOPED = {"priorityclasses", "nodes", "clusterroles", "clusterrolebindings"}
+
 
 _REQUIREMENT = re.compile(
     r"\s*(?P<neg>!)?\s*(?P<key>[A-Za-z0-9./_-]+)\s*(?:(?P<op>==|=|!=)\s*"
@@ -190,7 +204,9 @@ def _merge_keyed_list(old: list[Any], patch: list[Any], merge_key: str) -> list[
 class Server(ThreadingHTTPServer):
     daemon_threads = False
     block_on_close = True  # server_close() joins every handler thread
-    fake: FakeKubernetes
+    # The fake API server this transport serves (``api_server.FakeKubernetes``, which sets it):
+    # typed loosely so that the transport does not import the server built on it.
+    fake: Any
 
     def __init__(self, *args: Any) -> None:
         self._conns: set[socket.socket] = set()
@@ -257,8 +273,6 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _dispatch(self, method: str) -> None:
-        from kfp_elastic.testing.api_server import CLUSTER_SCOPED, OBJECT_KINDS
-
         fake = self.server.fake
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}

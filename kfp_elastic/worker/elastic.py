@@ -19,7 +19,7 @@ Five added lines make a DDP script (e.g. pytorch/examples' DDP tutorial) elastic
   position and the RNG. Like Elastic Horovod's ``hvd.elastic.State``, but the state lives in
   snapshot files and etcd, so it survives losing every node.
 * ``ElasticSampler`` (what ``DataLoader`` uses as its batch sampler) deals the epoch's fixed
-  order (``worker/data_plan.py``, the shard manifest in etcd) from the committed position: step
+  order (``contract/data_plan.py``, the shard manifest in etcd) from the committed position: step
   after step the next ``batch_size x world`` sample ids, round-robin over the ranks. Like
   DLRover's ``ElasticDistributedSampler``, it resumes mid-epoch at the sample where the state
   was saved, whatever the new world size, so every sample is trained on once per epoch.
@@ -65,11 +65,12 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset, default_collate
 from torch.utils.hooks import RemovableHandle
 
+from kfp_elastic.contract.data_plan import epoch_order, step_ids, steps_left
+from kfp_elastic.contract.nccl_env import nccl_error_handling_not_set
 from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.job_env import SNAPSHOT_DIR_ENV, JobEnv
 from kfp_elastic.worker.collective import EXIT_PREEMPTED, group_device
-from kfp_elastic.worker.data_plan import epoch_order, step_ids, steps_left
-from kfp_elastic.worker.device import StallAbort, nccl_error_handling_not_set, settle
+from kfp_elastic.worker.device import StallAbort, settle
 from kfp_elastic.worker.finite_loss import NonFiniteLoss, skips_step
 from kfp_elastic.worker.loop import ElasticLoop
 from kfp_elastic.worker.progress import Manifest

@@ -11,7 +11,7 @@ What a worker process does around its optimizer steps lives here, once:
   decisions; **snapshot/commit** when rank 0 says so (``snapshot.py``, ``progress.py``: every
   rank's generators in rank 0's snapshot, the commit stamped with its time and round);
 * **SIGTERM**: the handler's flag is the sync's "stop"; the ranks stop at the same step after a
-  committed snapshot, and the node records its end (``ending.py``);
+  committed snapshot, and the node records its end (``contract/worker_end.py``);
 * **abort**: under NCCL the stall abort (``device.py``) frees a rank blocked in a collective
   once SIGTERM or the round breaking (``peer_loss.py``) told it to stop, so that the failure
   reaches the training thread, which then writes its **rescue** (``rescue.py``): the state
@@ -39,11 +39,16 @@ import torch
 import torch.distributed as dist
 
 from kfp_elastic import slow_stop
+from kfp_elastic.contract.worker_end import (
+    END_COMPLETED,
+    END_SIGTERM,
+    now_end,
+    record_end,
+)
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.settings import EtcdSettings
-from kfp_elastic.job_env import rendezvous_round
+from kfp_elastic.job_env import rendezvous_round, worker_name
 from kfp_elastic.worker.collective import gathered, shared
-from kfp_elastic.worker.ending import END_COMPLETED, END_SIGTERM, now_end, record_end, worker_name
 from kfp_elastic.worker.peer_loss import watch_stalls
 from kfp_elastic.worker.progress import (
     INITIAL,
@@ -395,7 +400,8 @@ class ElasticLoop:
         self.close()
 
     def record_end(self, end: str) -> None:
-        """How this node's worker ended, for a master that did not watch (``ending.py``)."""
+        """How this node's worker ended, for a master that did not watch
+        (``contract/worker_end.py``)."""
         worker = worker_name()
         if self.local_rank != 0 or worker is None:
             return

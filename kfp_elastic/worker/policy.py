@@ -23,21 +23,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
 
-
-class BatchPolicy(str, Enum):
-    FIXED_GLOBAL_BATCH = "fixed-global-batch"
-    LINEAR = "linear"
-    SQRT = "sqrt"
-
-    @classmethod
-    def parse(cls, text: str) -> BatchPolicy:
-        try:
-            return cls(text)
-        except ValueError:
-            names = ", ".join(p.value for p in cls)
-            raise ValueError(f"unknown batch policy {text!r}; choose one of: {names}") from None
+from kfp_elastic.contract.batch_policy import BatchPolicy
 
 
 @dataclass(frozen=True)

@@ -13,65 +13,24 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.contract.data_plan import (
+    Manifest,
+    manifest_from_shards,
+    shards_for_length,
+)
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS
 from kfp_elastic.etcd.keys import QUEUE_STATES, ProgressKeys
 from kfp_elastic.etcd.transactions import absent, put_if_absent, unchanged_since
-from kfp_elastic.worker.data_plan import (
-    QueueState,
-    Shard,
-    queue_state,
-    shard_order,
-    shards_for_length,
-)
 
 log = logging.getLogger(__name__)
 
 COMMIT_RETRY_S = 60.0  # how long a commit waits out an unavailable etcd
 # etcd refuses transactions with more than 128 operations by default (--max-txn-ops).
 MAX_TXN_OPS = 120
-
-
-@dataclass(frozen=True)
-class Manifest:
-    shards: tuple[Shard, ...]
-    epochs: int
-    seed: int = 0
-    shuffle: bool = True
-
-    @property
-    def num_samples(self) -> int:
-        return sum(s.size for s in self.shards)
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "shards": [[s.shard_id, s.start, s.end] for s in self.shards],
-                "epochs": self.epochs,
-                "seed": self.seed,
-                "shuffle": self.shuffle,
-            }
-        )
-
-    @classmethod
-    def from_json(cls, text: bytes | str) -> Manifest:
-        data = json.loads(text)
-        return cls(
-            tuple(Shard(*row) for row in data["shards"]),
-            int(data["epochs"]),
-            int(data.get("seed", 0)),
-            bool(data.get("shuffle", True)),
-        )
-
-    def visit_order(self, epoch: int) -> list[int]:
-        return shard_order(self.shards, epoch, self.seed, self.shuffle)
-
-    def queues(self, epoch: int, position: int) -> QueueState:
-        return queue_state(self.shards, self.visit_order(epoch), position)
 
 
 @dataclass(frozen=True)
@@ -337,16 +296,6 @@ def _queue_value(state: str, consumed: int) -> str:
 def _epoch_of(at: Committed, last_epoch: int) -> int:
     """The epoch whose queues ``at`` is inside (the last one once training is complete)."""
     return last_epoch if at.complete else min(at.epoch, last_epoch)
-
-
-def manifest_from_shards(
-    shards: Sequence[Shard], epochs: int, seed: int = 0, shuffle: bool = True
-) -> Manifest:
-    if epochs < 1:
-        raise ValueError(f"epochs must be >= 1, got {epochs}")
-    if not shards or sum(s.size for s in shards) == 0:
-        raise ValueError("the shard manifest is empty: nothing to train on")
-    return Manifest(tuple(shards), epochs, seed, shuffle)
 
 
 def ensure_manifest(

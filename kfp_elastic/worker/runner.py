@@ -25,8 +25,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset, default_collate
 
+from kfp_elastic.contract.data_plan import epoch_order
 from kfp_elastic.worker.collective import EXIT_PREEMPTED, shared
-from kfp_elastic.worker.data_plan import epoch_order
 from kfp_elastic.worker.device import (
     Placement,
     init_process_group,

@@ -476,7 +476,7 @@ def test_pods_with_several_processes_get_a_shared_memory_volume(nproc, given, ex
 
 
 def test_the_builtin_runtime_is_preloaded_by_the_zygotes() -> None:
-    from kfp_elastic.rendezvous.config import RendezvousConfig
+    from kfp_elastic.contract.rendezvous_config import RendezvousConfig
 
     builtin = job(launch=Launch(rdzv_conf={"last_call_timeout": "1"}))
     conf = builtin.worker_rdzv_conf()

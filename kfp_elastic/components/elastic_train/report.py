@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from html import escape
 
 from kfp_elastic.components.elastic_train.summary import Summary
-from kfp_elastic.master.cost import NO_PRICES, TIERS, Cost, Prices
+from kfp_elastic.contract.prices import NO_PRICES, TIERS, Prices
+from kfp_elastic.master.cost import Cost
 
 WIDTH, HEIGHT = 640, 240
 PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 56, 16, 16, 40

@@ -22,15 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kfp_elastic.master.cost import (
-    GUARANTEED,
-    NO_PRICES,
-    OPPORTUNISTIC,
-    Cost,
-    Prices,
-    SlotUsage,
-    cost_of,
-)
+from kfp_elastic.contract.prices import GUARANTEED, NO_PRICES, OPPORTUNISTIC, Prices
+from kfp_elastic.master.cost import Cost, SlotUsage, cost_of
 from kfp_elastic.master.launcher import DISRUPTIONS as DISRUPTION_REASONS
 from kfp_elastic.master.metrics import TimelineStats
 from kfp_elastic.master.scaling import CAUSES

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from kfp_elastic.worker.data_plan import Shard
+from kfp_elastic.contract.data_plan import Shard
 
 MANIFEST_FORMAT = "kfp-elastic/shard-manifest/v1"
 DEFAULT_NUM_SHARDS = 16

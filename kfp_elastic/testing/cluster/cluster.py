@@ -11,8 +11,8 @@ import yaml
 
 from kfp_elastic.components.common import run_pids
 from kfp_elastic.etcd.pki import generate_test_pki
-from kfp_elastic.testing.api_server import CLUSTER_SCOPED, OBJECT_KINDS, FakeKubernetes
-from kfp_elastic.testing.api_wire import ApiError
+from kfp_elastic.testing.api_server import FakeKubernetes
+from kfp_elastic.testing.api_wire import CLUSTER_SCOPED, OBJECT_KINDS, ApiError
 from kfp_elastic.testing.cluster.kubelet import CLUSTER_ENV, ClusterAccess, Kubelet
 from kfp_elastic.testing.cluster.kueue import Kueue, KueueQueue
 from kfp_elastic.testing.cluster.node_lifecycle import NodeLifecycle, NodeLifecycleSettings

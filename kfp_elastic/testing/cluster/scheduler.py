@@ -12,10 +12,10 @@ whenever anything in the API server changed and applies what it decided.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from kfp_elastic.contract.kubernetes_syntax import parse_quantity as kubernetes_quantity
 from kfp_elastic.testing.api_server import FakeKubernetes
 from kfp_elastic.testing.api_wire import ApiError
 from kfp_elastic.testing.cluster.controller import ControlLoop
@@ -24,30 +24,14 @@ log = logging.getLogger(__name__)
 
 SCHEDULER_NAME = "default-scheduler"
 RESOURCES = ("cpu", "memory", "nvidia.com/gpu")
-_QUANTITY = re.compile(r"(?P<number>[0-9.]+)(?P<suffix>m|k|M|G|T|Ki|Mi|Gi|Ti)?")
-_SUFFIX = {
-    None: 1,
-    "m": 1e-3,
-    "k": 1e3,
-    "M": 1e6,
-    "G": 1e9,
-    "T": 1e12,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-}
-
 PodKey = tuple[str, str]  # (namespace, name)
 Resources = dict[str, float]
 
 
 def parse_quantity(text: str | int | float) -> float:
-    """A Kubernetes quantity ("500m", "2", "4Gi") as a number of units."""
-    m = _QUANTITY.fullmatch(str(text).strip())
-    if not m:
-        raise ValueError(f"not a quantity: {text!r}")
-    return float(m["number"]) * _SUFFIX[m["suffix"]]
+    """A Kubernetes quantity ("500m", "2", "4Gi") as a number of units (the contract's parser:
+    ``kfp_elastic/contract/kubernetes_syntax.py``)."""
+    return float(kubernetes_quantity(text))
 
 
 def pod_requests(pod: dict[str, Any]) -> Resources:

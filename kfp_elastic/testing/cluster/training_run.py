@@ -33,6 +33,7 @@ from kubernetes.client.rest import ApiException
 
 from kfp_elastic.components.common import normalize_run_id, run_pids
 from kfp_elastic.components.shard_dataset.shard import build_manifest
+from kfp_elastic.contract.data_plan import steps_left
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.etcd.keys import RunKeys, run_prefix_of
@@ -51,7 +52,6 @@ from kfp_elastic.testing.cluster.kfp_task import (
 )
 from kfp_elastic.testing.cluster.kubelet import POD_UID_ENV
 from kfp_elastic.testing.nodes import Agent, free_port, new_run_id, wait_for
-from kfp_elastic.worker.data_plan import steps_left
 from kfp_elastic.worker.evaluate import evaluate
 from kfp_elastic.worker.progress import Committed, Progress
 

@@ -10,7 +10,7 @@ Two parts in one model, trained by one loss:
   lost or repeated training shows in it.
 
 Everything is float64 and seeded; with ``fixed-global-batch`` every step takes the same samples
-at any world size (``worker/data_plan.py``), so a disturbed run ends within rounding of an
+at any world size (``contract/data_plan.py``), so a disturbed run ends within rounding of an
 undisturbed one.
 """
 

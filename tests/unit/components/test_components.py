@@ -42,9 +42,9 @@ from kfp_elastic.components.shard_dataset.shard import (
     resolve,
 )
 from kfp_elastic.components.stop_workers.component import stop_workers
+from kfp_elastic.contract.data_plan import Shard
 from kfp_elastic.job_spec import Data, JobSpec
 from kfp_elastic.master.timeline import Committed, Event, JobDone, MasterStarted, RoundFormed
-from kfp_elastic.worker.data_plan import Shard
 from kfp_elastic.worker.examples import digits
 from kfp_elastic.worker.model_def import ModelDefError
 from tests.helpers import REPO_ROOT

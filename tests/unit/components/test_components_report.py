@@ -10,7 +10,7 @@ import pytest
 
 from kfp_elastic.components.elastic_train.report import loss_segments, render, svg_chart
 from kfp_elastic.components.elastic_train.summary import Summary, describe, summarize
-from kfp_elastic.master.cost import Prices
+from kfp_elastic.contract.prices import Prices
 from kfp_elastic.master.timeline import Event, from_record
 
 T0 = 1_000.0

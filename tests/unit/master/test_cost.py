@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kfp_elastic.master.cost import (
-    GUARANTEED,
-    OPPORTUNISTIC,
-    Prices,
-    SlotUsage,
-    cost_of,
-    tier_of,
-)
+from kfp_elastic.contract.prices import GUARANTEED, OPPORTUNISTIC, Prices
+from kfp_elastic.master.cost import SlotUsage, cost_of, tier_of
 from kfp_elastic.master.timeline import (
     Committed,
     Event,

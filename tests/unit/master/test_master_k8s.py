@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from kfp_elastic.contract.worker_end import END_SIGTERM, WorkerEnd, record_end
 from kfp_elastic.etcd import settings as etcd_settings
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.embedded import EmbeddedEtcd
@@ -24,7 +25,6 @@ from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import JobDone, WorkerLaunched, WorkerLost, of_type, read_timeline
 from kfp_elastic.master.wiring import launcher_factory
 from kfp_elastic.testing.api_server import FakeKubernetes
-from kfp_elastic.worker.ending import END_SIGTERM, WorkerEnd, record_end
 from tests.helpers import wait_for
 
 NS = "kfp-elastic"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kfp_elastic.contract.worker_end import END_COMPLETED, END_ORPHANED, END_SIGTERM, WorkerEnd
 from kfp_elastic.master.job import vanished_status
 from kfp_elastic.master.metrics import TimelineStats
 from kfp_elastic.master.observer import missed_events
@@ -13,7 +14,6 @@ from kfp_elastic.master.scaling import outcome_of
 from kfp_elastic.master.timeline import Committed, Event, RoundFormed
 from kfp_elastic.rendezvous.round_formation import NO_ROUND, RoundRecord
 from kfp_elastic.worker import progress
-from kfp_elastic.worker.ending import END_COMPLETED, END_ORPHANED, END_SIGTERM, WorkerEnd
 
 T0 = 1_700_000_000.0
 

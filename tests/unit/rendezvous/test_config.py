@@ -4,7 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from kfp_elastic.rendezvous.config import ConfigError, Endpoint, RendezvousConfig, parse_endpoints
+from kfp_elastic.contract.rendezvous_config import (
+    ConfigError,
+    Endpoint,
+    RendezvousConfig,
+    parse_endpoints,
+)
 
 
 def config(conf: dict, endpoint: str = "127.0.0.1:2379", nnodes: tuple = (1, 2), env=None):

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from kfp_elastic.rendezvous.config import Endpoint, EtcdSettings, RendezvousConfig
+from kfp_elastic.contract.rendezvous_config import Endpoint, EtcdSettings, RendezvousConfig
 from kfp_elastic.rendezvous.membership_view import Status
 from kfp_elastic.rendezvous.node_steps import (
     LEADER_GRACE_S,

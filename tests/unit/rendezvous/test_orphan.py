@@ -11,6 +11,14 @@ from typing import Any
 import pytest
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
+from kfp_elastic.contract.rendezvous_config import ConfigError, RendezvousConfig
+from kfp_elastic.contract.worker_end import (
+    END_ORPHANED,
+    END_SIGTERM,
+    WorkerEnd,
+    read_end,
+    record_end,
+)
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.job_env import WORKER_NAME_VARS
@@ -26,7 +34,6 @@ from kfp_elastic.master.launcher import Reason, WorkerPhase
 from kfp_elastic.master.pod_status import classify
 from kfp_elastic.master.scaling import outcome_of
 from kfp_elastic.rendezvous import agent, orphan
-from kfp_elastic.rendezvous.config import ConfigError, RendezvousConfig
 from kfp_elastic.rendezvous.handler import ElasticEtcdRendezvousHandler
 from kfp_elastic.rendezvous.orphan import (
     MAX_POLL_S,
@@ -36,13 +43,6 @@ from kfp_elastic.rendezvous.orphan import (
     master_gone_since,
     orphaned,
     poll_interval,
-)
-from kfp_elastic.worker.ending import (
-    END_ORPHANED,
-    END_SIGTERM,
-    WorkerEnd,
-    read_end,
-    record_end,
 )
 
 # -- the decision ------------------------------------------------------------------------------

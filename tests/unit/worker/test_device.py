@@ -16,18 +16,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from kfp_elastic.contract.nccl_env import (
+    NCCL_ERROR_HANDLING_ENV,
+    nccl_error_handling_not_set,
+    nccl_error_handling_override,
+    set_nccl_error_handling,
+)
 from kfp_elastic.etcd.embedded import free_port
 from kfp_elastic.worker.device import (
-    NCCL_ERROR_HANDLING_ENV,
     CollectiveAborted,
     DeviceError,
     StallAbort,
     backend_for,
     choose_device,
     explain_device,
-    nccl_error_handling_not_set,
-    nccl_error_handling_override,
-    set_nccl_error_handling,
     settle,
     stall_is_abortable,
     to_device,
@@ -257,7 +259,7 @@ def test_another_nccl_error_handling_is_overridden_and_logged(
     value: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     environ = {NCCL_ERROR_HANDLING_ENV: value}
-    with caplog.at_level(logging.WARNING, logger="kfp_elastic.worker.device"):
+    with caplog.at_level(logging.WARNING, logger="kfp_elastic.worker"):
         set_nccl_error_handling(environ)
     assert environ == {NCCL_ERROR_HANDLING_ENV: "2"}
     assert f"TORCH_NCCL_ASYNC_ERROR_HANDLING='{value}' overridden with 2" in caplog.text

@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
+from kfp_elastic.contract.nccl_env import NCCL_ERROR_HANDLING_ENV
 from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.job_env import ROUND_ENV
 from kfp_elastic.rendezvous.round_formation import NodeRecord, RoundRecord
-from kfp_elastic.worker.device import NCCL_ERROR_HANDLING_ENV
 from kfp_elastic.worker.peer_loss import broken_reason, watch_stalls
 from tests.conftest import HandlerFactory
 

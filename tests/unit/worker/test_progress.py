@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from kfp_elastic.contract.data_plan import shards_for_length
 from kfp_elastic.etcd.client import connect
-from kfp_elastic.worker.data_plan import shards_for_length
 from kfp_elastic.worker.options import parse_args
 from kfp_elastic.worker.progress import Committed, Progress, ensure_manifest, manifest_from_shards
 from kfp_elastic.worker.snapshot import SnapshotError, Snapshotter

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from kfp_elastic.contract.worker_end import END_COMPLETED, END_SIGTERM, read_end
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.job_env import ROUND_ENV, JobEnv
 from kfp_elastic.worker import elastic
 from kfp_elastic.worker.collective import EXIT_PREEMPTED
-from kfp_elastic.worker.ending import END_COMPLETED, END_SIGTERM, read_end
 from kfp_elastic.worker.progress import Progress
 from kfp_elastic.worker.rescue import Rescues
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from kfp_elastic.contract.data_plan import shards_for_length
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.embedded import free_port
-from kfp_elastic.worker.data_plan import shards_for_length
 from kfp_elastic.worker.progress import Committed, Progress, manifest_from_shards
 from tests.helpers import REPO_ROOT
 

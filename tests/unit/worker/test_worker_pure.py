@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kfp_elastic.worker.data_plan import (
+from kfp_elastic.contract.data_plan import (
     QueueState,
     epoch_order,
     queue_state,

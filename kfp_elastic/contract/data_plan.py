@@ -1,4 +1,6 @@
-"""Which samples each rank takes at each step: a pure function of the committed position.
+"""The shard manifest and which samples each rank takes at each step: pure functions of the
+committed position. The job contract checks a manifest here before any worker starts
+(``JobSpec.manifest``); the master publishes it and the workers follow it (``worker/progress.py``).
 
 An epoch is a permutation of the dataset's sample ids, fixed by (seed, epoch) and the shard
 manifest: shards are shuffled, then samples inside each shard. Training consumes that order
@@ -11,6 +13,7 @@ some ranks, which the loss weighting accounts for).
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -95,3 +98,51 @@ def queue_state(shards: Sequence[Shard], visit_order: Sequence[int], position: i
         else:
             todo.append(shard_id)
     return QueueState(tuple(todo), tuple(doing), tuple(done))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    shards: tuple[Shard, ...]
+    epochs: int
+    seed: int = 0
+    shuffle: bool = True
+
+    @property
+    def num_samples(self) -> int:
+        return sum(s.size for s in self.shards)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "shards": [[s.shard_id, s.start, s.end] for s in self.shards],
+                "epochs": self.epochs,
+                "seed": self.seed,
+                "shuffle": self.shuffle,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: bytes | str) -> Manifest:
+        data = json.loads(text)
+        return cls(
+            tuple(Shard(*row) for row in data["shards"]),
+            int(data["epochs"]),
+            int(data.get("seed", 0)),
+            bool(data.get("shuffle", True)),
+        )
+
+    def visit_order(self, epoch: int) -> list[int]:
+        return shard_order(self.shards, epoch, self.seed, self.shuffle)
+
+    def queues(self, epoch: int, position: int) -> QueueState:
+        return queue_state(self.shards, self.visit_order(epoch), position)
+
+
+def manifest_from_shards(
+    shards: Sequence[Shard], epochs: int, seed: int = 0, shuffle: bool = True
+) -> Manifest:
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    if not shards or sum(s.size for s in shards) == 0:
+        raise ValueError("the shard manifest is empty: nothing to train on")
+    return Manifest(tuple(shards), epochs, seed, shuffle)

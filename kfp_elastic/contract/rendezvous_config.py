@@ -1,5 +1,8 @@
 """Settings of the elastic-etcd backend, parsed from torchrun's ``--rdzv-endpoint/--rdzv-conf``.
 
+The rendezvous (``kfp_elastic/rendezvous/``) runs with them; the job contract refuses a job's
+``rdzv_conf`` with the same parser before any agent starts (``JobSpec.validate``).
+
 Every timeout is a named setting in seconds (floats allowed). Parsing is pure: it never touches
 the network, so bad input fails at once with a message naming the key and what is allowed.
 """

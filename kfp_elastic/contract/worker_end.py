@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.etcd.keys import RunKeys
-from kfp_elastic.job_env import WORKER_NAME_VARS
 
-log = logging.getLogger(__name__)
+# The worker's logger: a user's script that configured no logging shows its lines
+# (``worker/elastic.py``), as it shows the rest of the worker's.
+log = logging.getLogger("kfp_elastic.worker")
 
 #: ``WorkerEnd.end``: stopped on SIGTERM (the kubelet's notice of a preemption, eviction or
 #: node shutdown), finished (exit 0), or stopped by its own agent because the run had no master
@@ -61,11 +60,6 @@ class WorkerEnd:
             )
         except (ValueError, TypeError, KeyError):
             return None
-
-
-def worker_name(environ: Mapping[str, str] = os.environ) -> str | None:
-    """The master's name for the worker this process belongs to (None: not started by one)."""
-    return next((environ[v] for v in WORKER_NAME_VARS if environ.get(v)), None)
 
 
 def record_end(
