@@ -24,7 +24,10 @@ from kfp_elastic.etcd.settings import (
     EtcdSettings,
     parse_endpoints,
 )
-from kfp_elastic.rendezvous.probe import CONNECT_TIMEOUT_S
+
+# A live peer's listener accepts at once; one that does not within this is unreachable (not
+# declared dead: its lease decides). The default of ``--rdzv-conf probe_connect_timeout``.
+PROBE_CONNECT_TIMEOUT_S = 1.0
 
 __all__ = [
     "DEFAULT_KEY_PREFIX",
@@ -94,7 +97,7 @@ class RendezvousConfig:
     # How long a probe connection to a peer may take; a peer that does not accept in time is
     # left to its lease (never declared dead), so raise it where connects are slow (a node
     # across a long network path) to keep the fast detection (rendezvous/probe.py).
-    probe_connect_timeout: float = CONNECT_TIMEOUT_S
+    probe_connect_timeout: float = PROBE_CONNECT_TIMEOUT_S
     # Fork restarted workers from a process with torch imported (rendezvous/zygote.py).
     warm_start: bool = True
     # Modules the zygote imports besides torch, torch.distributed, DDP, dynamo and torch.optim;

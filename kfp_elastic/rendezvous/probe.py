@@ -19,12 +19,13 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from kfp_elastic.contract.rendezvous_config import PROBE_CONNECT_TIMEOUT_S
+
 log = logging.getLogger(__name__)
 
-# A live peer's listener accepts at once; one that does not within this is unreachable (not
-# declared dead: its lease decides), and the probe ring's caller is not held up longer. The
-# default of ``--rdzv-conf probe_connect_timeout`` (rendezvous/config.py).
-CONNECT_TIMEOUT_S = 1.0
+# How long a probe waits for a peer's listener by default (``--rdzv-conf probe_connect_timeout``);
+# the probe ring's caller is not held up longer.
+CONNECT_TIMEOUT_S = PROBE_CONNECT_TIMEOUT_S
 # The watch thread wakes at least this often to see ``stop``; ``stop`` also wakes it through a
 # socket, so this only bounds a missed wake-up.
 STOP_CHECK_S = 1.0
