@@ -25,7 +25,7 @@ from pyetcd.client import MultiEndpointEtcd3Client
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS, retry
 from kfp_elastic.etcd.keys import RunKeys
 from kfp_elastic.job_spec import JobSpec
-from kfp_elastic.master.cost import SlotUsage, cost_of
+from kfp_elastic.master.cost import Prices, SlotUsage, cost_of
 from kfp_elastic.master.launcher import (
     Launcher,
     LauncherForbidden,
@@ -142,13 +142,14 @@ class ElasticJob:
         metrics_port: int | None = None,
         metrics_host: str = "0.0.0.0",
         origin: str | None = None,
+        prices: Prices | None = None,
     ) -> None:
-        """``origin``: who starts the job, for telling a retry from a new job under a used run
+        """``spec``: a validated job (``master/host.py`` validates it once per start).
+        ``origin``: who starts the job, for telling a retry from a new job under a used run
         id (``master.state.start_refusal``): the KFP component passes its KFP run; None (the
-        CLI) is never a retry."""
-        spec.validate()
-        # Prices of the cost metrics: the job's, else the ConfigMap's (a bad one fails here).
-        self.prices = spec.launch.kubernetes.prices(os.environ)
+        CLI) is never a retry. ``prices``: of the cost metrics (the host's plan resolved them);
+        None: the job's, else the ConfigMap's variables."""
+        self.prices = spec.launch.kubernetes.prices(os.environ) if prices is None else prices
         self.spec = spec
         self.client = client
         self.make_launcher = make_launcher

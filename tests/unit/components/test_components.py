@@ -30,7 +30,7 @@ from kfp_elastic.components.elastic_train.faults import (
     parse_faults,
     pick_target,
 )
-from kfp_elastic.components.elastic_train.run_job import job_spec, validate
+from kfp_elastic.components.elastic_train.run_job import job_spec, plan_job
 from kfp_elastic.components.evaluate.component import evaluate
 from kfp_elastic.components.shard_dataset.component import shard_dataset
 from kfp_elastic.components.shard_dataset.shard import (
@@ -282,12 +282,12 @@ def _request(manifest_path: str, **changes: Any) -> JobSpec:
 )
 def test_bad_train_inputs_are_named(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        validate(_request("unused", **changes))
+        plan_job(_request("unused", **changes))
 
 
 def test_bad_faults_are_named(manifest: Any) -> None:
     with pytest.raises(ValueError, match="max_workers=2"):
-        validate(_request(manifest.path), "kill:worker-5@1s")
+        plan_job(_request(manifest.path), "kill:worker-5@1s")
 
 
 def test_the_masters_check_compares_the_model_def_with_the_manifest(
