@@ -428,7 +428,7 @@ class Host:
             restore = {
                 sig: signal.signal(sig, handler)
                 for sig, handler in (
-                    (signal.SIGINT, lambda *_: job.request_stop(cancel=True)),
+                    (signal.SIGINT, lambda *_: job.request_stop(cancel=True, reason="SIGINT")),
                     (signal.SIGTERM, lambda *_: job.request_stop(cancel=cancel)),
                 )
             }

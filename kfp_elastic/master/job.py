@@ -176,7 +176,8 @@ class ElasticJob:
     # -- control from outside ----------------------------------------------------------------
     def request_stop(self, cancel: bool, reason: str = "SIGTERM") -> None:
         """``cancel``: fail the job and stop its workers; otherwise step down and leave them.
-        ``reason``: what asked (SIGTERM, this master's pod being deleted), for the record."""
+        ``reason``: what asked (SIGINT, SIGTERM, this master's pod being deleted), for the
+        record."""
         if not self._stop.is_set():
             self._stop_reason = reason
         self._cancel = self._cancel or cancel
@@ -313,7 +314,8 @@ class ElasticJob:
                 raise NotLeaderError("leader lease lost")
             if self._stop.is_set():
                 if self._cancel:
-                    return self._finish("failed", "cancelled (SIGINT)", observer)
+                    message = f"cancelled ({self._stop_reason})"
+                    return self._finish("failed", message, observer)
                 return self._step_down(self._stop_reason)
             try:
                 if self._forbidden is not None:

@@ -1,7 +1,7 @@
 """The one host of a master (master/host.py): a launch plan built without starting anything (local
 and Kubernetes workers, embedded and external etcd, the SIGTERM rule), the same plan from the
-CLI and the component for the same job, ``--dry-run`` that starts nothing, and the job contract
-validated once per start."""
+CLI and the component for the same job, ``--dry-run`` that starts nothing, the job contract
+validated once per start, and SIGTERM cancelling a master nobody could take over from."""
 
 from __future__ import annotations
 
