@@ -341,6 +341,21 @@ def test_elastic_train_fails_before_starting_anything(
     assert not (tmp_path / "job" / "workers").exists()
 
 
+def test_elastic_train_dry_run_reports_the_plan_and_starts_nothing(
+    tmp_path: Path, manifest: Any
+) -> None:
+    artifacts = _train_artifacts(tmp_path)
+    outputs = elastic_train.python_func(
+        shard_manifest=manifest, **artifacts, launcher="local", run_id="dry-run", dry_run=True
+    )
+    assert tuple(outputs) == (0.0, 0, 0, 0.0)
+    page = Path(artifacts["report"].path).read_text()
+    assert "Launch plan of dry-run" in page and "kfp_elastic.master.supervise" in page
+    assert "mode: embedded" in page and "SIGTERM: cancel" in page
+    assert not run_pids("dry-run")
+    assert not (tmp_path / "job").exists()
+
+
 # ------------------------------------------------------------------------------ evaluate
 
 
