@@ -514,8 +514,9 @@ class LocalPath:
         spec = make_spec(build_parser().parse_args(argv), [], etcd_settings)
         self.steps_file = Path(spec.snapshot_dir or "") / STEPS_FILE
         # Hosted as `kfp-elastic master` hosts it (master/host.py), in a thread: no signals.
-        self.host = Host(plan(spec)).start()
+        self.host = Host(plan(spec))
         stack.callback(self.host.close)
+        self.host.start()
         assert self.host.job is not None and self.host.client is not None
         self.client, self.job = self.host.client, self.host.job
         self.result: Any = None

@@ -42,6 +42,7 @@ from kfp_elastic.job_spec import (
     flag_of,
 )
 from kfp_elastic.master.host import EMBEDDED, Host, LaunchPlan, plan
+from kfp_elastic.master.preflight import PreflightError
 
 log = logging.getLogger("kfp_elastic.master")
 
@@ -181,11 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     with Host(launch, metrics_port=args.metrics_port, metrics_host=args.metrics_host) as host:
         try:
-            host.start()
-        except ValueError as error:  # the checks before any worker starts
+            result = host.start().run()
+        except PreflightError as error:  # the checks before any worker starts
             print(f"result=refused run={launch.spec.run_id} message={error}", flush=True)
             parser.exit(2, f"kfp-elastic master: error: {error}\n")
-        result = host.run()
     print(f"result={result.state} run={launch.spec.run_id} message={result.message}", flush=True)
     if result.state == "refused":
         sys.stderr.write(f"kfp-elastic master: error: {result.message}\n")

@@ -9,9 +9,9 @@ here, in two steps (like TorchX's ``submit_dryrun`` and ``schedule``):
    It starts nothing and reads only local files (a manifest, the GPUs, this pod's namespace);
    ``kfp-elastic master --dry-run`` prints it.
 2. :class:`Host` applies a plan: it starts an embedded etcd (when the plan says so), connects,
-   asks whether the run id may start, runs the checks before any worker starts
-   (``master/preflight.py``), then runs the master (``ElasticJob``) with the plan's signal
-   handling and its launcher.
+   and runs the master (``ElasticJob``) with the plan's signal handling and its launcher: the
+   master asks whether the run id may start, then the host's checks before any worker starts
+   run (``master/preflight.py``), then the job.
 """
 
 from __future__ import annotations
@@ -195,7 +195,6 @@ class LaunchPlan:
                 "own pod deleted": self.signals.sigterm,
             },
             "prices": {"on_demand": self.prices.on_demand, "spot": self.prices.spot},
-            "workdir": str(self.workdir),
             "worker_argv": list(spec.worker_argv()),
             "rdzv_conf": spec.worker_rdzv_conf(),
         }
@@ -204,6 +203,7 @@ class LaunchPlan:
             if spec.etcd is None:
                 env = {"KFP_ELASTIC_ETCD_ENDPOINTS": _EMBEDDED_ENDPOINT, **env}
             out["local"] = {
+                "workdir": str(self.workdir),
                 "cwd": str(self.cwd),
                 "capacity": spec.launch.local.capacity,
                 "gpus": list(self.local.gpus),
@@ -360,11 +360,12 @@ def make_launcher(launch: LaunchPlan, state: MasterState | None) -> Launcher:
 
 
 class Host:
-    """A launch plan applied: ``start()`` (etcd, the run id's check, the checks before any
-    worker starts), ``run()`` (the master, with the plan's signal handling), ``close()``.
+    """A launch plan applied: ``start()`` (the embedded etcd of the plan, the etcd client, the
+    master), ``run()`` (the master with the plan's signal handling: the run id's check, the
+    checks before any worker starts, the job), ``close()``.
 
-    ``start`` raises ``ValueError`` for a job that cannot start (the checks' problems); a run id
-    that may not start is ``run()``'s result ``refused``, as from ``ElasticJob``."""
+    ``run`` returns the master's result (``refused`` for a run id that may not start) and
+    raises ``PreflightError`` (a ``ValueError``) for a job that cannot start."""
 
     def __init__(
         self,
@@ -379,7 +380,6 @@ class Host:
         self.embedded: Any = None  # rendezvous.embedded_etcd.EmbeddedEtcd, while it runs
         self.client: MultiEndpointEtcd3Client | None = None
         self.job: ElasticJob | None = None
-        self.refused: JobResult | None = None
 
     def start(self) -> Host:
         from kfp_elastic.etcd.client import connect
@@ -407,21 +407,15 @@ class Host:
             metrics_host=self.metrics_host,
             origin=launch.origin,
             prices=launch.prices,
+            # After the run id's check (an etcd read), the checks that take seconds.
+            prepare=lambda state: prestart_checks(launch, adopting=bool(state.workers())),
         )
-        # The run id's check first (an etcd read), then the checks that take seconds.
-        refusal = self.job.refusal()
-        if refusal:
-            self.refused = JobResult("refused", refusal)
-            return self
-        prestart_checks(launch, adopting=bool(self.job.state.workers()))
         return self
 
     def run(self) -> JobResult:
         """The master's run to its end; in the main thread, with the plan's signal handling."""
         job = self.job
         assert job is not None, "start() first"
-        if self.refused is not None:
-            return self.refused
         cancel = self.plan.signals.term_cancels
         restore: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():

@@ -143,16 +143,20 @@ class ElasticJob:
         metrics_host: str = "0.0.0.0",
         origin: str | None = None,
         prices: Prices | None = None,
+        prepare: Callable[[MasterState], None] | None = None,
     ) -> None:
         """``spec``: a validated job (``master/host.py`` validates it once per start).
         ``origin``: who starts the job, for telling a retry from a new job under a used run
         id (``master.state.start_refusal``): the KFP component passes its KFP run; None (the
         CLI) is never a retry. ``prices``: of the cost metrics (the host's plan resolved them);
-        None: the job's, else the ConfigMap's variables."""
+        None: the job's, else the ConfigMap's variables. ``prepare``: called by ``run`` with the
+        run's state once the run id may start, before the leadership is requested (the host's
+        checks before any worker starts); what it raises ends ``run``."""
         self.prices = spec.launch.kubernetes.prices(os.environ) if prices is None else prices
         self.spec = spec
         self.client = client
         self.make_launcher = make_launcher
+        self.prepare = prepare
         self.state = MasterState(
             client, spec.run_prefix, lease_ttl=spec.policy.leader_ttl_s, origin=origin
         )
@@ -187,7 +191,7 @@ class ElasticJob:
     # -- main ---------------------------------------------------------------------------------
     def refusal(self) -> str | None:
         """Why this job may not start under its run id, from what etcd holds now (None: it may):
-        ``run`` asks first; ``kfp-elastic master`` asks before its checks load the model."""
+        ``run`` asks first, before ``prepare`` (the checks that load the model)."""
         return self.state.refusal(self.spec.run_id, self._committed_step())
 
     def run(self) -> JobResult:
@@ -198,6 +202,8 @@ class ElasticJob:
             if refusal:
                 log.error("run id in use: %s", refusal)
                 return JobResult("refused", refusal)
+            if self.prepare is not None:
+                self.prepare(self.state)
             if not self.state.acquire(stop=self._stop, on_lost=self._wake.set):
                 return JobResult("stepped_down", "stopped while waiting for the leadership")
             return self._run_as_leader()
