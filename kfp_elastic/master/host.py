@@ -97,7 +97,6 @@ def signal_policy(etcd_mode: str, kind: str) -> SignalPolicy:
 class LocalProcesses:
     """The local launcher's workers: one torchrun agent process each, on this machine."""
 
-    workdir: Path  # worker logs and exit records (workers/)
     entry: tuple[str, ...]  # what torchrun runs (a relative script made absolute)
     env: Mapping[str, str]  # the job's settings, on top of this process's environment
     gpus: tuple[str, ...]  # the GPUs to share out
@@ -113,7 +112,7 @@ class LaunchPlan:
     etcd: EtcdPlan
     signals: SignalPolicy
     prices: Prices  # of the cost metrics: the job's, else the ConfigMap's
-    workdir: Path
+    workdir: Path  # local workers' logs and exit records (workers/), an embedded etcd's data
     cwd: Path  # where the checks and local workers resolve relative paths
     files_here: bool  # the checks may read files and load the model definition here
     local: LocalProcesses | None = None
@@ -159,7 +158,7 @@ class LaunchPlan:
                 rdzv_conf=spec.worker_rdzv_conf(),
                 env={},
                 gpus=local.gpus,
-                workdir=local.workdir,
+                workdir=self.workdir,
                 cwd=self.cwd,
             )
             commands[name] = agent.command
@@ -271,7 +270,6 @@ def plan(
     gpus = visible_gpus(env)
     require_gpus(device, spec.size.max_workers * spec.size.nproc_per_worker, gpus)
     local = LocalProcesses(
-        workdir=workdir,
         entry=tuple(absolute_script(list(spec.worker_argv()), cwd)),
         env=JobEnv.of(spec, str(snapshot_dir)).to_env(),
         gpus=gpus,
@@ -324,7 +322,7 @@ def make_launcher(launch: LaunchPlan, state: MasterState | None) -> Launcher:
             min_workers=spec.size.min_workers,
             max_workers=spec.size.max_workers,
             entry=local.entry,
-            workdir=local.workdir,
+            workdir=launch.workdir,
             nproc_per_worker=spec.size.nproc_per_worker,
             rdzv_conf=spec.worker_rdzv_conf(),
             env=launch.worker_env(),
