@@ -24,9 +24,9 @@ The cluster master is the compiled pipeline's ``elastic-train`` task as a pod
 (``testing/cluster/kfp_task.py``: command and args as compiled, the production overlay's
 ConfigMap, the etcd client certificate from a mounted Secret), exactly what
 ``tests/e2e/test_cluster_job.py`` runs: the production path, and no harder to set up here than a
-local master with the Kubernetes launcher. The local master is ``ElasticJob`` with the local
-launcher in this process (a thread), because the growth event changes the launcher's
-``capacity`` while the job runs.
+local master with the Kubernetes launcher. The local master is hosted as ``kfp-elastic master``
+hosts it (``master/host.py``), with the local launcher, in this process (a thread), because the
+growth event changes the launcher's ``capacity`` while the job runs.
 
 Besides the seconds to the first step, each event records when the master saw it on the timeline
 (``lost_s``: the worker recorded lost; ``round_s``: the new world's round formed) and, for grow,
@@ -486,10 +486,8 @@ class LocalPath:
         params: Mapping[str, Any],
         stack: contextlib.ExitStack,
     ) -> None:
-        from kfp_elastic.etcd.client import connect
         from kfp_elastic.master.cli import build_parser, make_spec
-        from kfp_elastic.master.job import ElasticJob
-        from kfp_elastic.master.wiring import launcher_factory
+        from kfp_elastic.master.host import Host, plan
 
         self.run_id = f"clusterbench-local-{uuid.uuid4().hex[:8]}"
         self._left: set[int] = set()
@@ -515,9 +513,12 @@ class LocalPath:
         argv = [str(x) for name, value in flags.items() for x in (f"--{name}", value)]
         spec = make_spec(build_parser().parse_args(argv), [], etcd_settings)
         self.steps_file = Path(spec.snapshot_dir or "") / STEPS_FILE
-        self.client = connect(etcd_settings)
-        stack.callback(self.client.close)
-        self.job = ElasticJob(spec, self.client, launcher_factory(spec))
+        # Hosted as `kfp-elastic master` hosts it (master/host.py), in a thread: no signals.
+        self.host = Host(plan(spec))
+        stack.callback(self.host.close)
+        self.host.start()
+        assert self.host.job is not None and self.host.client is not None
+        self.client, self.job = self.host.client, self.host.job
         self.result: Any = None
         self.thread = threading.Thread(target=self._run, name="local-master", daemon=True)
         self.thread.start()
@@ -531,7 +532,7 @@ class LocalPath:
         self.launcher: Any = self.job.launcher
 
     def _run(self) -> None:
-        self.result = self.job.run()
+        self.result = self.host.run()
 
     def _stop(self) -> None:
         self.job.request_stop(cancel=True)  # fail the job, stop its workers

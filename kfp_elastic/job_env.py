@@ -1,7 +1,7 @@
 """The job's settings as worker environment variables: the one schema between a launcher and
 the process torchrun runs (a user's own script above all, ``kfp_elastic.worker.elastic``).
 
-The master (local processes and worker pods alike, ``master/wiring.py``) sets::
+The master (local processes and worker pods alike, ``master/host.py``'s launch plan) sets::
 
     KFP_ELASTIC_RUN_ID           the run (torchrun --rdzv-id; names every etcd key)
     KFP_ELASTIC_SNAPSHOT_DIR     shared snapshot directory of the run (a volume every pod mounts)

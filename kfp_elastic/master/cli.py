@@ -11,8 +11,9 @@ everything after ``--``: a script and its arguments, or ``-m MODULE ...``; argum
 with ``-`` (other than ``-m``) go to the default entry ``-m kfp_elastic.worker``. Exit codes: 0
 succeeded, 1 failed (the message says why), 2 bad arguments or a job that cannot start (its run
 id is taken, its model definition does not load, ...: ``master/preflight.py``), 3 stepped down
-(SIGTERM, this master's pod being deleted, or leadership lost; the workers keep running for the
-next master).
+(SIGTERM or this master's pod being deleted with an external etcd and worker pods, or leadership
+lost; the workers keep running for the next master). ``--dry-run`` prints the launch plan
+(``master/host.py``) and starts nothing.
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from typing import Any, get_args, get_type_hints
 
 from kfp_elastic.etcd import settings as etcd_settings
-from kfp_elastic.etcd.settings import ConfigError, EtcdSettings
+from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.job_spec import (
     RUNTIME_MODULE,
     Data,
@@ -41,10 +41,8 @@ from kfp_elastic.job_spec import (
     Training,
     flag_of,
 )
-from kfp_elastic.master.job import ElasticJob, LauncherFactory
-from kfp_elastic.master.own_pod import REASON as OWN_POD_REASON
-from kfp_elastic.master.own_pod import watch_own_pod
-from kfp_elastic.master.wiring import launcher_factory
+from kfp_elastic.master.host import EMBEDDED, Host, LaunchPlan, plan
+from kfp_elastic.master.preflight import PreflightError
 
 log = logging.getLogger("kfp_elastic.master")
 
@@ -128,11 +126,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, help="serve /metrics here (0: a free port)")
     p.add_argument("--metrics-host", default="0.0.0.0")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the launch plan (etcd mode, signal policy, the worker pods as YAML or the "
+        "local processes' commands and environment) and start nothing",
+    )
     return p
 
 
-def make_spec(args: argparse.Namespace, entry: Sequence[str], etcd: EtcdSettings) -> JobSpec:
-    """The job the parsed flags describe; ``entry``: what followed ``--`` (may be empty)."""
+def make_spec(args: argparse.Namespace, entry: Sequence[str], etcd: EtcdSettings | None) -> JobSpec:
+    """The job the parsed flags describe; ``entry``: what followed ``--`` (may be empty);
+    ``etcd`` None: an embedded one."""
 
     def section(cls: type, **more: Any) -> Any:
         given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
@@ -152,6 +157,13 @@ def make_spec(args: argparse.Namespace, entry: Sequence[str], etcd: EtcdSettings
     )
 
 
+def launch_plan(args: argparse.Namespace, entry: Sequence[str]) -> LaunchPlan:
+    """The launch plan of the parsed flags (``master/host.py``); ``ValueError`` (``ConfigError``
+    is one) names the flag at fault. ``--etcd embedded``: an etcd of the master's own."""
+    etcd = None if args.etcd == EMBEDDED else etcd_settings.from_args(args)
+    return plan(make_spec(args, entry, etcd))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     own, entry = split_entry(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -161,63 +173,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    embedded = None
     try:
-        if args.etcd == "embedded":
-            from kfp_elastic.etcd.embedded import EmbeddedEtcd
-
-            embedded = EmbeddedEtcd().start()
-            args.etcd = embedded.endpoint
-            log.warning(
-                "embedded etcd endpoint=%s: it stops with this master, so a restarted "
-                "master cannot recover this run",
-                args.etcd,
-            )
-        from kfp_elastic.etcd.client import connect
-
+        launch = launch_plan(args, entry)
+    except ValueError as error:
+        parser.exit(2, f"kfp-elastic master: error: {error}\n")
+    if args.dry_run:
+        sys.stdout.write(launch.describe())
+        return 0
+    with Host(launch, metrics_port=args.metrics_port, metrics_host=args.metrics_host) as host:
         try:
-            etcd = etcd_settings.from_args(args)
-            spec = make_spec(args, entry, etcd)
-            spec.validate()
-            spec.launch.kubernetes.prices(os.environ)  # a bad price variable fails here
-            client = connect(etcd)
-        except (ConfigError, ValueError) as error:
+            result = host.start().run()
+        except PreflightError as error:  # the checks before any worker starts
+            print(f"result=refused run={launch.spec.run_id} message={error}", flush=True)
             parser.exit(2, f"kfp-elastic master: error: {error}\n")
-        factory: list[LauncherFactory] = []  # made after the run id's check: it takes seconds
-        job = ElasticJob(
-            spec,
-            client,
-            lambda state: factory[0](state),
-            metrics_port=args.metrics_port,
-            metrics_host=args.metrics_host,
-        )
-        refusal = job.refusal()
-        try:
-            if refusal:
-                raise ValueError(refusal)
-            # The checks before any worker starts (a restarted master's job passed them).
-            factory.append(launcher_factory(spec, adopting=bool(job.state.workers())))
-        except (ConfigError, ValueError) as error:
-            client.close()
-            print(f"result=refused run={spec.run_id} message={error}", flush=True)
-            parser.exit(2, f"kfp-elastic master: error: {error}\n")
-        signal.signal(signal.SIGINT, lambda *_: job.request_stop(cancel=True))
-        signal.signal(signal.SIGTERM, lambda *_: job.request_stop(cancel=False))
-        # In a pod, its deletion steps down too: SIGTERM may not reach this process.
-        own_pod = watch_own_pod(lambda: job.request_stop(cancel=False, reason=OWN_POD_REASON))
-        try:
-            result = job.run()
-        finally:
-            if own_pod is not None:
-                own_pod.stop()
-        print(f"result={result.state} run={spec.run_id} message={result.message}", flush=True)
-        if result.state == "refused":
-            sys.stderr.write(f"kfp-elastic master: error: {result.message}\n")
-        client.close()
-        return result.exit_code
-    finally:
-        if embedded is not None:
-            embedded.stop()
+    print(f"result={result.state} run={launch.spec.run_id} message={result.message}", flush=True)
+    if result.state == "refused":
+        sys.stderr.write(f"kfp-elastic master: error: {result.message}\n")
+    return result.exit_code
 
 
 if __name__ == "__main__":

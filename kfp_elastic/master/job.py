@@ -26,7 +26,7 @@ from kfp_elastic.contract.worker_end import END_COMPLETED, END_ORPHANED, WorkerE
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS, retry
 from kfp_elastic.etcd.keys import RunKeys
 from kfp_elastic.job_spec import JobSpec
-from kfp_elastic.master.cost import SlotUsage, cost_of
+from kfp_elastic.master.cost import Prices, SlotUsage, cost_of
 from kfp_elastic.master.launcher import (
     Launcher,
     LauncherForbidden,
@@ -142,16 +142,21 @@ class ElasticJob:
         metrics_port: int | None = None,
         metrics_host: str = "0.0.0.0",
         origin: str | None = None,
+        prices: Prices | None = None,
+        prepare: Callable[[MasterState], None] | None = None,
     ) -> None:
-        """``origin``: who starts the job, for telling a retry from a new job under a used run
+        """``spec``: a validated job (``master/host.py`` validates it once per start).
+        ``origin``: who starts the job, for telling a retry from a new job under a used run
         id (``master.state.start_refusal``): the KFP component passes its KFP run; None (the
-        CLI) is never a retry."""
-        spec.validate()
-        # Prices of the cost metrics: the job's, else the ConfigMap's (a bad one fails here).
-        self.prices = spec.launch.kubernetes.prices(os.environ)
+        CLI) is never a retry. ``prices``: of the cost metrics (the host's plan resolved them);
+        None: the job's, else the ConfigMap's variables. ``prepare``: called by ``run`` with the
+        run's state once the run id may start, before the leadership is requested (the host's
+        checks before any worker starts); what it raises ends ``run``."""
+        self.prices = spec.launch.kubernetes.prices(os.environ) if prices is None else prices
         self.spec = spec
         self.client = client
         self.make_launcher = make_launcher
+        self.prepare = prepare
         self.state = MasterState(
             client, spec.run_prefix, lease_ttl=spec.policy.leader_ttl_s, origin=origin
         )
@@ -175,7 +180,8 @@ class ElasticJob:
     # -- control from outside ----------------------------------------------------------------
     def request_stop(self, cancel: bool, reason: str = "SIGTERM") -> None:
         """``cancel``: fail the job and stop its workers; otherwise step down and leave them.
-        ``reason``: what asked (SIGTERM, this master's pod being deleted), for the record."""
+        ``reason``: what asked (SIGINT, SIGTERM, this master's pod being deleted), for the
+        record."""
         if not self._stop.is_set():
             self._stop_reason = reason
         self._cancel = self._cancel or cancel
@@ -185,7 +191,7 @@ class ElasticJob:
     # -- main ---------------------------------------------------------------------------------
     def refusal(self) -> str | None:
         """Why this job may not start under its run id, from what etcd holds now (None: it may):
-        ``run`` asks first; ``kfp-elastic master`` asks before its checks load the model."""
+        ``run`` asks first, before ``prepare`` (the checks that load the model)."""
         return self.state.refusal(self.spec.run_id, self._committed_step())
 
     def run(self) -> JobResult:
@@ -196,6 +202,8 @@ class ElasticJob:
             if refusal:
                 log.error("run id in use: %s", refusal)
                 return JobResult("refused", refusal)
+            if self.prepare is not None:
+                self.prepare(self.state)
             if not self.state.acquire(stop=self._stop, on_lost=self._wake.set):
                 return JobResult("stepped_down", "stopped while waiting for the leadership")
             return self._run_as_leader()
@@ -312,7 +320,8 @@ class ElasticJob:
                 raise NotLeaderError("leader lease lost")
             if self._stop.is_set():
                 if self._cancel:
-                    return self._finish("failed", "cancelled (SIGINT)", observer)
+                    message = f"cancelled ({self._stop_reason})"
+                    return self._finish("failed", message, observer)
                 return self._step_down(self._stop_reason)
             try:
                 if self._forbidden is not None:

@@ -57,6 +57,8 @@ from kfp_elastic.rendezvous.orphan import ORPHANED_EXIT_CODE
 
 log = logging.getLogger(__name__)
 
+MONITOR_INTERVAL_S = 0.2  # how often each torchrun agent polls its workers
+
 
 class WorkerRegistry(Protocol):
     """Where the launcher records its processes (``MasterState`` implements it)."""
@@ -98,7 +100,7 @@ class LocalLauncher(Launcher):
         registry: WorkerRegistry | None = None,
         capacity: int | None = None,
         max_restarts: int = DEFAULT_WORKER_MAX_RESTARTS,
-        monitor_interval_s: float = 0.2,
+        monitor_interval_s: float = MONITOR_INTERVAL_S,
         grace_s: float = 5.0,
         poll_interval_s: float = 0.2,
         gpus: Sequence[str] | None = None,
@@ -116,7 +118,7 @@ class LocalLauncher(Launcher):
         self.endpoint = endpoint
         self.nnodes = f"{min_workers}:{max_workers}"
         self.cwd = Path(cwd or os.getcwd()).resolve()
-        self.entry = _absolute_script(list(entry), self.cwd)
+        self.entry = absolute_script(list(entry), self.cwd)
         self.workdir = Path(workdir).resolve()
         self.nproc_per_worker = nproc_per_worker
         self.gpus = tuple(visible_gpus() if gpus is None else gpus)
@@ -274,35 +276,22 @@ class LocalLauncher(Launcher):
     def _new_worker(
         self, name: str, index: int, attempt: int, launched_at: float | None = None
     ) -> _Worker:
-        env = {**self.env, "KFP_ELASTIC_WORKER_NAME": name, "KFP_ELASTIC_WORKER_INDEX": str(index)}
-        devices = gpus_for_worker(index, self.nproc_per_worker, self.gpus)
-        if devices is not None:  # like a pod's own GPUs from the device plugin
-            env["CUDA_VISIBLE_DEVICES"] = devices
-        agent = Agent(
-            backend="elastic-etcd",
-            endpoint=self.endpoint,
-            run_id=self.run_id,
-            log_path=self.workdir / "workers" / f"{name}.log",
-            nnodes=self.nnodes,
-            script=self.entry[0],
-            script_args=self.entry[1:],
-            max_restarts=self.max_restarts,
-            monitor_interval=self.monitor_interval_s,
-            rdzv_conf=self.rdzv_conf or None,
-            env=env,
-            extra_args=[f"--nproc-per-node={self.nproc_per_worker}"],
+        agent, exit_file = worker_agent(
             name=name,
+            index=index,
+            run_id=self.run_id,
+            endpoint=self.endpoint,
+            nnodes=self.nnodes,
+            entry=self.entry,
+            nproc_per_worker=self.nproc_per_worker,
+            max_restarts=self.max_restarts,
+            monitor_interval_s=self.monitor_interval_s,
+            rdzv_conf=self.rdzv_conf,
+            env=self.env,
+            gpus=self.gpus,
+            workdir=self.workdir,
             cwd=self.cwd,
         )
-        exit_file = self.workdir / "workers" / f"{name}.exit"
-        agent.command = [
-            sys.executable,
-            "-m",
-            "kfp_elastic.master.supervise",
-            str(exit_file),
-            "--",
-            *agent.command,
-        ]
         return _Worker(name, index, attempt, agent, exit_file, launched_at or time.time())
 
     def _record(self, worker: _Worker) -> None:
@@ -489,7 +478,60 @@ class LocalLauncher(Launcher):
         timer.start()
 
 
-def _absolute_script(entry: list[str], cwd: Path) -> list[str]:
+def worker_agent(
+    *,
+    name: str,
+    index: int,
+    run_id: str,
+    endpoint: str,
+    nnodes: str,
+    entry: Sequence[str],
+    nproc_per_worker: int,
+    max_restarts: int,
+    monitor_interval_s: float,
+    rdzv_conf: Mapping[str, object],
+    env: Mapping[str, str],
+    gpus: Sequence[str],
+    workdir: Path,
+    cwd: Path,
+) -> tuple[Agent, Path]:
+    """The (not started) agent of local worker ``name`` in slot ``index``, under its supervisor
+    (``master/supervise.py``, which writes the exit record), and that record's path: the one
+    place a local worker's command and environment are made (the launcher starts it, a dry
+    run prints it)."""
+    env = {**env, "KFP_ELASTIC_WORKER_NAME": name, "KFP_ELASTIC_WORKER_INDEX": str(index)}
+    devices = gpus_for_worker(index, nproc_per_worker, gpus)
+    if devices is not None:  # like a pod's own GPUs from the device plugin
+        env["CUDA_VISIBLE_DEVICES"] = devices
+    agent = Agent(
+        backend="elastic-etcd",
+        endpoint=endpoint,
+        run_id=run_id,
+        log_path=workdir / "workers" / f"{name}.log",
+        nnodes=nnodes,
+        script=entry[0],
+        script_args=entry[1:],
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval_s,
+        rdzv_conf=rdzv_conf or None,
+        env=env,
+        extra_args=[f"--nproc-per-node={nproc_per_worker}"],
+        name=name,
+        cwd=cwd,
+    )
+    exit_file = workdir / "workers" / f"{name}.exit"
+    agent.command = [
+        sys.executable,
+        "-m",
+        "kfp_elastic.master.supervise",
+        str(exit_file),
+        "--",
+        *agent.command,
+    ]
+    return agent, exit_file
+
+
+def absolute_script(entry: list[str], cwd: Path) -> list[str]:
     """A relative script path made absolute: a restarted master may run elsewhere."""
     if not entry[0].startswith("-") and (cwd / entry[0]).exists():
         entry[0] = str((cwd / entry[0]).resolve())

@@ -1,5 +1,5 @@
 """Everything about a job that can be checked without training, checked once by the master
-before any worker starts (``master/wiring.py``'s ``launcher_factory`` calls :func:`check`),
+before any worker starts (``master/host.py``'s ``prestart_checks`` calls :func:`check`),
 so that a mistake ends the master within seconds with a message that names the field or flag,
 instead of after several failed worker starts.
 

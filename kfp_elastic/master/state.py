@@ -81,8 +81,9 @@ def start_refusal(
         return (
             f"run {run_id} has a live master: {leader.get('id', '?')} on host "
             f"{leader.get('host', '?')} (pid {leader.get('pid', '?')}, since "
-            f"{_when(leader.get('since'))}). Stop it first (SIGTERM leaves its workers for the "
-            "next master; if it died, its lease ends within --leader-ttl seconds), or "
+            f"{_when(leader.get('since'))}). Stop it first (SIGTERM leaves worker pods for the "
+            "next master and stops local workers; if it died, its lease ends within "
+            "--leader-ttl seconds), or "
             f"{_new_id_hint(run_id)}"
         )
     if status is None and committed_step is not None:

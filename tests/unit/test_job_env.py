@@ -16,8 +16,9 @@ from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.job_env import JobEnv
 from kfp_elastic.job_spec import Data, Entry, JobSpec, Launch, LocalSettings, Training
 from kfp_elastic.master.cli import build_parser, make_spec, split_entry
+from kfp_elastic.master.host import make_launcher, plan
 from kfp_elastic.master.pod_spec import build_pod
-from kfp_elastic.master.wiring import launcher_factory, worker_pod_template
+from kfp_elastic.master.wiring import worker_pod_template
 from kfp_elastic.rendezvous.plugin import hand_etcd_settings_to_workers
 
 ETCD = EtcdSettings.for_endpoint("127.0.0.1:2379")
@@ -67,7 +68,7 @@ def test_local_workers_get_the_job_settings(tmp_path: Path, monkeypatch) -> None
         data=Data(epochs=2),
         launch=Launch(local=LocalSettings(workdir=str(tmp_path))),
     )
-    launcher = launcher_factory(spec)(None)  # type: ignore[arg-type]
+    launcher = make_launcher(plan(spec), None)
     env = launcher.env
     assert tuple(launcher.entry) == COMMAND
     assert env["KFP_ELASTIC_RUN_ID"] == "r" and env["KFP_ELASTIC_EPOCHS"] == "2"

@@ -1,6 +1,6 @@
 """The job contract (kfp_elastic/job_spec.py): one set of defaults that every signature and
 flag repeating one agrees with, one validation whose errors name the field with its flag and
-parameter, and one launcher wiring (master/wiring.py) for the CLI and the component."""
+parameter, and one host (master/host.py) for the CLI and the component."""
 
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ from kfp_elastic.job_spec import (
     spec_from_params,
 )
 from kfp_elastic.master.cli import build_parser, make_spec, split_entry
+from kfp_elastic.master.host import make_launcher, plan
 from kfp_elastic.master.local_launcher import LocalLauncher
-from kfp_elastic.master.wiring import launcher_factory, worker_pod_template
+from kfp_elastic.master.wiring import worker_pod_template
 from kfp_elastic.pipelines import run_local
 from kfp_elastic.pipelines.elastic_training import elastic_training
 from kfp_elastic.worker import options as worker_options
@@ -350,7 +351,7 @@ def test_the_record_is_json_and_holds_no_password(tmp_path: Path) -> None:
     assert "hunter2" not in json.dumps(record)
 
 
-# ------------------------------------------------------------------ one wiring
+# ------------------------------------------------------------------ one host
 
 
 def test_the_local_launcher_gets_the_whole_spec(
@@ -369,7 +370,7 @@ def test_the_local_launcher_gets_the_whole_spec(
             local=LocalSettings(workdir=str(tmp_path), capacity=1),
         ),
     )
-    launcher = launcher_factory(spec)(None)  # type: ignore[arg-type]
+    launcher = make_launcher(plan(spec), None)
     assert isinstance(launcher, LocalLauncher)
     assert launcher.rdzv_conf == {"last_call_timeout": "1", "orphan_timeout": "300"}
     assert launcher.capacity == 1

@@ -62,6 +62,7 @@ def elastic_train(
     spot_price: float = 0.0,
     run_id: str = "",
     log_level: str = "WARNING",
+    dry_run: bool = False,
 ) -> NamedTuple(
     "Outputs", [("final_loss", float), ("steps", int), ("restarts", int), ("goodput", float)]
 ):
@@ -137,6 +138,9 @@ def elastic_train(
             0: $KFP_ELASTIC_SPOT_PRICE, else the on-demand price.
         run_id: names the job in etcd and its pods; the pipeline passes the KFP run id.
         log_level: level of the master's own logs (progress lines are always printed).
+        dry_run: print the launch plan (etcd mode, signal policy, the worker pods as YAML or
+            the local processes' commands) into the log and the report, start nothing, and
+            return zeros (docs/master.md, "Launch plan").
     """
     import os
     from collections import namedtuple
@@ -206,8 +210,15 @@ def elastic_train(
         f"elastic_train: run {rid}, {min_workers}..{max_workers} workers, launcher {kind}, " + what,
         flush=True,
     )
-    prices = spec.launch.kubernetes.prices(os.environ)
+    outputs = namedtuple("Outputs", ["final_loss", "steps", "restarts", "goodput"])
+    if dry_run:
+        text = run_job.plan_job(spec, inject_faults)[0].describe()
+        print(text, flush=True)
+        with open(report.path, "w") as stream:
+            stream.write(run_job.plan_page(rid, text))
+        return outputs(0.0, 0, 0, 0.0)
     result = run_job.run(spec, inject_faults, say=lambda line: print(line, flush=True))
+    prices = result.prices
     summary = summarize(
         result.events,
         result.end_t,
@@ -263,5 +274,4 @@ def elastic_train(
             "steps": summary.steps,
         }
     )
-    outputs = namedtuple("Outputs", ["final_loss", "steps", "restarts", "goodput"])
     return outputs(summary.final_loss, summary.steps, summary.restarts, summary.goodput)

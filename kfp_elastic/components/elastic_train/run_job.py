@@ -1,23 +1,24 @@
 """Runs one elastic job through the master, in this process: the only module of the components
 that knows the master's Python API (``master.job``, ``master.state``, the launchers).
 
-The master (``ElasticJob``) runs in-process rather than as ``kfp-elastic master`` so that the
-fault injector can reach the launcher it created, and so that etcd (embedded when no endpoint is
-given) outlives the master: the timeline is read after the job for the report. While the job
+The master runs in-process, hosted as ``kfp-elastic master`` hosts it (``master/host.py``: one
+launch plan, one SIGTERM rule), rather than as a child process, so that the fault injector can
+reach the launcher it created, and so that etcd (embedded when no endpoint is given) outlives
+the master: the timeline is read after the job for the report. While the job
 runs, a thread tails the timeline, prints one line per event and fires due faults.
 """
 
 from __future__ import annotations
 
 import contextlib
+import html
 import logging
 import os
 import shutil
-import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,9 @@ from kfp_elastic.job_spec import (
     parse_command,
     spec_from_params,
 )
-from kfp_elastic.master.job import LauncherFactory
-from kfp_elastic.master.own_pod import REASON as OWN_POD_REASON
-from kfp_elastic.master.own_pod import OwnPodWatch, watch_own_pod
-from kfp_elastic.master.state import MasterState
+from kfp_elastic.master.cost import Prices
+from kfp_elastic.master.host import Host, LaunchPlan, default_workdir, plan
 from kfp_elastic.master.timeline import Event, TimelineTail, read_timeline
-from kfp_elastic.master.wiring import launcher_factory
 
 POLL_S = 0.5
 Say = Callable[[str], None]
@@ -79,7 +77,7 @@ def job_spec(
         # A command replaces the example model the component trains by default.
         if params["command"] and params.get("model_def") == DEFAULT_MODEL_DEF:
             params["model_def"] = ""
-    workdir = str(Path(workdir or f"/tmp/kfp-elastic-{run_id}").resolve())
+    workdir = str(Path(workdir or default_workdir(run_id)).resolve())
     # Snapshots of this run under the given root (a volume every pod mounts); the local
     # launcher's default root is the work directory, kubernetes has none (validate says so).
     root = snapshot_dir or (os.path.join(workdir, "snapshots") if kind == "local" else "")
@@ -96,7 +94,7 @@ def job_spec(
 
 @dataclass
 class TrainResult:
-    state: str  # succeeded | failed | stepped_down
+    state: str  # succeeded | failed | refused | stepped_down
     message: str
     events: list[Event]
     model_path: Path | None
@@ -104,13 +102,7 @@ class TrainResult:
     snapshot_dir: Path
     injected: list[Injected]
     end_t: float
-
-
-def validate(spec: JobSpec, inject_faults: str = "") -> tuple[Fault, ...]:
-    """Check every input before anything starts; ``ValueError`` names the input at fault."""
-    spec.validate()
-    spec.launch.kubernetes.prices(os.environ)  # a bad price variable fails here
-    return parse_faults(inject_faults, spec.size.max_workers)
+    prices: Prices
 
 
 def kfp_origin(run_id: str) -> str:
@@ -118,39 +110,31 @@ def kfp_origin(run_id: str) -> str:
     return f"kfp-run:{run_id}"
 
 
-class LauncherHolder:
-    """The launcher the master created (the factory runs inside ``ElasticJob.run``)."""
+def plan_job(spec: JobSpec, inject_faults: str = "") -> tuple[LaunchPlan, tuple[Fault, ...]]:
+    """The job's launch plan (``master/host.py``: the contract validated once, everything
+    resolved, nothing started) and its faults; ``ValueError`` names the input at fault."""
+    # The task runs in the worker image: the checks see what worker pods see.
+    launch = plan(spec, origin=kfp_origin(spec.run_id), files_here=True)
+    return launch, parse_faults(inject_faults, spec.size.max_workers)
 
-    launcher: Any = None
 
-
-def launcher_and_faults(
-    spec: JobSpec, holder: LauncherHolder, adopting: bool = False
-) -> tuple[LauncherFactory, Act]:
-    """The job's launcher factory (``master.wiring``, as ``kfp-elastic master`` makes it),
-    keeping the launcher in ``holder``, and how a fault acts on one of its workers."""
-    # The task runs in the worker image; a retry adopting the job skips the costly checks.
-    make = launcher_factory(spec, files_here=True, adopting=adopting)
-
-    def factory(state: Any) -> Any:
-        holder.launcher = make(state)
-        return holder.launcher
-
-    if spec.launch.kind == "local":
+def fault_action(launch: LaunchPlan, launcher: Callable[[], Any]) -> Act:
+    """How a fault acts on a worker of ``launcher()`` (the launcher the master made)."""
+    if launch.kind == "local":
 
         def act(action: str, name: str) -> None:
-            (holder.launcher.kill if action == "kill" else holder.launcher.preempt)(name)
+            (launcher().kill if action == "kill" else launcher().preempt)(name)
 
-        return factory, act
+        return act
 
     def delete_pod(action: str, name: str) -> None:  # by "someone else", like an eviction
         from kubernetes import client
 
         client.CoreV1Api().delete_namespaced_pod(
-            name, holder.launcher.namespace, grace_period_seconds=0 if action == "kill" else None
+            name, launcher().namespace, grace_period_seconds=0 if action == "kill" else None
         )
 
-    return factory, delete_pod
+    return delete_pod
 
 
 def _watch(tail: TimelineTail, injector: FaultInjector, stop: threading.Event, say: Say) -> None:
@@ -180,39 +164,29 @@ def _watch(tail: TimelineTail, injector: FaultInjector, stop: threading.Event, s
 def run(spec: JobSpec, inject_faults: str = "", say: Say = print) -> TrainResult:
     """Run the job to its end; returns the result (the caller decides what a failure means).
     ``spec.etcd`` None: an embedded etcd (local launcher only)."""
-    from kfp_elastic.etcd.client import connect
-    from kfp_elastic.etcd.embedded import EmbeddedEtcd
-    from kfp_elastic.master.job import ElasticJob
-
     say = _safe(say)
-    faults = validate(spec, inject_faults)
-    launcher = spec.launch.kind
-    workdir = Path(spec.launch.local.workdir)
+    launch, faults = plan_job(spec, inject_faults)
+    workdir = launch.workdir
     workdir.mkdir(parents=True, exist_ok=True)
-    assert spec.snapshot_dir is not None  # validate: kubernetes needs one, local has a default
+    assert spec.snapshot_dir is not None  # validated: kubernetes needs one, local has a default
     snapshot_dir = spec.snapshot_dir
-    embedded = EmbeddedEtcd(data_dir=workdir / "etcd").start() if spec.etcd is None else None
     stop = threading.Event()
-    holder = LauncherHolder()
-    client = None
     watcher: threading.Thread | None = None
-    restore: dict[int, Any] = {}
     injector: FaultInjector | None = None
-    own_pod: OwnPodWatch | None = None
+    host = Host(launch)
     try:
-        if embedded:
-            spec = replace(spec, etcd=embedded.client_settings())
-            say(f"embedded etcd at {embedded.endpoint} (stops with this job)")
-        assert spec.etcd is not None
-        run_prefix = spec.run_prefix
-        client = connect(spec.etcd)
-        adopting = bool(MasterState(client, run_prefix).workers())  # a KFP retry
-        factory, act = launcher_and_faults(spec, holder, adopting)
+        host.start()
+        if host.embedded is not None:
+            say(f"embedded etcd at {host.embedded.endpoint} (stops with this job)")
         # The run id is the KFP run's (the pipeline passes it): a start under it is that
         # run's task again, a KFP retry, which adopts the job or returns its stored result.
-        job = ElasticJob(spec, client, factory, origin=kfp_origin(spec.run_id))
+        job, client = host.job, host.client
+        assert job is not None and client is not None
+        run_prefix = job.spec.run_prefix
         injector = FaultInjector(
-            faults, lambda: holder.launcher.list_workers() if holder.launcher else [], act
+            faults,
+            lambda: job.launcher.list_workers() if job.launcher else [],
+            fault_action(launch, lambda: job.launcher),
         )
         watcher = threading.Thread(
             target=_watch,
@@ -221,21 +195,7 @@ def run(spec: JobSpec, inject_faults: str = "", say: Say = print) -> TrainResult
             daemon=True,
         )
         watcher.start()
-        if threading.current_thread() is threading.main_thread():
-            # Embedded etcd dies with us: nobody could take over, so any signal cancels.
-            # Otherwise SIGTERM steps down (a KFP retry of this task adopts the workers).
-            term = embedded is not None or launcher == "local"
-            restore = {
-                sig: signal.signal(sig, handler)
-                for sig, handler in (
-                    (signal.SIGINT, lambda *_: job.request_stop(cancel=True)),
-                    (signal.SIGTERM, lambda *_: job.request_stop(cancel=term)),
-                )
-            }
-            # The task's pod being deleted acts as SIGTERM, which KFP's launcher does not
-            # pass on (master/own_pod.py).
-            own_pod = watch_own_pod(lambda: job.request_stop(cancel=term, reason=OWN_POD_REASON))
-        result = job.run()
+        result = host.run()
         stop.set()
         watcher.join(10)
         events = read_timeline(client, run_prefix)
@@ -251,25 +211,17 @@ def run(spec: JobSpec, inject_faults: str = "", say: Say = print) -> TrainResult
             snapshot_dir,
             list(injector.done),
             time.time(),
+            launch.prices,
         )
     finally:
         stop.set()
-        if own_pod is not None:
-            own_pod.stop()
         if watcher is not None:
             watcher.join(10)
-        for sig, handler in restore.items():
-            signal.signal(sig, handler)
-        if launcher == "local":
+        if launch.kind == "local":
             left = reap_local_processes(spec.run_id)
             if left:
                 say(f"stopped {len(left)} leftover worker processes of {spec.run_id}")
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
-        if embedded is not None:
-            embedded.stop()
-            shutil.rmtree(workdir / "etcd", ignore_errors=True)  # its log stays: etcd.log
+        host.close()
 
 
 def _safe(say: Say) -> Say:
@@ -301,6 +253,15 @@ def _final_model(client: Any, run_prefix: str, snapshot_dir: Path) -> Path | Non
     state = Snapshotter(snapshot_dir).load(committed.snapshot)
     torch.save(state["model"], written)
     return written
+
+
+def plan_page(run_id: str, plan_text: str) -> str:
+    """The report of a dry run: the launch plan, as printed."""
+    return (
+        f"<html><head><meta charset='utf-8'><title>Launch plan {html.escape(run_id)}</title>"
+        f"</head><body><h1>Launch plan of {html.escape(run_id)} (dry run: nothing started)</h1>"
+        f"<pre>{html.escape(plan_text)}</pre></body></html>\n"
+    )
 
 
 def export_model(result: TrainResult, destination: str) -> None:

@@ -30,7 +30,7 @@ from kfp_elastic.components.elastic_train.faults import (
     parse_faults,
     pick_target,
 )
-from kfp_elastic.components.elastic_train.run_job import job_spec, validate
+from kfp_elastic.components.elastic_train.run_job import job_spec, plan_job
 from kfp_elastic.components.evaluate.component import evaluate
 from kfp_elastic.components.shard_dataset.component import shard_dataset
 from kfp_elastic.components.shard_dataset.shard import (
@@ -282,12 +282,12 @@ def _request(manifest_path: str, **changes: Any) -> JobSpec:
 )
 def test_bad_train_inputs_are_named(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        validate(_request("unused", **changes))
+        plan_job(_request("unused", **changes))
 
 
 def test_bad_faults_are_named(manifest: Any) -> None:
     with pytest.raises(ValueError, match="max_workers=2"):
-        validate(_request(manifest.path), "kill:worker-5@1s")
+        plan_job(_request(manifest.path), "kill:worker-5@1s")
 
 
 def test_the_masters_check_compares_the_model_def_with_the_manifest(
@@ -339,6 +339,21 @@ def test_elastic_train_fails_before_starting_anything(
     assert time.monotonic() - started < 30
     assert not run_pids("bad-input")
     assert not (tmp_path / "job" / "workers").exists()
+
+
+def test_elastic_train_dry_run_reports_the_plan_and_starts_nothing(
+    tmp_path: Path, manifest: Any
+) -> None:
+    artifacts = _train_artifacts(tmp_path)
+    outputs = elastic_train.python_func(
+        shard_manifest=manifest, **artifacts, launcher="local", run_id="dry-run", dry_run=True
+    )
+    assert tuple(outputs) == (0.0, 0, 0, 0.0)
+    page = Path(artifacts["report"].path).read_text()
+    assert "Launch plan of dry-run" in page and "kfp_elastic.master.supervise" in page
+    assert "mode: embedded" in page and "SIGTERM: cancel" in page
+    assert not run_pids("dry-run")
+    assert not (tmp_path / "job").exists()
 
 
 # ------------------------------------------------------------------------------ evaluate

@@ -15,13 +15,13 @@ import yaml
 
 from kfp_elastic.components.common import delete_run_pods
 from kfp_elastic.components.elastic_train.run_job import (
-    LauncherHolder,
+    fault_action,
     job_spec,
-    launcher_and_faults,
+    plan_job,
     run,
-    validate,
 )
 from kfp_elastic.job_spec import JobSpec
+from kfp_elastic.master.host import make_launcher
 from kfp_elastic.master.wiring import worker_pod_template
 from kfp_elastic.testing.api_server import FakeKubernetes
 
@@ -93,9 +93,10 @@ def test_worker_pods_carry_the_forwarded_task_settings(k8s: FakeKubernetes, tmp_
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps({"shards": [[0, 0, DIGITS_TRAIN]]}))
     req = request(shard_manifest=str(manifest))
-    assert validate(req, "kill:worker-1@step3")[0].action == "kill"
-    factory, act = launcher_and_faults(req, LauncherHolder())
-    launcher = factory(None)
+    launch, faults = plan_job(req, "kill:worker-1@step3")
+    assert faults[0].action == "kill"
+    launcher = make_launcher(launch, None)
+    act = fault_action(launch, lambda: launcher)
     name = launcher.launch(1).name
     pod = k8s.pod(name)
     spec, container = pod["spec"], pod["spec"]["containers"][0]
@@ -133,10 +134,9 @@ def test_the_snapshot_buffer_and_shm_parameters_size_the_worker_pods(
         worker_snapshot_buffer="9Gi",
         worker_shm_size="3Gi",
     )
-    validate(req)
+    launch, _ = plan_job(req)
     assert worker_pod_template(req).snapshot_buffer == "9Gi"
-    factory, _ = launcher_and_faults(req, LauncherHolder())
-    pod = k8s.pod(factory(None).launch(0).name)
+    pod = k8s.pod(make_launcher(launch, None).launch(0).name)
     resources = pod["spec"]["containers"][0]["resources"]
     # worker_memory (2Gi), one 9Gi buffer per process and the 3Gi /dev/shm, requested and limited
     assert resources["requests"]["memory"] == resources["limits"]["memory"] == "23Gi"
@@ -168,11 +168,10 @@ def test_worker_pods_get_the_tasks_etcd_tls_and_password_through_secrets(
     }
     req = request(env, shard_manifest=manifest_file(tmp_path))
     with pytest.raises(ValueError, match="KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET"):
-        launcher_and_faults(req, LauncherHolder())
+        plan_job(req)
     monkeypatch.setenv("KFP_ELASTIC_ETCD_CLIENT_TLS_SECRET", "etcd-client-tls")
     monkeypatch.setenv("KFP_ELASTIC_ETCD_PASSWORD_SECRET", "etcd-password")
-    factory, _ = launcher_and_faults(req, LauncherHolder())
-    pod = k8s.pod(factory(None).launch(0).name)
+    pod = k8s.pod(make_launcher(plan_job(req)[0], None).launch(0).name)
     container = pod["spec"]["containers"][0]
     secrets = {v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v}
     assert secrets == {"etcd-client-tls", "etcd-password"}

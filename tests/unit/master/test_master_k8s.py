@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,10 @@ from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.job_spec import DEFAULT_GUARANTEED_PRIORITY_CLASS as GUARANTEED
 from kfp_elastic.job_spec import DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS as OPPORTUNISTIC
 from kfp_elastic.master.cli import build_parser, make_spec, split_entry
+from kfp_elastic.master.host import make_launcher, plan
 from kfp_elastic.master.job import ElasticJob, JobResult
 from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import JobDone, WorkerLaunched, WorkerLost, of_type, read_timeline
-from kfp_elastic.master.wiring import launcher_factory
 from kfp_elastic.testing.api_server import FakeKubernetes
 from tests.helpers import wait_for
 
@@ -100,7 +101,7 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
         "/mnt/snap",
     )
     client = connect(settings)
-    job = ElasticJob(spec, client, launcher_factory(spec))
+    job = ElasticJob(spec, client, partial(make_launcher, plan(spec)))
     results: list[JobResult] = []
     thread = threading.Thread(target=lambda: results.append(job.run()))
     thread.start()
@@ -157,7 +158,7 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
         for name in (names[0], names[2]):
             if name in pods(k8s):
                 k8s.remove_pod(NS, name)
-        job = ElasticJob(spec, client, launcher_factory(spec))
+        job = ElasticJob(spec, client, partial(make_launcher, plan(spec)))
         thread = threading.Thread(target=lambda: results.append(job.run()))
         thread.start()
         again = [f"{run_id}-worker-0-1", f"{run_id}-worker-2-1"]
@@ -182,7 +183,7 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
     state: Any = MasterState(client, spec.run_prefix)
     assert state.status()["state"] == "succeeded" and state.failures() == 0
     # A retried master names a new pod after every attempt in its table, gone ones too.
-    retried = launcher_factory(spec)(state)
+    retried = make_launcher(plan(spec), state)
     try:
         assert retried.launch(1).name == f"{run_id}-worker-1-2"
     finally:
@@ -200,7 +201,9 @@ def start_job(run_id: str, etcd: EmbeddedEtcd, workers: int) -> tuple[Any, Elast
     args = build_parser().parse_args(own)
     settings = etcd_settings.from_args(args, env={})
     spec = make_spec(args, entry, settings)
-    return connect(settings), ElasticJob(spec, connect(settings), launcher_factory(spec))
+    return connect(settings), ElasticJob(
+        spec, connect(settings), partial(make_launcher, plan(spec))
+    )
 
 
 @pytest.mark.parametrize("verb", ["create", "list", "watch"])

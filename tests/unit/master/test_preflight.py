@@ -15,6 +15,7 @@ import pytest
 
 from kfp_elastic.etcd.settings import EtcdSettings, parse_endpoints
 from kfp_elastic.job_spec import Data, Entry, JobSpec, Launch, LocalSettings, Training
+from kfp_elastic.master.host import make_launcher, plan, prestart_checks
 from kfp_elastic.master.preflight import (
     PreflightError,
     WorkerSide,
@@ -25,7 +26,6 @@ from kfp_elastic.master.preflight import (
     samples_problem,
     writable_problem,
 )
-from kfp_elastic.master.wiring import launcher_factory
 from tests.helpers import REPO_ROOT, master_command
 
 DIGITS = "kfp_elastic.worker.examples.digits"
@@ -157,7 +157,7 @@ def test_a_missing_script_or_module_of_a_command_is_named(tmp_path: Path) -> Non
         assert message in str(raised.value)
 
 
-def test_the_launcher_factory_checks_and_a_model_def_file_reaches_workers_absolute(
+def test_the_host_checks_and_a_model_def_file_reaches_workers_absolute(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
@@ -170,13 +170,14 @@ def test_the_launcher_factory_checks_and_a_model_def_file_reaches_workers_absolu
         etcd=etcd,
         launch=Launch(local=LocalSettings(workdir=str(tmp_path / "work"))),
     )
-    factory = launcher_factory(spec)
-    launcher = factory(None)  # type: ignore[arg-type]
+    launch = plan(spec)
+    prestart_checks(launch)
+    launcher = make_launcher(launch, None)
     assert launcher.entry[launcher.entry.index("--model-def") + 1] == str(tmp_path / "my_model.py")
     assert launcher.cwd == tmp_path
     bad = replace(spec, entry=Entry(model_def="my_modle.py"))
     with pytest.raises(PreflightError, match="my_modle.py: no such file"):
-        launcher_factory(bad)
+        prestart_checks(plan(bad))
 
 
 def test_a_master_adopting_a_running_job_does_not_load_the_model_again(
@@ -192,9 +193,9 @@ def test_a_master_adopting_a_running_job_does_not_load_the_model_again(
         etcd=EtcdSettings(endpoints=parse_endpoints("127.0.0.1:1")),
         launch=Launch(local=LocalSettings(workdir=str(tmp_path / "work"))),
     )
-    launcher_factory(spec, adopting=True)
+    prestart_checks(plan(spec), adopting=True)
     with pytest.raises(PreflightError, match="my_modle.py: no such file"):
-        launcher_factory(spec)
+        prestart_checks(plan(spec))
 
 
 # -- the master: refused before any worker starts -------------------------------------------------
