@@ -232,7 +232,7 @@ def start_throughput_job(
                 device=args.device,
                 script="-m",
                 script_args=[
-                    "worker",
+                    "kfp_elastic.worker",
                     "--device",
                     args.device,
                     "--model-def",
@@ -553,7 +553,7 @@ def disrupt_run(
                     env={"TIMED_STEPS_FILE": str(steps_file)},
                     device=args.device,
                     script_args=[
-                        "worker",
+                        "kfp_elastic.worker",
                         "--device",
                         args.device,
                         "--model-def",

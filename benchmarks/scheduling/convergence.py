@@ -190,7 +190,7 @@ class Watched:
 
 def _worker_args(args: argparse.Namespace, etcd_endpoint: str, run_dir: Path) -> list[str]:
     return [
-        "worker",
+        "kfp_elastic.worker",
         "--model-def",
         MODEL_DEF,
         "--epochs",

@@ -15,7 +15,7 @@ MODEL_DEF = "kfp_elastic.worker.examples.digits"
 def train(tmp: Path, etcd, disturb: bool) -> float:
     run_id = new_run_id("digits")
     args = [
-        "worker",
+        "kfp_elastic.worker",
         "--model-def",
         MODEL_DEF,
         "--epochs",

@@ -81,7 +81,7 @@ def test_sigkill_of_rank0_node_resumes_from_survivors_last_step(tmp_path: Path, 
     progress = Progress(client, f"/kfp-elastic/{run_id}")
     steps_file = tmp_path / "steps.jsonl"  # one line per optimizer step (step post-hook)
     args = [
-        "worker",
+        "kfp_elastic.worker",
         "--model-def",
         "benchmarks.timed_model_def",
         "--epochs",

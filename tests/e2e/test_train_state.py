@@ -28,7 +28,7 @@ class Job:
         self.run_id = new_run_id(name)
         self.steps_file = self.work / "steps.jsonl"
         self.args = [
-            "worker",
+            "kfp_elastic.worker",
             "--model-def",
             "benchmarks.timed_model_def",
             "--epochs",
