@@ -19,7 +19,10 @@ SAMPLES = 480
 
 
 def worker_args(etcd, workdir: Path) -> list[str]:
-    return ["worker", *counting_worker_args(EPOCHS, workdir, "0.05", "--etcd", etcd.endpoint)]
+    return [
+        "kfp_elastic.worker",
+        *counting_worker_args(EPOCHS, workdir, "0.05", "--etcd", etcd.endpoint),
+    ]
 
 
 def start(group: AgentGroup, etcd, run_id: str, workdir: Path, name: str):
