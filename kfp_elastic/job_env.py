@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, Field, dataclass, field, fields, replace
+from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any
 
 from kfp_elastic import job_spec as contract
@@ -69,22 +69,13 @@ def _setting(
     help: str,
     *,
     flag: str | None = "",
-    env: bool = True,
     parse: Callable[[str], Any] | None = None,
     choices: tuple[str, ...] | None = None,
-    metavar: str | None = None,
 ) -> Any:
     """A field of ``JobEnv``: its default and help; ``flag``: the runtime's flag when not spelled
-    from the field name (None: no flag); ``env=False``: no variable; ``parse``: text → value
-    when not the default's type; ``choices``: the values allowed."""
-    metadata = {
-        "help": help,
-        "flag": flag,
-        "env": env,
-        "parse": parse,
-        "choices": choices,
-        "metavar": metavar,
-    }
+    from the field name (None: no flag); ``parse``: text → value when not the default's type;
+    ``choices``: the values allowed."""
+    metadata = {"help": help, "flag": flag, "parse": parse, "choices": choices}
     return field(default=default, metadata=metadata)
 
 
@@ -180,7 +171,7 @@ class JobEnv:
     def to_env(self) -> dict[str, str]:
         """The variables (empty settings left out)."""
         env = {}
-        for f in _delivered():
+        for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, bool):
                 value = int(value)
@@ -194,7 +185,7 @@ class JobEnv:
         variable that does not parse."""
         env = os.environ if env is None else env
         values: dict[str, object] = {}
-        for f in _delivered():
+        for f in fields(cls):
             name = _env_name(f.name)
             text = env.get(name, "").strip()
             if not text:
@@ -205,11 +196,6 @@ class JobEnv:
                 raise ValueError(f"{name}={text!r}: {error}") from None
         values.setdefault("run_id", env.get(TORCHRUN_RUN_ID_ENV, ""))
         return cls(**values)  # type: ignore[arg-type]
-
-
-def _delivered() -> tuple[Field[Any], ...]:
-    """The fields the environment carries (every one)."""
-    return tuple(f for f in fields(JobEnv) if f.metadata["env"])
 
 
 def flag_of(name: str) -> str | None:
@@ -226,9 +212,8 @@ def env_of(name: str) -> str:
 def _parser(f: Field[Any]) -> Callable[[str], Any]:
     """Text → the field's value: its own ``parse``, else by its default's type; ``choices``
     checked."""
-    parse = f.metadata["parse"]
-    kind = type(f.default) if f.default is not MISSING else str
-    convert = parse or (_bool if kind is bool else kind)
+    kind = type(f.default)
+    convert = f.metadata["parse"] or (_bool if kind is bool else kind)
     choices = f.metadata["choices"]
 
     def parsed(text: str) -> Any:
@@ -264,7 +249,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             default=None,
             type=_argparse_type(parse) if parse else type(f.default),
             choices=f.metadata["choices"],
-            metavar=f.metadata["metavar"],
             help=f"{f.metadata['help']} {where} (default: {f.default})",
         )
 

@@ -19,6 +19,8 @@ What a worker process does around its optimizer steps lives here, once:
   optimizer step not yet counted);
 * **finish**: the final model, the rescues discarded, the node's end recorded.
 
+Both make their loop one way, ``ElasticLoop.build``: its parts (snapshotter and the optimizer's
+guard, rescues, snapshot policy, stall abort) from the worker's settings (``job_env.JobEnv``).
 What differs between the two ways stays with them: which steps run and how (the runner's
 ``TrainStep`` over its data plan; the script's own loop over ``ElasticSampler``), and what
 their state is (``Trained``).
