@@ -65,14 +65,14 @@ if os.environ.get("TIMED_ETCD_REQUEST_TIMEOUT"):
     import dataclasses
 
     from kfp_elastic.etcd.client import connect as _connect
-    from kfp_elastic.worker import runner as _runner
+    from kfp_elastic.worker import loop as _loop
 
     def _patient_connect(settings):  # noqa: ANN001,ANN202
         timeout = float(os.environ["TIMED_ETCD_REQUEST_TIMEOUT"])
         return _connect(dataclasses.replace(settings, request_timeout=timeout))
 
     # Only the runtime's client: the agents' rendezvous keeps its own request timeout.
-    _runner.connect = _patient_connect
+    _loop.connect = _patient_connect
 
 _JOB_TYPE = os.environ.get("TIMED_JOB_TYPE") or None
 _GLOBAL_BATCH = float(os.environ.get("TIMED_GLOBAL_BATCH") or 0) or None
