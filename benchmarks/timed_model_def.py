@@ -11,9 +11,9 @@ only gets a ``register_step_post_hook`` that appends one line
 to ``$TIMED_STEPS_FILE`` with a single ``os.write`` (O_APPEND: the processes of a job share the
 file, and a SIGKILLed process has lost nothing it wrote) each time ``optimizer.step()`` returns
 (on a GPU after ``torch.cuda.synchronize``: the time is when the step's work finished).
-``S`` is the runtime's global step number: the ``step`` local of ``worker.runner.Trainer._train``
-(the steps done before the one now finishing, + 1), read from the calling frames; set
-``TIMED_STEP_NUMBERS=0`` to skip that look-up (``S`` is then null). ``LR`` is the first parameter
+``S`` is the runtime's global step number, as the runner's step hook gives it (``on_step``, a
+model definition's hook: ``worker/model_def.py``, called just before each optimizer step with its
+number); ``TIMED_STEP_NUMBERS=0`` writes null instead. ``LR`` is the first parameter
 group's learning rate the step used (batch-policy scale included). ``benchmarks/
 static_ddp_baseline.py`` writes the same lines, so both sides pay the same few µs per step.
 
@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 import torch
@@ -66,14 +65,14 @@ if os.environ.get("TIMED_ETCD_REQUEST_TIMEOUT"):
     import dataclasses
 
     from kfp_elastic.etcd.client import connect as _connect
-    from kfp_elastic.worker import runner as _runner
+    from kfp_elastic.worker import loop as _loop
 
     def _patient_connect(settings):  # noqa: ANN001,ANN202
         timeout = float(os.environ["TIMED_ETCD_REQUEST_TIMEOUT"])
         return _connect(dataclasses.replace(settings, request_timeout=timeout))
 
     # Only the runtime's client: the agents' rendezvous keeps its own request timeout.
-    _runner.connect = _patient_connect
+    _loop.connect = _patient_connect
 
 _JOB_TYPE = os.environ.get("TIMED_JOB_TYPE") or None
 _GLOBAL_BATCH = float(os.environ.get("TIMED_GLOBAL_BATCH") or 0) or None
@@ -157,18 +156,16 @@ def loss(model, batch):  # noqa: ANN001,ANN201 - the wrapped model-def's own typ
     return _inner.loss(model, batch)
 
 
-def _runner_step() -> int | None:
-    """The runtime's global step count before the step now finishing (None when not found)."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        # Only the runner's loop: ``TrainStep.run``, inside it, has a ``step`` too (the step's
-        # own number, one more).
-        if frame.f_code.co_name == "_train" and "step" in frame.f_code.co_varnames:
-            value = frame.f_locals.get("step")
-            if isinstance(value, int):
-                return value
-        frame = frame.f_back
-    return None
+_step: int | None = None  # the number of the optimizer step in progress (the runner's hook)
+
+
+def on_step(step: int) -> None:
+    """The runner's step hook: the step about to run is number ``step`` (the wrapped model
+    definition's own hook, if any, is called too)."""
+    global _step
+    _step = step
+    if _inner.on_step is not None:
+        _inner.on_step(step)
 
 
 class StepLog:
@@ -211,10 +208,9 @@ def _after_step(optimizer: torch.optim.Optimizer, args: object, kwargs: object) 
         world = _world_size()
         batch = _GLOBAL_BATCH or samples * world
         time.sleep(paced_sleep_s(_JOB_TYPE, world, batch, began, time.monotonic()))
-    before = _runner_step() if _NUMBERS else None
     group = optimizer.param_groups[0]
     device = group["params"][0].device if group["params"] else None
-    _log.emit(None if before is None else before + 1, group["lr"], device)
+    _log.emit(_step if _NUMBERS else None, group["lr"], device)
 
 
 def optimizer(params) -> torch.optim.Optimizer:  # noqa: ANN001 - torch's own type is loose

@@ -1,20 +1,20 @@
-"""The job's settings as worker environment variables: the one schema between a launcher and
-the process torchrun runs (a user's own script above all, ``kfp_elastic.worker.elastic``).
+"""A worker's settings: the one schema between a launcher and the process torchrun runs (the
+built-in runtime, ``python -m kfp_elastic.worker``, and a user's own script through
+``kfp_elastic.worker.elastic`` alike).
 
-The master (local processes and worker pods alike, ``master/host.py``'s launch plan) sets::
+**Delivered one way: the environment.** Field ``x`` of ``JobEnv`` is variable
+``KFP_ELASTIC_X``; the master sets every one for local workers and worker pods
+(``JobEnv.of(spec, snapshot_dir).to_env()``, in ``master/host.py``'s launch plan), as it sets
+the etcd connection's ``KFP_ELASTIC_ETCD_*`` (``kfp_elastic/etcd/settings.py``). The
+environment is the one channel that reaches a user's own script (its command line is the
+script's), a worker pod (its spec's ``env``) and every process torchrun restarts alike.
 
-    KFP_ELASTIC_RUN_ID           the run (torchrun --rdzv-id; names every etcd key)
-    KFP_ELASTIC_SNAPSHOT_DIR     shared snapshot directory of the run (a volume every pod mounts)
-    KFP_ELASTIC_OUTPUT           where rank 0 writes the final model (state_dict, torch.save)
-    KFP_ELASTIC_EPOCHS           passes over the data
-    KFP_ELASTIC_BATCH_SIZE       samples per worker process and step
-    KFP_ELASTIC_LEARNING_RATE    at the base world size
-    KFP_ELASTIC_SEED             shuffle and initialization seed
-    KFP_ELASTIC_SHUFFLE          1 / 0
-    KFP_ELASTIC_SNAPSHOT_EVERY   steps between snapshots; 0 = auto
-    KFP_ELASTIC_COLLECTIVE_ABORT NCCL: seconds without a finished step after SIGTERM or a broken
-                                 round before the process group is aborted (``worker/device.py``)
-    KFP_ELASTIC_ETCD_*           the etcd connection (``kfp_elastic/etcd/settings.py``)
+**The flags are generated from the same fields.** The runtime's parser (``worker/options.py``)
+gets one flag per field from ``add_arguments`` (``learning_rate`` → ``--lr``, ``shuffle`` →
+``--no-shuffle``, others spelled from the field name), with the help text and the variable it
+overrides; ``from_args`` reads the environment first and lets each flag given win over it. So a
+hand-run ``torchrun ... -m kfp_elastic.worker --model-def M --epochs 3`` keeps working, and the
+master's workers need no flag but ``--model-def``.
 
 Under a plain ``torchrun --rdzv-backend=elastic-etcd`` the rendezvous plugin hands its etcd
 settings (``--rdzv-endpoint``/``--rdzv-conf``) to the workers as ``KFP_ELASTIC_ETCD_*``, the
@@ -24,53 +24,148 @@ contract's default (``kfp_elastic/job_spec.py``).
 
 from __future__ import annotations
 
+import argparse
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Mapping
+from dataclasses import Field, dataclass, field, fields, replace
+from typing import Any
 
 from kfp_elastic import job_spec as contract
 from kfp_elastic.job_spec import FINAL_MODEL_FILE, JobSpec
 
 TORCHRUN_RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
+ENV_PREFIX = "KFP_ELASTIC_"
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
 
 
 def _env_name(name: str) -> str:
-    return "KFP_ELASTIC_" + name.upper()
+    return ENV_PREFIX + name.upper()
+
+
+def _bool(text: str) -> bool:
+    if text.lower() not in (*_TRUE, *_FALSE):
+        raise ValueError("expected 1 or 0")
+    return text.lower() in _TRUE
+
+
+def parse_snapshot_every(text: str) -> int:
+    """``"auto"`` or ``"0"`` (the job contract's auto) → 0, else a positive step count;
+    ``ValueError`` with the reason otherwise."""
+    if text.strip().lower() in ("auto", str(contract.SNAPSHOT_EVERY_AUTO)):
+        return contract.SNAPSHOT_EVERY_AUTO
+    try:
+        steps = int(text)
+    except ValueError:
+        raise ValueError(
+            f"--snapshot-every must be a number of steps or 'auto', got {text!r}"
+        ) from None
+    if steps < 1:
+        raise ValueError(f"--snapshot-every must be >= 1, or 'auto' (or 0), got {steps}")
+    return steps
+
+
+def _setting(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = "",
+    parse: Callable[[str], Any] | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    """A field of ``JobEnv``: its default and help; ``flag``: the runtime's flag when not spelled
+    from the field name (None: no flag); ``parse``: text → value when not the default's type;
+    ``choices``: the values allowed."""
+    metadata = {"help": help, "flag": flag, "parse": parse, "choices": choices}
+    return field(default=default, metadata=metadata)
+
+
+DEFAULT_SNAPSHOT_OVERHEAD = 0.01  # auto: the share of training time snapshots may cost
+DEFAULT_SNAPSHOT_MAX_INTERVAL_S = 300.0  # auto: seconds between snapshots at most
 
 
 @dataclass(frozen=True)
 class JobEnv:
-    """What a worker process knows about its job; field ``x`` is variable ``KFP_ELASTIC_X``."""
+    """What a worker process knows about its job: field ``x`` is variable ``KFP_ELASTIC_X`` and,
+    in the runtime, a flag (module doc). Defaults are the job contract's."""
 
-    run_id: str = ""
-    snapshot_dir: str = ""
-    output: str = ""
-    epochs: int = contract.DEFAULT_EPOCHS
-    batch_size: int = contract.DEFAULT_BATCH_SIZE
-    learning_rate: float = contract.DEFAULT_LEARNING_RATE
-    seed: int = contract.DEFAULT_SEED
-    shuffle: bool = contract.DEFAULT_SHUFFLE
-    snapshot_every: int = contract.DEFAULT_SNAPSHOT_EVERY
-    nan_policy: str = contract.DEFAULT_NAN_POLICY
-    collective_abort: float = contract.DEFAULT_COLLECTIVE_ABORT_S
+    run_id: str = _setting(
+        "",
+        "the run (torchrun --rdzv-id; names every etcd key), else $TORCHELASTIC_RUN_ID",
+        flag=None,
+    )
+    snapshot_dir: str = _setting("", "persisted snapshots (a PVC in a cluster); required")
+    local_snapshot_dir: str = _setting("", "fast node-local copy")
+    output: str = _setting("", "write the final model state_dict here")
+    epochs: int = _setting(contract.DEFAULT_EPOCHS, "passes over the data")
+    batch_size: int = _setting(
+        contract.DEFAULT_BATCH_SIZE, "samples per worker process and step, at the base size"
+    )
+    learning_rate: float = _setting(
+        contract.DEFAULT_LEARNING_RATE, "at the base world size", flag="--lr"
+    )
+    batch_policy: str = _setting(
+        contract.DEFAULT_BATCH_POLICY, "fixed-global-batch | linear | sqrt", flag="--policy"
+    )
+    base_world_size: int = _setting(0, "world size the policy scales from (default: the first one)")
+    shard_size: int = _setting(0, "samples per shard")
+    seed: int = _setting(contract.DEFAULT_SEED, "shuffle and initialization seed")
+    shuffle: bool = _setting(
+        contract.DEFAULT_SHUFFLE,
+        "keep the shards in order when this worker publishes the manifest (no master)",
+        flag="--no-shuffle",
+    )
+    snapshot_every: int = _setting(
+        contract.DEFAULT_SNAPSHOT_EVERY,
+        "steps between snapshots, or auto (or 0): as often as --snapshot-overhead allows",
+        parse=parse_snapshot_every,
+    )
+    snapshot_overhead: float = _setting(
+        DEFAULT_SNAPSHOT_OVERHEAD, "auto: share of training time snapshots may cost"
+    )
+    snapshot_max_interval: float = _setting(
+        DEFAULT_SNAPSHOT_MAX_INTERVAL_S, "auto: seconds between snapshots at most"
+    )
+    step_time: float = _setting(contract.DEFAULT_STEP_TIME_S, "min seconds per step")
+    nan_policy: str = _setting(
+        contract.DEFAULT_NAN_POLICY,
+        "a NaN/inf loss: fail (the job fails, naming the step and rank) or skip the step",
+        choices=contract.NAN_POLICIES,
+    )
+    device: str = _setting(
+        contract.DEFAULT_DEVICE,
+        "auto: LOCAL_RANK's accelerator if the node has one, else the CPU",
+        choices=contract.DEVICES,
+    )
+    collective_timeout: float = _setting(
+        contract.DEFAULT_COLLECTIVE_TIMEOUT_S, "seconds one collective may take before it fails"
+    )
+    collective_abort: float = _setting(
+        contract.DEFAULT_COLLECTIVE_ABORT_S,
+        "NCCL: seconds without a finished step after SIGTERM or a broken rendezvous round "
+        "before the communicators are aborted (a peer died) and the rescue written",
+    )
 
     @classmethod
     def of(cls, spec: JobSpec, snapshot_dir: str) -> JobEnv:
         """What the workers of ``spec`` get; ``snapshot_dir``: the run's, as the launcher
         resolved it (the final model goes next to the snapshots)."""
+        t, d = spec.training, spec.data
         return cls(
             run_id=spec.run_id,
             snapshot_dir=snapshot_dir,
             output=os.path.join(snapshot_dir, FINAL_MODEL_FILE) if snapshot_dir else "",
-            epochs=spec.data.epochs,
-            batch_size=spec.training.batch_size,
-            learning_rate=spec.training.learning_rate,
-            seed=spec.data.seed,
-            shuffle=spec.data.shuffle,
-            snapshot_every=spec.training.snapshot_every,
-            nan_policy=spec.training.nan_policy,
-            collective_abort=spec.training.collective_abort_s,
+            epochs=d.epochs,
+            batch_size=t.batch_size,
+            learning_rate=t.learning_rate,
+            batch_policy=t.batch_policy,
+            seed=d.seed,
+            shuffle=d.shuffle,
+            snapshot_every=t.snapshot_every,
+            step_time=t.step_time,
+            nan_policy=t.nan_policy,
+            device=t.device,
+            collective_timeout=t.collective_timeout_s,
+            collective_abort=t.collective_abort_s,
         )
 
     def to_env(self) -> dict[str, str]:
@@ -95,21 +190,95 @@ class JobEnv:
             text = env.get(name, "").strip()
             if not text:
                 continue
-            kind = type(getattr(cls, f.name))
             try:
-                if kind is bool:
-                    if text.lower() not in (*_TRUE, *_FALSE):
-                        raise ValueError("expected 1 or 0")
-                    values[f.name] = text.lower() in _TRUE
-                else:
-                    values[f.name] = kind(text)
+                values[f.name] = _parser(f)(text)
             except ValueError as error:
                 raise ValueError(f"{name}={text!r}: {error}") from None
         values.setdefault("run_id", env.get(TORCHRUN_RUN_ID_ENV, ""))
         return cls(**values)  # type: ignore[arg-type]
 
 
+def flag_of(name: str) -> str | None:
+    """The runtime's flag of field ``name`` (None: it has none)."""
+    flag = JobEnv.__dataclass_fields__[name].metadata["flag"]
+    return "--" + name.replace("_", "-") if flag == "" else flag
+
+
+def env_of(name: str) -> str:
+    """The variable of field ``name``."""
+    return _env_name(name)
+
+
+def _parser(f: Field[Any]) -> Callable[[str], Any]:
+    """Text → the field's value: its own ``parse``, else by its default's type; ``choices``
+    checked."""
+    kind = type(f.default)
+    convert = f.metadata["parse"] or (_bool if kind is bool else kind)
+    choices = f.metadata["choices"]
+
+    def parsed(text: str) -> Any:
+        value = convert(text)
+        if choices and value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return value
+
+    return parsed
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per field that has one (``flag_of``), each defaulting to its variable."""
+    for f in fields(JobEnv):
+        flag = flag_of(f.name)
+        if flag is None:
+            continue
+        where = f"[env {_env_name(f.name)}]"
+        if isinstance(f.default, bool):
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                action="store_const",
+                const=not f.default,
+                default=None,
+                help=f"{f.metadata['help']} {where}",
+            )
+            continue
+        parse = f.metadata["parse"]
+        parser.add_argument(
+            flag,
+            dest=f.name,
+            default=None,
+            type=_argparse_type(parse) if parse else type(f.default),
+            choices=f.metadata["choices"],
+            help=f"{f.metadata['help']} {where} (default: {f.default})",
+        )
+
+
+def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` with its own message in argparse's error (not "invalid ... value")."""
+
+    def converted(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return converted
+
+
+def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> JobEnv:
+    """The settings from ``env`` (this process's by default) with every flag ``add_arguments``
+    added that was given over them."""
+    settings = JobEnv.from_env(env)
+    given = {
+        f.name: getattr(args, f.name)
+        for f in fields(JobEnv)
+        if getattr(args, f.name, None) is not None
+    }
+    return replace(settings, **given)
+
+
 SNAPSHOT_DIR_ENV = _env_name("snapshot_dir")
+
 #: The rendezvous round a worker was started in: set by the elastic-etcd handler in its agent
 #: (inherited by the workers torchrun starts), read through :func:`rendezvous_round`.
 ROUND_ENV = "KFP_ELASTIC_RDZV_ROUND"

@@ -2,9 +2,10 @@
 and the master's policy; one set of defaults and one ``validate()``.
 
 The master CLI builds its flags from these fields, the KFP component builds a ``JobSpec`` from
-its parameters, and ``worker/options.py`` takes its defaults from here. KFP needs literal
-defaults in the component's and the pipeline's signatures: ``tests/unit/test_job_spec.py``
-fails naming any of them (or a CLI default) that disagrees with the defaults below.
+its parameters, and the worker's settings (``kfp_elastic/job_env.py``) take their defaults from
+here. KFP needs literal defaults in the component's and the pipeline's signatures:
+``tests/unit/test_job_spec.py`` fails naming any of them (or a CLI default) that disagrees with
+the defaults below.
 
 Every field has a CLI flag and a component parameter, both spelled from its name (``min_workers``
 → ``--min-workers`` / ``min_workers``) unless its metadata says otherwise (``max_wait_s`` →
@@ -561,21 +562,11 @@ class JobSpec:
 
     def worker_argv(self) -> tuple[str, ...]:
         """What torchrun runs in every worker: the command, or the built-in runtime with the
-        model definition and the training settings."""
+        model definition. The training settings reach both in the workers' environment
+        (``kfp_elastic/job_env.py``)."""
         if self.entry.command:
             return tuple(self.entry.command)
-        t, d = self.training, self.data
-        argv = ["-m", RUNTIME_MODULE, "--model-def", self.entry.model_def]
-        argv += ["--epochs", str(d.epochs), "--seed", str(d.seed)]
-        argv += ["--batch-size", str(t.batch_size), "--lr", str(t.learning_rate)]
-        argv += ["--policy", t.batch_policy, "--snapshot-every", str(t.snapshot_every)]
-        argv += ["--step-time", str(t.step_time), "--nan-policy", t.nan_policy]
-        argv += ["--device", t.device, "--collective-timeout", str(t.collective_timeout_s)]
-        argv += ["--collective-abort", str(t.collective_abort_s)]
-        if self.snapshot_dir is not None:
-            argv += ["--snapshot-dir", str(self.snapshot_dir)]
-            argv += ["--output", str(self.snapshot_dir / FINAL_MODEL_FILE)]
-        return tuple(argv)
+        return ("-m", RUNTIME_MODULE, "--model-def", self.entry.model_def)
 
     def worker_rdzv_conf(self) -> dict[str, str]:
         """The ``--rdzv-conf`` of every worker: ``launch.rdzv_conf``, and for the built-in runtime

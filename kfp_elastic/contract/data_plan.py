@@ -65,12 +65,22 @@ def shard_order(shards: Sequence[Shard], epoch: int, seed: int, shuffle: bool = 
     return [s.shard_id for s in ordered]
 
 
+def step_batch(order: Sequence[int], position: int, global_batch: int) -> list[int]:
+    """The ids of the step that starts at ``position``: the next ``global_batch`` of the epoch
+    (fewer at its end)."""
+    return list(order[position : position + global_batch])
+
+
+def rank_share(batch: Sequence[int], rank: int, world_size: int) -> list[int]:
+    """The ids of a step's ``batch`` that rank ``rank`` trains on: dealt round-robin."""
+    return list(batch[rank::world_size])
+
+
 def step_ids(
     order: Sequence[int], position: int, global_batch: int, world_size: int, rank: int
 ) -> list[int]:
     """The ids rank ``rank`` trains on in the step that starts at ``position``."""
-    batch = order[position : position + global_batch]
-    return list(batch[rank::world_size])
+    return rank_share(step_batch(order, position, global_batch), rank, world_size)
 
 
 def steps_left(total: int, position: int, global_batch: int) -> int:

@@ -3,9 +3,9 @@ before any worker starts (``master/host.py``'s ``prestart_checks`` calls :func:`
 so that a mistake ends the master within seconds with a message that names the field or flag,
 instead of after several failed worker starts.
 
-- the runtime's flags (``-- -m kfp_elastic.worker ...``, or the ones the master builds from
-  ``--model-def``) through the runtime's own parser (``worker/options.py``), with the
-  environment the workers get;
+- the runtime's command line (``-- -m kfp_elastic.worker ...``, or the one the master builds
+  from ``--model-def``) through the runtime's own parser (``worker/options.py``), with the
+  environment the workers get (the job's settings are in it: ``kfp_elastic/job_env.py``);
 - the snapshot directory, the final model's directory and the local launcher's work
   directory: writable, or creatable (tried, then removed again);
 - the model definition: loaded in a worker's environment as the runtime loads it (a module or a
@@ -88,15 +88,15 @@ def locations(side: WorkerSide) -> dict[str, Path]:
     flags = runtime_args(side.argv)
     if flags is not None:
         try:
-            args = parse_args(flags, side.env)
+            settings = parse_args(flags, side.env).settings
         except OptionsError:
-            args = None  # flag_problems reports it
-        if args is not None:
-            found[str(field_error("snapshot_dir", ""))] = Path(args.snapshot_dir)
-            if args.local_snapshot_dir:
-                found["--local-snapshot-dir"] = Path(args.local_snapshot_dir)
-            if args.output:
-                found[f"--output {args.output}: its directory"] = Path(args.output).parent
+            settings = None  # flag_problems reports it
+        if settings is not None:
+            found[str(field_error("snapshot_dir", ""))] = Path(settings.snapshot_dir)
+            if settings.local_snapshot_dir:
+                found["--local-snapshot-dir"] = Path(settings.local_snapshot_dir)
+            if settings.output:
+                found[f"--output {settings.output}: its directory"] = Path(settings.output).parent
     else:
         job = JobEnv.from_env(side.env)
         if job.snapshot_dir:

@@ -57,6 +57,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -70,13 +71,10 @@ from kfp_elastic.contract.nccl_env import nccl_error_handling_not_set
 from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.job_env import SNAPSHOT_DIR_ENV, JobEnv
 from kfp_elastic.worker.collective import EXIT_PREEMPTED, group_device
-from kfp_elastic.worker.device import StallAbort, settle
-from kfp_elastic.worker.finite_loss import NonFiniteLoss, skips_step
+from kfp_elastic.worker.device import StallAbort
+from kfp_elastic.worker.finite_loss import NonFiniteLoss, skips_non_finite
 from kfp_elastic.worker.loop import ElasticLoop
 from kfp_elastic.worker.progress import Manifest
-from kfp_elastic.worker.rescue import Rescues
-from kfp_elastic.worker.schedule import SnapshotPolicy
-from kfp_elastic.worker.snapshot import Snapshotter
 
 __all__ = ["EXIT_PREEMPTED", "DataLoader", "ElasticSampler", "NonFiniteLoss", "State"]
 
@@ -141,13 +139,14 @@ class State:
         if not dist.is_initialized():
             raise RuntimeError("call dist.init_process_group() before elastic.State(...)")
         _show_logs()
-        self.settings = settings or JobEnv.from_env()
-        directory = str(snapshot_dir or self.settings.snapshot_dir)
+        settings = settings or JobEnv.from_env()
+        directory = str(snapshot_dir or settings.snapshot_dir)
         if not directory or directory == "None":
             raise ValueError(
                 f"no snapshot directory: set {SNAPSHOT_DIR_ENV} (the master does) or pass "
                 "State(snapshot_dir=...)"
             )
+        self.settings = replace(settings, snapshot_dir=directory)
         if not self.settings.run_id:
             raise ValueError("no run id: run under torchrun (TORCHELASTIC_RUN_ID) or the master")
         self.model, self.optimizer, self.scheduler, self.extra = model, optimizer, scheduler, extra
@@ -155,20 +154,13 @@ class State:
         nccl = _nccl()
         if nccl and (problem := nccl_error_handling_not_set(os.environ)) is not None:
             log.warning("%s", problem)
-        snapshots = Snapshotter(directory)
-        # Each optimizer step first waits for the last snapshot's copies of what it changes.
-        snapshots.guard(optimizer)
-        self.loop = ElasticLoop(
+        self.loop = ElasticLoop.build(
             self._trained,
-            run_id=self.settings.run_id,
-            etcd=EtcdSettings.from_env(),
-            snapshots=snapshots,
-            rescues=Rescues(directory, self.settings.run_id, snapshots.buffer),
-            snapshot_policy=SnapshotPolicy(self.settings.snapshot_every or None),  # 0: auto
+            optimizer,
+            self.settings,
+            EtcdSettings.from_env(),
             backend=dist.get_backend(),
-            collective_abort=self.settings.collective_abort,
             device=group_device(),
-            seed=self.settings.seed,
         )
         self.rank, self.world = self.loop.rank, self.loop.world
         self._dataset_length: int | None = None
@@ -176,10 +168,7 @@ class State:
         # ones (an aborted collective's); the hook runs before the one that marks the step.
         self._hooks: list[RemovableHandle] = []
         if self.stall is not None:
-            stall = self.stall
-            self._hooks.append(
-                optimizer.register_step_pre_hook(lambda *_: settle(group_device(), stall))
-            )
+            self._hooks.append(optimizer.register_step_pre_hook(lambda *_: self.loop.settle()))
         self._hooks.append(optimizer.register_step_pre_hook(self._stepping))
         previous_hook = sys.excepthook
 
@@ -235,10 +224,7 @@ class State:
         assert self.manifest is not None, "iterate state.epochs() first"
         if loss is not None:
             value = float(loss.item() if isinstance(loss, torch.Tensor) else loss)
-            if skips_step(value, self.step + 1, self.rank, self.settings.nan_policy):
-                log.warning(
-                    "non-finite loss step=%d rank=%d loss=%s", self.step + 1, self.rank, value
-                )
+            skips_non_finite(value, self.step + 1, self.rank, self.settings.nan_policy)
         lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer.param_groups else 0.0
         self._trained.stepping = False  # counted now: the parameters are the step's
         if not self.loop.counted(self.global_batch_size, lr):

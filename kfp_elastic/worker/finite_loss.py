@@ -10,6 +10,7 @@ job ends with it as its error instead of reporting success for a model that is N
 
 from __future__ import annotations
 
+import logging
 import math
 
 from kfp_elastic.job_spec import DEFAULT_NAN_POLICY, NAN_POLICIES
@@ -39,3 +40,15 @@ def skips_step(loss: float, step: int, rank: int, policy: str) -> bool:
     if policy == "skip":
         return True
     raise NonFiniteLoss(loss, step, rank)
+
+
+log = logging.getLogger(__name__)
+
+
+def skips_non_finite(loss: float, step: int, rank: int, policy: str) -> bool:
+    """``skips_step``, with the warning a skipped step's loss gets in the worker's log: what
+    both ways of training call with this rank's loss of step number ``step``."""
+    if not skips_step(loss, step, rank, policy):
+        return False
+    log.warning("non-finite loss step=%d rank=%d loss=%s (--nan-policy skip)", step, rank, loss)
+    return True

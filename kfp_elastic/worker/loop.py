@@ -19,6 +19,8 @@ What a worker process does around its optimizer steps lives here, once:
   optimizer step not yet counted);
 * **finish**: the final model, the rescues discarded, the node's end recorded.
 
+Both make their loop one way, ``ElasticLoop.build``: its parts (snapshotter and the optimizer's
+guard, rescues, snapshot policy, stall abort) from the worker's settings (``job_env.JobEnv``).
 What differs between the two ways stays with them: which steps run and how (the runner's
 ``TrainStep`` over its data plan; the script's own loop over ``ElasticSampler``), and what
 their state is (``Trained``).
@@ -47,8 +49,9 @@ from kfp_elastic.contract.worker_end import (
 )
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.settings import EtcdSettings
-from kfp_elastic.job_env import rendezvous_round, worker_name
+from kfp_elastic.job_env import JobEnv, rendezvous_round, worker_name
 from kfp_elastic.worker.collective import gathered, shared
+from kfp_elastic.worker.device import settle
 from kfp_elastic.worker.peer_loss import watch_stalls
 from kfp_elastic.worker.progress import (
     INITIAL,
@@ -132,6 +135,43 @@ class ElasticLoop:
         # (``peer_loss.py``), so that the failure reaches the training thread and its rescue.
         self.stall = watch_stalls(backend, collective_abort, etcd, run_id)
 
+    @classmethod
+    def build(
+        cls,
+        trained: Trained,
+        optimizer: torch.optim.Optimizer,
+        settings: JobEnv,
+        etcd: EtcdSettings,
+        *,
+        backend: str,
+        device: torch.device,
+    ) -> ElasticLoop:
+        """The loop of a worker process and its parts, made one way for the runner and the
+        script API: the snapshotter (``settings.snapshot_dir``, with its node-local copy in
+        ``settings.local_snapshot_dir``) and its guard on ``optimizer``'s steps, the rescues (in
+        the node-local directory when there is one), the snapshot policy, the stall abort."""
+        local_dir = settings.local_snapshot_dir or None
+        snapshots = Snapshotter(settings.snapshot_dir, local_dir)
+        # Each optimizer step first waits for the last snapshot's copies of what it changes.
+        snapshots.guard(optimizer)
+        run_id = settings.run_id or "local"  # "local": a runtime started without torchrun
+        return cls(
+            trained,
+            run_id=run_id,
+            etcd=etcd,
+            snapshots=snapshots,
+            rescues=Rescues(local_dir or settings.snapshot_dir, run_id, snapshots.buffer),
+            snapshot_policy=SnapshotPolicy(
+                settings.snapshot_every or None,  # the contract's 0: auto
+                settings.snapshot_overhead,
+                settings.snapshot_max_interval,
+            ),
+            backend=backend,
+            collective_abort=settings.collective_abort,
+            device=device,
+            seed=settings.seed,
+        )
+
     def _on_sigterm(self, signum: int, frame: object) -> None:
         self.stop_requested = True
         slow_stop.arm(f"worker rank={self.rank}")
@@ -209,7 +249,13 @@ class ElasticLoop:
                 world=state.get("world_size", self.world),
             )
 
-    # -- after each step ------------------------------------------------------------------------
+    # -- around each step -----------------------------------------------------------------------
+    def settle(self) -> None:
+        """Before an ``optimizer.step()``: wait for the step's device work (the gradient
+        allreduce) and raise ``CollectiveAborted`` if the stall abort aborted it meanwhile: its
+        partial gradients must never reach the parameters (``device.settle``)."""
+        settle(self.device, self.stall)
+
     def counted(self, global_batch: int, lr: float, loss: tuple[float, int] | None = None) -> bool:
         """Count the optimizer step just finished (``global_batch`` samples at ``lr``; ``loss``:
         this rank's loss sum and what divides the sum over ranks into the step's mean). Syncs

@@ -16,6 +16,7 @@ AMP = None                                      # optional: "bf16" | "fp16" auto
 CLIP_GRAD_NORM = None                           # optional: max global gradient L2 norm
 GRAD_ACCUMULATION = 1                           # optional: micro-batches per optimizer step
 LR_DECAY = None                                 # optional: {"epochs": [6, 9], "gamma": 0.1}
+def on_step(step: int) -> None                  # optional: the step hook (below)
 
 ``scheduler`` owns the learning rate's *schedule*; the batch policy's LR scaling (``linear``,
 ``sqrt``: ``worker/policy.py``) multiplies whatever LR the scheduler set, for the duration of
@@ -23,6 +24,10 @@ LR_DECAY = None                                 # optional: {"epochs": [6, 9], "
 restore at another world size continues the same schedule. ``LR_DECAY`` multiplies it too: by
 ``gamma`` at each milestone epoch, counted in samples seen, so a run whose world changes decays at
 the same data as one that never changed (``worker/policy.py`` ``LrDecay``).
+``on_step(step)`` is the runner's step hook, for instrumentation (``benchmarks/
+timed_model_def.py`` numbers its per-step time stamps with it): called once per optimizer
+step, just before it runs, with its number: the steps counted before it + 1, over every world
+of the run (a restored run goes on from the restored step).
 ``ReduceLROnPlateau`` needs a metric per step and is refused. ``AMP="fp16"`` adds a
 ``GradScaler``; ``"bf16"`` needs none.
 ``GRAD_ACCUMULATION = k`` makes ``--batch-size`` the micro-batch of one forward/backward and
@@ -72,6 +77,7 @@ class ModelDef:
     clip_grad_norm: float | None = None
     grad_accumulation: int = 1
     lr_decay: LrDecay | None = None
+    on_step: Callable[[int], Any] | None = None
 
 
 def load_model_def(name: str) -> ModelDef:
@@ -156,6 +162,9 @@ def model_def_from(module: ModuleType, name: str) -> ModelDef:
         raise ModelDefError(
             f"--model-def {name}: GRAD_ACCUMULATION must be an integer >= 1, got {accumulation!r}"
         )
+    on_step = getattr(module, "on_step", None)
+    if on_step is not None and not callable(on_step):
+        raise ModelDefError(f"--model-def {name}: on_step must be a function of the step number")
     try:
         lr_decay = LrDecay.parse(getattr(module, "LR_DECAY", None))
     except ValueError as error:
@@ -174,6 +183,7 @@ def model_def_from(module: ModuleType, name: str) -> ModelDef:
         clip_grad_norm=None if clip is None else float(clip),
         grad_accumulation=accumulation,
         lr_decay=lr_decay,
+        on_step=on_step,
     )
 
 

@@ -14,7 +14,6 @@ one optimizer step with accumulation, AMP, clipping and the scheduler).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import time
@@ -25,44 +24,31 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset, default_collate
 
-from kfp_elastic.contract.data_plan import epoch_order
+from kfp_elastic.contract.data_plan import epoch_order, step_batch
 from kfp_elastic.worker.collective import EXIT_PREEMPTED, shared
-from kfp_elastic.worker.device import (
-    Placement,
-    init_process_group,
-    place_this_process,
-    settle,
-    to_device,
-)
+from kfp_elastic.worker.device import Placement, init_process_group, place_this_process, to_device
 from kfp_elastic.worker.loop import ElasticLoop
 from kfp_elastic.worker.model_def import ModelDef, checked_scheduler, load_model_def
-from kfp_elastic.worker.options import parse_args
+from kfp_elastic.worker.options import RuntimeOptions, parse_args
 from kfp_elastic.worker.policy import BatchPolicy, lr_factor, step_shape
-from kfp_elastic.worker.rescue import Rescues
-from kfp_elastic.worker.schedule import SnapshotPolicy
-from kfp_elastic.worker.snapshot import Snapshotter
 from kfp_elastic.worker.train_step import TrainStep
 
 log = logging.getLogger("kfp_elastic.worker")
 
 
 class Trainer:
-    def __init__(self, args: argparse.Namespace, model_def: ModelDef, placement: Placement) -> None:
-        self.args = args
+    def __init__(self, options: RuntimeOptions, model_def: ModelDef, placement: Placement) -> None:
+        self.settings = settings = options.settings
         self.md = model_def
         self.device = placement.device
-        self.policy = BatchPolicy.parse(args.policy)
-        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "local")
+        self.policy = BatchPolicy.parse(settings.batch_policy)
         self.train_set = model_def.dataset("train")
         self.model = model_def.model().to(self.device)
         self.optimizer = (
             model_def.optimizer(self.model.parameters())
             if model_def.optimizer
-            else torch.optim.SGD(self.model.parameters(), lr=args.lr)
+            else torch.optim.SGD(self.model.parameters(), lr=settings.learning_rate)
         )
-        snapshots = Snapshotter(args.snapshot_dir, args.local_snapshot_dir)
-        # Each optimizer step first waits for the last snapshot's copies of what it changes.
-        snapshots.guard(self.optimizer)
         scheduler = (
             checked_scheduler(model_def.name, model_def.scheduler(self.optimizer), self.optimizer)
             if model_def.scheduler
@@ -74,31 +60,29 @@ class Trainer:
             scheduler,
             model_def.amp,
             model_def.clip_grad_norm,
-            args.nan_policy,
+            settings.nan_policy,
         )
-        self.loop = ElasticLoop(
+        self.loop = ElasticLoop.build(
             self.stepper,
-            run_id=run_id,
-            etcd=args.etcd_settings,
-            snapshots=snapshots,
-            rescues=Rescues(args.local_snapshot_dir or args.snapshot_dir, run_id, snapshots.buffer),
-            snapshot_policy=SnapshotPolicy(
-                args.snapshot_every, args.snapshot_overhead, args.snapshot_max_interval
-            ),
+            self.optimizer,
+            settings,
+            options.etcd,
             backend=placement.backend,
-            collective_abort=args.collective_abort,
             device=self.device,
-            seed=args.seed,
         )
         self.rank, self.world = self.loop.rank, self.loop.world
         try:
             self.manifest = self.loop.plan(
-                len(self.train_set), args.shard_size, args.epochs, args.seed, args.shuffle
+                len(self.train_set),
+                settings.shard_size,
+                settings.epochs,
+                settings.seed,
+                settings.shuffle,
             )
         except ValueError as error:
             raise ValueError(f"{error} (dataset('train') of {self.md.name})") from None
         progress = self.loop.progress
-        base = args.base_world_size or self.world
+        base = settings.base_world_size or self.world
         self.base_world: int = shared(progress.base_world_size(base) if progress else None)
         self.loop.restore()
         self.ddp = DistributedDataParallel(
@@ -117,7 +101,7 @@ class Trainer:
         if stopped:
             self.loop.close()
             return EXIT_PREEMPTED
-        self.loop.finish(self.args.output, self.model.state_dict())
+        self.loop.finish(self.settings.output, self.model.state_dict())
         return 0
 
     def _train(self) -> bool:
@@ -128,7 +112,7 @@ class Trainer:
             self.policy,
             self.world,
             self.base_world,
-            self.args.batch_size,
+            self.settings.batch_size,
             self.md.grad_accumulation,
         )
         samples = self.manifest.num_samples
@@ -136,7 +120,7 @@ class Trainer:
             shape, self.md.lr_decay, loop.epoch, loop.position, samples
         )
         loop.interval = (shape.global_batch, self.stepper.lr)
-        step = loop.step  # the steps finished (benchmarks/timed_model_def.py reads it)
+        step_time = self.settings.step_time
         while not loop.done:
             epoch = loop.epoch
             order = epoch_order(
@@ -144,17 +128,19 @@ class Trainer:
             )
             while loop.epoch == epoch and not loop.done:
                 began = time.monotonic()
-                ids = order[loop.position : loop.position + shape.global_batch]
+                ids = step_batch(order, loop.position, shape.global_batch)
                 self.stepper.lr_scale = lr_factor(
                     shape, self.md.lr_decay, epoch, loop.position, samples
                 )
                 lr = self.stepper.lr  # the scheduler moves it on within the step
-                loss_sum = self._train_step(ids, shape.accumulation, step + 1)
-                if self.args.step_time > 0:
-                    time.sleep(max(0.0, self.args.step_time - (time.monotonic() - began)))
+                step = loop.step + 1  # the number of the step about to run
+                if self.md.on_step is not None:
+                    self.md.on_step(step)
+                loss_sum = self._train_step(ids, shape.accumulation, step)
+                if step_time > 0:
+                    time.sleep(max(0.0, step_time - (time.monotonic() - began)))
                 if loop.counted(shape.global_batch, lr, (loss_sum, len(ids))):
                     return True
-                step = loop.step
         return False
 
     def _fetch(self, ids: list[int]) -> Any:
@@ -179,7 +165,7 @@ class Trainer:
             lambda part: to_device(self._fetch(part), self.device),
             self.md.loss,
             summed,
-            settle=lambda: settle(self.device, self.loop.stall),
+            settle=self.loop.settle,
             step=step,
         )
 
@@ -189,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         level=os.environ.get("KFP_ELASTIC_LOG_LEVEL", "INFO"),
         format="[%(asctime)s] worker %(levelname)s %(message)s",
     )
-    args = parse_args(argv)
-    model_def = load_model_def(args.model_def)
-    placement = place_this_process(args.device)
-    init_process_group(placement, args.collective_timeout)
+    options = parse_args(argv)
+    model_def = load_model_def(options.model_def)
+    placement = place_this_process(options.settings.device)
+    init_process_group(placement, options.settings.collective_timeout)
     log.info(
         "placed rank=%s local_rank=%s device=%s backend=%s",
         os.environ.get("RANK"),
@@ -201,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         placement.backend,
     )
     try:
-        return Trainer(args, model_def, placement).run()
+        return Trainer(options, model_def, placement).run()
     finally:
         if dist.is_initialized():  # an abort already tore the group down
             dist.destroy_process_group()

@@ -22,28 +22,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kfp_elastic.job_spec import SNAPSHOT_EVERY_AUTO
+from kfp_elastic.job_env import DEFAULT_SNAPSHOT_MAX_INTERVAL_S, DEFAULT_SNAPSHOT_OVERHEAD
 
 SYNC_TARGET_S = 0.5  # seconds of training between syncs (the SIGTERM reaction time)
 FIRST_SYNC_GAP = 10  # steps to the first sync after a (re)start: no step time known yet
 MAX_SYNC_GAP = 1000
 FIRST_SNAPSHOT_AFTER_S = 2.0  # auto: the first snapshot measures what one costs
-
-
-def parse_snapshot_every(text: str) -> int | None:
-    """``"auto"`` or ``"0"`` (the job contract's auto, kfp_elastic/job_spec.py) → None, else a
-    positive step count; ValueError with the reason otherwise."""
-    if text.strip().lower() in ("auto", str(SNAPSHOT_EVERY_AUTO)):
-        return None
-    try:
-        steps = int(text)
-    except ValueError:
-        raise ValueError(
-            f"--snapshot-every must be a number of steps or 'auto', got {text!r}"
-        ) from None
-    if steps < 1:
-        raise ValueError(f"--snapshot-every must be >= 1, or 'auto' (or 0), got {steps}")
-    return steps
 
 
 def next_sync_step(step: int, step_time_s: float | None, every: int | None) -> int:
@@ -61,8 +45,8 @@ def next_sync_step(step: int, step_time_s: float | None, every: int | None) -> i
 @dataclass(frozen=True)
 class SnapshotPolicy:
     every: int | None = None  # explicit steps between snapshots; None = auto
-    overhead: float = 0.01  # auto: share of training time snapshots may cost
-    max_interval_s: float = 300.0  # auto: never longer between snapshots
+    overhead: float = DEFAULT_SNAPSHOT_OVERHEAD  # auto: share of training time snapshots may cost
+    max_interval_s: float = DEFAULT_SNAPSHOT_MAX_INTERVAL_S  # auto: never longer between them
 
     def due(self, step: int, epoch_end: bool, trained_s: float, last_cost_s: float | None) -> bool:
         """Should rank 0 snapshot at this sync (after ``step``, ``trained_s`` seconds of

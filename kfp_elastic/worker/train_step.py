@@ -37,7 +37,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from kfp_elastic.worker.finite_loss import DEFAULT_NAN_POLICY, skips_step
+from kfp_elastic.contract.data_plan import rank_share
+from kfp_elastic.worker.finite_loss import DEFAULT_NAN_POLICY, skips_non_finite
 from kfp_elastic.worker.model_def import AMP_DTYPES
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ class TrainStep:
         micro-batch adds nothing). ``settle`` runs once the gradients are reduced, before
         anything reads them (``worker/device.py``: an aborted collective leaves partial
         gradients that must not reach the parameters)."""
-        parts = micro_batches(ids[rank::world], accumulation)
+        parts = micro_batches(rank_share(ids, rank, world), accumulation)
         loss_sum = 0.0
         for index, part in enumerate(parts):
             last = index == len(parts) - 1
@@ -168,8 +169,7 @@ class TrainStep:
                     with self.autocast():
                         value = loss(ddp, fetch(part))
                     item = value.item()
-                    if skips_step(item, step, rank, self.nan_policy):
-                        log.warning("skipping step=%d rank=%d: loss is %s", step, rank, item)
+                    if skips_non_finite(item, step, rank, self.nan_policy):
                         self._backward(sum(p.sum() for p in ddp.parameters()) * math.nan)
                         continue
                     # DDP averages gradients over ranks; weight so the step's gradient is that

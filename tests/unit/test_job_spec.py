@@ -16,6 +16,7 @@ import pytest
 from kfp_elastic import job_spec as contract
 from kfp_elastic.components.elastic_train.component import elastic_train
 from kfp_elastic.etcd.settings import EtcdSettings
+from kfp_elastic.job_env import JobEnv
 from kfp_elastic.job_spec import (
     Data,
     Entry,
@@ -94,15 +95,14 @@ def test_the_master_cli_defaults_are_the_contract() -> None:
 
 def test_the_worker_runtime_defaults_are_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KFP_ELASTIC_ETCD_ENDPOINTS", "127.0.0.1:2379")
-    args = worker_options.parse_args(["--model-def", "m", "--snapshot-dir", "/tmp/s"])
+    args = worker_options.parse_args(["--model-def", "m", "--snapshot-dir", "/tmp/s"]).settings
     runtime = {
         "epochs": args.epochs,
         "seed": args.seed,
         "batch_size": args.batch_size,
-        "learning_rate": args.lr,
-        "batch_policy": args.policy,
-        # the runtime parses the contract's 0 as "auto" (None)
-        "snapshot_every": contract.SNAPSHOT_EVERY_AUTO if args.snapshot_every is None else -1,
+        "learning_rate": args.learning_rate,
+        "batch_policy": args.batch_policy,
+        "snapshot_every": args.snapshot_every,
         "step_time": args.step_time,
         "device": args.device,
         "collective_timeout_s": args.collective_timeout,
@@ -285,7 +285,7 @@ def test_field_error_spells_flag_and_parameter_from_the_name() -> None:
 # ------------------------------------------------------------------ deriving
 
 
-def test_the_builtin_entry_carries_the_training_settings() -> None:
+def test_the_builtin_entry_gets_the_training_settings_in_its_environment() -> None:
     spec = job(
         data=Data(epochs=2, seed=7),
         training=Training(
@@ -298,12 +298,13 @@ def test_the_builtin_entry_carries_the_training_settings() -> None:
         ),
     )
     argv = spec.worker_argv()
-    assert argv[:4] == ("-m", "kfp_elastic.worker", "--model-def", "m")
-    pairs = dict(zip(argv[4::2], argv[5::2], strict=True))
-    assert pairs["--epochs"] == "2" and pairs["--seed"] == "7" and pairs["--batch-size"] == "8"
-    assert pairs["--snapshot-every"] == "0" and pairs["--policy"] == "fixed-global-batch"
-    assert pairs["--output"] == "/snap/r/model.pt" and pairs["--device"] == "cuda"
-    assert pairs["--collective-timeout"] == "90" and pairs["--collective-abort"] == "3"
+    assert argv == ("-m", "kfp_elastic.worker", "--model-def", "m")
+    env = {**ETCD.to_env(), **JobEnv.of(spec, "/snap/r").to_env()}
+    settings = worker_options.parse_args(list(argv[2:]), env).settings
+    assert (settings.epochs, settings.seed, settings.batch_size) == (2, 7, 8)
+    assert settings.snapshot_every == 0 and settings.batch_policy == "fixed-global-batch"
+    assert settings.output == "/snap/r/model.pt" and settings.device == "cuda"
+    assert (settings.collective_timeout, settings.collective_abort) == (90, 3)
     command = replace(spec, entry=Entry(command=("train.py", "--x")))
     assert command.worker_argv() == ("train.py", "--x")
 

@@ -43,6 +43,7 @@ from kfp_elastic.components.shard_dataset.shard import (
 )
 from kfp_elastic.components.stop_workers.component import stop_workers
 from kfp_elastic.contract.data_plan import Shard
+from kfp_elastic.job_env import JobEnv
 from kfp_elastic.job_spec import Data, JobSpec
 from kfp_elastic.master.timeline import Committed, Event, JobDone, MasterStarted, RoundFormed
 from kfp_elastic.worker.examples import digits
@@ -297,6 +298,7 @@ def test_the_masters_check_compares_the_model_def_with_the_manifest(
 
     def preflight(spec: JobSpec) -> None:
         env = {"KFP_ELASTIC_ETCD_ENDPOINTS": "127.0.0.1:1", **os.environ}
+        env |= JobEnv.of(spec, spec.training.snapshot_dir).to_env()  # what the workers get
         check(spec, WorkerSide(spec.worker_argv(), env, REPO_ROOT, workdir=tmp_path / "work"))
 
     preflight(_request(manifest.path, snapshot_dir=str(tmp_path / "s")))

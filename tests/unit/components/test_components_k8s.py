@@ -115,8 +115,9 @@ def test_worker_pods_carry_the_forwarded_task_settings(k8s: FakeKubernetes, tmp_
     args = container["args"]
     assert "--nnodes=1:3" in args and "--rdzv-endpoint=etcd:2379" in args
     assert args[args.index("-m") + 1] == "kfp_elastic.worker" and "--max-restarts=100" in args
-    assert args[args.index("--snapshot-dir") + 1] == f"/mnt/kfp-elastic/snapshots/{RUN}"
-    assert args[args.index("--output") + 1] == f"/mnt/kfp-elastic/snapshots/{RUN}/model.pt"
+    env = {e["name"]: e.get("value") for e in container["env"]}  # the job's settings
+    assert env["KFP_ELASTIC_SNAPSHOT_DIR"] == f"/mnt/kfp-elastic/snapshots/{RUN}"
+    assert env["KFP_ELASTIC_OUTPUT"] == f"/mnt/kfp-elastic/snapshots/{RUN}/model.pt"
 
     act("kill", name)  # a fault: the pod is deleted by "someone else" (grace 0)
     assert name not in {s.name for s in launcher.list_workers()}

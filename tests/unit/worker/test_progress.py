@@ -49,11 +49,11 @@ def test_a_worker_published_manifest_keeps_the_jobs_shuffle_setting(
 ) -> None:
     monkeypatch.setenv("KFP_ELASTIC_ETCD_ENDPOINTS", etcd.endpoint)
     monkeypatch.setenv("KFP_ELASTIC_SNAPSHOT_DIR", "/tmp/unused")
-    args = parse_args(["--model-def", "m", "--no-shuffle", "--seed", "3"])
-    made = ensure_manifest(progress, 100, 10, 1, args.seed, args.shuffle)
+    settings = parse_args(["--model-def", "m", "--no-shuffle", "--seed", "3"]).settings
+    made = ensure_manifest(progress, 100, 10, 1, settings.seed, settings.shuffle)
     assert not made.shuffle and made.visit_order(0) == list(range(10))
     assert progress.manifest() == made  # what every later rank and restart reads
-    assert parse_args(["--model-def", "m"]).shuffle
+    assert parse_args(["--model-def", "m"]).settings.shuffle
 
 
 def test_commits_move_shards_and_reject_a_stale_writer(progress: Progress) -> None:

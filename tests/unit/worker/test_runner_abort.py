@@ -53,12 +53,12 @@ def test_the_runtime_stalled_after_its_round_broke_is_aborted_and_rescued(
         return made[0]
 
     monkeypatch.setattr(loop, "watch_stalls", nccl_stall)
-    args = parse_args(
+    options = parse_args(
         ["--model-def", "kfp_elastic.testing.model_defs.counting", "--snapshot-dir", str(tmp_path)]
         + ["--collective-abort", "7", "--batch-size", "4", "--snapshot-every", "100"]
     )
     trainer = runner.Trainer(
-        args, load_model_def(args.model_def), Placement(torch.device("cpu"), "gloo")
+        options, load_model_def(options.model_def), Placement(torch.device("cpu"), "gloo")
     )
     with pytest.raises(CollectiveAborted, match="round broken"):
         trainer.run()

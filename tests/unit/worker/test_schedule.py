@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kfp_elastic.job_env import parse_snapshot_every
 from kfp_elastic.worker.schedule import (
     FIRST_SNAPSHOT_AFTER_S,
     FIRST_SYNC_GAP,
@@ -11,14 +12,11 @@ from kfp_elastic.worker.schedule import (
     SYNC_TARGET_S,
     SnapshotPolicy,
     next_sync_step,
-    parse_snapshot_every,
 )
 
 
-@pytest.mark.parametrize(
-    ("text", "steps"), [("auto", None), (" AUTO ", None), ("0", None), ("7", 7)]
-)
-def test_parse_snapshot_every(text: str, steps: int | None) -> None:
+@pytest.mark.parametrize(("text", "steps"), [("auto", 0), (" AUTO ", 0), ("0", 0), ("7", 7)])
+def test_parse_snapshot_every(text: str, steps: int) -> None:
     assert parse_snapshot_every(text) == steps
 
 
