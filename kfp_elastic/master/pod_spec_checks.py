@@ -1,4 +1,4 @@
-"""Validation of :class:`master.pod_spec.WorkerPodSpec` and the names it checks against.
+"""Validation of :class:`master.worker_pod_spec.WorkerPodSpec` and the names it checks against.
 
 Kept apart from the manifest builder so that each stays readable: everything here is pure
 (Kubernetes naming rules, quantities, tolerations, volumes, the rendezvous settings), and a
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kfp_elastic.contract.kubernetes_syntax import DNS_LABEL_RULE, is_dns_label, parse_quantity
 from kfp_elastic.contract.rendezvous_config import (
@@ -28,9 +28,7 @@ from kfp_elastic.job_spec import (
 from kfp_elastic.job_spec import DEFAULT_SERVICE_ACCOUNT as DEFAULT_SERVICE_ACCOUNT
 from kfp_elastic.job_spec import PASSWORD_SECRET_ENV as PASSWORD_SECRET_ENV
 from kfp_elastic.job_spec import TLS_SECRET_ENV as TLS_SECRET_ENV
-
-if TYPE_CHECKING:
-    from kfp_elastic.master.pod_spec import WorkerPodSpec
+from kfp_elastic.master.worker_pod_spec import WorkerPodSpec
 
 # DEFAULT_*_PRIORITY_CLASS, DEFAULT_SERVICE_ACCOUNT: the names manifests/base creates (the job
 # contract, kfp_elastic/job_spec.py, holds them; the ConfigMap kfp-elastic-config repeats them).
