@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -147,6 +148,18 @@ def sigkill_process_tree(root: int) -> None:
     signal_quietly(root, signal.SIGSTOP)
     for pid in {root} | descendants(root):
         signal_quietly(pid, signal.SIGKILL)
+
+
+def sigkill_tagged(name: str, value: str, rounds: int = 3, pause_s: float = 0.1) -> None:
+    """SIGKILL every process with ``name=value`` in its environment, again after each pause
+    (a process may fork while the first round runs), until none is left or ``rounds`` ran."""
+    for _ in range(rounds):
+        left = pids_with_env(name, value)
+        if not left:
+            return
+        for pid in left:
+            signal_quietly(pid, signal.SIGKILL)
+        time.sleep(pause_s)
 
 
 # -- this process -------------------------------------------------------------------------------

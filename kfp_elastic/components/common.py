@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from kfp_elastic.etcd import settings as etcd_settings
 from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.job_env import RUN_ID_ENV  # every local worker process of a run carries it
-from kfp_elastic.processes import pids_with_env
+from kfp_elastic.processes import pids_with_env, sigkill_tagged
 
 MAX_RUN_ID = 40  # pod names are {run_id}-worker-{index}-{attempt}, at most 63 characters
 
@@ -52,14 +52,7 @@ def reap_local_processes(value: str, grace_s: float = 3.0, env: str = RUN_ID_ENV
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and run_pids(value, env):
         time.sleep(0.1)
-    for _ in range(3):
-        left = run_pids(value, env)
-        if not left:
-            break
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
+    sigkill_tagged(env, value)
     return sorted(pids)
 
 

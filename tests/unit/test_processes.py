@@ -48,6 +48,14 @@ def tagged() -> Iterator[tuple[str, subprocess.Popen[str], int]]:
         child.wait(10)
 
 
+def test_sigkill_tagged_leaves_no_tagged_process_in_any_session(tagged) -> None:
+    value, child, grandchild = tagged
+    processes.sigkill_tagged(TAG, value)
+    child.wait(10)  # reaped: no longer running
+    wait_for(lambda: not processes.is_running(grandchild), 10, what="the grandchild gone")
+    assert processes.pids_with_env(TAG, value) == set()
+
+
 def test_a_tag_finds_the_whole_tree_also_in_other_sessions(tagged) -> None:
     value, child, grandchild = tagged
     assert processes.pids_with_env(TAG, value) == {child.pid, grandchild}

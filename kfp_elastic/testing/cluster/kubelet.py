@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kfp_elastic.components.common import run_pids
+from kfp_elastic.processes import sigkill_tagged
 from kfp_elastic.testing.api_server import FakeKubernetes
 from kfp_elastic.testing.api_wire import ApiError, now_timestamp
 from kfp_elastic.testing.cluster.controller import ControlLoop
@@ -555,14 +556,7 @@ class Kubelet:
         for c in running.containers:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(c.process.pid, signal.SIGKILL)
-        for _ in range(50):
-            left = run_pids(running.uid, POD_UID_ENV)
-            if not left:
-                break
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.02)
+        sigkill_tagged(POD_UID_ENV, running.uid, rounds=50, pause_s=0.02)
         for c in running.containers:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 c.process.wait(timeout=5)
