@@ -104,6 +104,7 @@ class TrainResult:
     snapshot_dir: Path
     injected: list[Injected]
     end_t: float
+    failures: int = 0  # counted against the job's failure budget (the message names the last)
 
 
 def validate(spec: JobSpec, inject_faults: str = "") -> tuple[Fault, ...]:
@@ -251,6 +252,7 @@ def run(spec: JobSpec, inject_faults: str = "", say: Say = print) -> TrainResult
             snapshot_dir,
             list(injector.done),
             time.time(),
+            result.failures,
         )
     finally:
         stop.set()
