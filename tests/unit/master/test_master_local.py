@@ -43,6 +43,7 @@ from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import (
     Committed,
     EpochEnd,
+    FailureCounted,
     JobDone,
     JobFailed,
     MasterRecovered,
@@ -484,15 +485,22 @@ def test_failing_workers_exhaust_the_failure_budget(
 
     job, thread, results = run_job(spec, client, factory)
     thread.join(90)
-    assert results and results[0].state == "failed"
-    assert (
-        "2 worker failures exceed --max-failures=1; last: worker-0-1: exit code 1"
-        in results[0].message
+    assert results and results[0].state == "failed" and results[0].failures == 2
+    message = results[0].message
+    assert message.startswith("2 worker failures exceed --max-failures=1; last: worker-0-1: ")
+    assert "(rank 0, exit code 3)" in message  # the worker's own exit code, from its agent
+    timeline = read_timeline(client, spec.run_prefix)
+    lost = [(e.name, e.cause) for e in of_type(timeline, WorkerLost)]
+    # The second agent's count spends the budget: the job may fail before its worker ends.
+    assert lost in (
+        [("worker-0-0", "failed")],
+        [("worker-0-0", "failed"), ("worker-0-1", "failed")],
     )
-    lost = of_type(read_timeline(client, spec.run_prefix), WorkerLost)
-    assert [(e.name, e.cause) for e in lost] == [
-        ("worker-0-0", "failed"),
-        ("worker-0-1", "failed"),
+    # Each counted once, by its agent (torchrun's --max-restarts=0: no restart in place).
+    counted = of_type(timeline, FailureCounted)
+    assert [(e.worker, e.source, e.count) for e in counted] == [
+        ("worker-0-0", "agent", 1),
+        ("worker-0-1", "agent", 2),
     ]
 
 
