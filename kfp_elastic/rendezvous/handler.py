@@ -41,7 +41,7 @@ from kfp_elastic.failure_budget import (
     read_failures,
     record_failure,
 )
-from kfp_elastic.job_env import ROUND_ENV, WORKER_NAME_VARS
+from kfp_elastic.job_env import ROUND_ENV
 from kfp_elastic.rendezvous import broken_round, orphan, peer_failures, warm_start
 from kfp_elastic.rendezvous import leave as leave_hook
 from kfp_elastic.rendezvous.config import RendezvousConfig, config_from_torch_params
@@ -278,8 +278,8 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         return verdict
 
     def _worker_name(self) -> str:
-        worker = next((os.environ[v] for v in WORKER_NAME_VARS if os.environ.get(v)), None)
-        return worker or self.node_id
+        """The master's name for this node's worker; without a master, the node id."""
+        return ending.worker_name() or self.node_id
 
     def _count_failure(
         self, failures: Mapping[int, Any], round_number: int, text: str
