@@ -72,12 +72,15 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 DEFAULT_COLLECTIVE_ABORT_S = 5.0
 #: The ``--rdzv-conf`` key that carries ``orphan_timeout_s`` to each worker's agent.
 ORPHAN_CONF_KEY = "orphan_timeout"
+#: The ``--rdzv-conf`` key that carries ``max_failures`` to each worker's agent.
+MAX_FAILURES_CONF_KEY = "max_failures"
 FINAL_MODEL_FILE = "model.pt"  # rank 0 writes the final weights here, in the snapshot directory
 DEFAULT_LAUNCHER = "local"
 LAUNCHERS = ("local", "kubernetes")
 # torchrun --max-restarts of every worker: restarts of its local process group after a process
-# failed. High, because the agent itself ends a failure that repeats at every start
-# (rdzv-conf max_repeated_failures) and membership changes do not count against it.
+# failed. High, because the job's one failure budget (max_failures, counted in etcd across
+# restarts: kfp_elastic/contract/failure_budget.py) ends a job whose workers keep failing, and
+# membership changes do not count against it.
 DEFAULT_WORKER_MAX_RESTARTS = 100
 # Kubernetes settings left empty come from these variables (the kfp-elastic-config ConfigMap
 # maps them into the master's pod), else from these defaults: see KubernetesSettings.resolved.
@@ -463,7 +466,10 @@ class Policy:
         DEFAULT_MAX_WAIT_S, "seconds below min_workers before the job fails", flag="--max-wait"
     )
     max_failures: int = _option(
-        DEFAULT_MAX_FAILURES, "worker errors tolerated (preemptions do not count)"
+        DEFAULT_MAX_FAILURES,
+        "worker failures the job tolerates, counted once each in etcd across in-place restarts "
+        "and replaced workers; one more fails the job (preemptions and a peer's loss do not "
+        "count; a NaN loss under --nan-policy fail fails it at once)",
     )
     finish_grace_s: float = _option(
         DEFAULT_FINISH_GRACE_S,
@@ -494,7 +500,6 @@ class ScalingPolicy:
 
     min_workers: int
     max_workers: int
-    max_failures: int = DEFAULT_MAX_FAILURES
     max_wait_s: float = DEFAULT_MAX_WAIT_S
 
 
@@ -550,10 +555,7 @@ class JobSpec:
     @property
     def scaling(self) -> ScalingPolicy:
         return ScalingPolicy(
-            self.size.min_workers,
-            self.size.max_workers,
-            self.policy.max_failures,
-            self.policy.max_wait_s,
+            self.size.min_workers, self.size.max_workers, max_wait_s=self.policy.max_wait_s
         )
 
     @property
@@ -581,6 +583,8 @@ class JobSpec:
             conf["warm_start_preload"] = ":".join(RUNTIME_PRELOAD)
         # Workers started by a master stop on their own once it has been gone this long.
         conf[ORPHAN_CONF_KEY] = f"{self.policy.orphan_timeout_s:g}"
+        # Their agents stop restarting in place once the job's failure budget is spent.
+        conf[MAX_FAILURES_CONF_KEY] = str(self.policy.max_failures)
         return conf
 
     def validate(self) -> None:

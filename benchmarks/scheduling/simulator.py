@@ -401,7 +401,6 @@ class Simulation:
             state.policy,
             self._statuses(state),
             state.recorded,
-            0,
             state.below_min_since,
             self.now,
         )

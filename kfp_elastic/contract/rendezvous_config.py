@@ -107,6 +107,11 @@ class RendezvousConfig:
     # once its run has had no master for this long. A master sets it for the workers it starts;
     # unset (a plain torchrun job has no master): never.
     orphan_timeout: float | None = None
+    # The job's failure budget (``contract/failure_budget.py``): once more than this many
+    # failures are counted in etcd for the run (or a fatal one), the agent stops restarting its
+    # workers in place. A master sets it to the job's ``max_failures``; unset: only fatal
+    # failures and torchrun's --max-restarts end the restarts.
+    max_failures: int | None = None
 
     @property
     def endpoints(self) -> tuple[Endpoint, ...]:
@@ -186,8 +191,8 @@ class RendezvousConfig:
             raise ConfigError(
                 f"--rdzv-conf peer_failure_grace={self.peer_failure_grace} must be >= 0"
             )
-        for name in ("max_free_restarts", "max_repeated_failures"):
-            if getattr(self, name) < 0:
+        for name in ("max_free_restarts", "max_repeated_failures", "max_failures"):
+            if (getattr(self, name) or 0) < 0:
                 raise ConfigError(f"--rdzv-conf {name}={getattr(self, name)} must be >= 0")
         if self.free_restart_window <= 0:
             raise ConfigError(
@@ -223,7 +228,7 @@ _FLOAT_KEYS = {
     "orphan_timeout",
     "probe_connect_timeout",
 }
-_INT_KEYS = {"probe_fanout", "max_free_restarts", "max_repeated_failures"}
+_INT_KEYS = {"probe_fanout", "max_free_restarts", "max_repeated_failures", "max_failures"}
 _BOOL_KEYS = {"peer_probe", "close_on_failure", "warm_start"}
 _STR_KEYS = {"warm_start_preload"}
 _MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")

@@ -16,8 +16,11 @@ that no two share one), so ``etcdctl get --prefix {run}/<part>/`` shows exactly 
 | rdzv/rank0                     | ``{"round", "node", "addr", "port"}``          | run      |
 | store/{N}/{key}                | raw bytes from torch (round N's store)         | run      |
 | *rendezvous/peer_failures.py*  |                                                |          |
-| errors/{worker}                | ``{"error", "failures", ...}``: last counted   | -        |
+| errors/{worker}                | ``{"error", "verdict", ...}``: last counted    | -        |
 |                                | worker error of an agent (≤ 1.5 KB of text)    |          |
+| *contract/failure_budget.py*   |                                                |          |
+| failures/{incident}            | ``CountedFailure``: one failure counted        | -        |
+|                                | against ``max_failures`` (agents and master)   |          |
 | *contract/worker_end.py*      |                                                |          |
 | ends/{worker}                  | ``{"end", "t", "step", "round", "message"}``:  | -        |
 |                                | how a worker ended, in its own words           |          |
@@ -26,7 +29,6 @@ that no two share one), so ``etcdctl get --prefix {run}/<part>/`` shows exactly 
 | master/spec                    | the job spec of the latest start               | -        |
 | master/status                  | ``{"state", "message", "t"}``                  | -        |
 | master/workers/{name}          | ``{"index", "attempt", "ended", ...}``         | -        |
-| master/failures                | ``{"count": n}``                               | -        |
 | master/observed                | ``{"round_revision", "commit_revision", ...}`` | -        |
 | master/event_seq               | last event sequence number (text)              | -        |
 | *master/timeline.py*           |                                                |          |
@@ -108,10 +110,6 @@ class MasterKeys:
 
     def worker(self, name: str) -> str:
         return f"{self.workers}{name}"
-
-    @property
-    def failures(self) -> str:
-        return f"{self.root}failures"
 
     @property
     def observed(self) -> str:
@@ -232,6 +230,15 @@ class RunKeys:
     def worker_error(self, worker: str) -> str:
         """``{worker}`` is the master's worker name (``KFP_ELASTIC_WORKER_NAME``)."""
         return f"{self.errors}{worker}"
+
+    @property
+    def failures(self) -> str:
+        # Not bound to a lease: the job's one failure budget outlives every agent and master.
+        return f"{self.run_prefix}/failures/"
+
+    def failure(self, incident: str) -> str:
+        """One counted failure (``failure_budget``: one key per incident, created once)."""
+        return f"{self.failures}{incident}"
 
     @property
     def ends(self) -> str:

@@ -2,10 +2,11 @@
 
 Every ``reconcile_interval_s`` (and at once on a launcher event or a watched etcd change) the
 loop puts new rounds and commits on the timeline, asks ``master.scaling.decide`` what to do with
-the workers, records ended workers (state + timeline) before deleting them, launches
-replacements and refreshes the metrics. All state is in etcd (``master.state``): a master that
-is SIGKILLed and started again with the same run id takes the leadership over, adopts the
-workers that still run and goes on.
+the workers, records ended workers (state + timeline) before deleting them, counts the failures
+nobody counted yet in the job's failure budget and ends the job once it is spent
+(``kfp_elastic/contract/failure_budget.py``), launches replacements and refreshes the metrics. All
+state is in etcd (``master.state``): a master that is SIGKILLed and started again with the same
+run id takes the leadership over, adopts the workers that still run and goes on.
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ from typing import Any
 
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.contract.failure_budget import (
+    SOURCE_LAUNCH,
+    SOURCE_WORKER_END,
+    CountedFailure,
+    FailureBudget,
+    launch_incident,
+    read_failures,
+    record_failure,
+    worker_end_incident,
+)
 from kfp_elastic.contract.worker_end import END_COMPLETED, END_ORPHANED, WorkerEnd, read_end
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS, retry
 from kfp_elastic.etcd.keys import RunKeys
@@ -46,6 +57,7 @@ from kfp_elastic.master.state import (
 )
 from kfp_elastic.master.timeline import (
     Event,
+    FailureCounted,
     JobDone,
     JobFailed,
     LaunchFailed,
@@ -121,6 +133,7 @@ def vanished_status(
 class JobResult:
     state: str  # succeeded | failed | refused (the run id is taken) | stepped_down
     message: str
+    failures: int = 0  # failures counted against the job's budget (failure_budget)
 
     @property
     def exit_code(self) -> int:
@@ -173,7 +186,10 @@ class ElasticJob:
         self._cache_lock = threading.Lock()
         self._table: dict[str, dict[str, Any]] = {}
         self._deleted_at: dict[str, float] = {}
-        self._worker_errors: dict[str, tuple[str, int]] = {}  # name -> (error, errors counted)
+        # name -> the error its agent recorded ("" if none), and whether it recorded one (then
+        # its failures are in the failure budget already)
+        self._worker_errors: dict[str, tuple[str, bool]] = {}
+        self._counted_on_timeline: set[str] = set()  # failure incidents with their event
         self._forbidden: LauncherForbidden | None = None  # the event watch was refused
         self._stats = TimelineStats()  # the observer's: the master's own events go in it too
 
@@ -245,13 +261,15 @@ class ElasticJob:
             state.set_status("running")
         manifest = spec.manifest()
         size = spec.size
+        timeline = read_timeline(self.client, spec.run_prefix)
+        self._counted_on_timeline = {e.incident for e in timeline if isinstance(e, FailureCounted)}
         observer = Observer(
             self.client,
             state,
             spec.size.nproc_per_worker,
             TimelineStats(
                 usage=SlotUsage(size.min_workers, size.max_workers, size.nproc_per_worker)
-            ).add_all(read_timeline(self.client, spec.run_prefix)),
+            ).add_all(timeline),
             self._wake.set,
         )
         self._stats = observer.stats
@@ -282,7 +300,9 @@ class ElasticJob:
         if recovered:
             state.append_event(
                 MasterRecovered(
-                    master=state.identity, workers=tuple(live), failures=state.failures()
+                    master=state.identity,
+                    workers=tuple(live),
+                    failures=len(read_failures(self.client, spec.run_prefix)),
                 )
             )
             log.info("master recovered run=%s adopted=%s", spec.run_id, ",".join(live) or "-")
@@ -312,7 +332,6 @@ class ElasticJob:
 
     def _loop(self, observer: Observer) -> JobResult:
         spec, state = self.spec, self.state
-        failures = state.failures()
         below_min_since: float | None = None
         finishing_since: float | None = None
         while True:
@@ -333,17 +352,15 @@ class ElasticJob:
                 )
                 workers = self._workers()
                 decision = decide(
-                    spec.scaling,
-                    workers,
-                    self._recorded(),
-                    failures,
-                    below_min_since,
-                    now,
-                    finishing=done,
+                    spec.scaling, workers, self._recorded(), below_min_since, now, finishing=done
                 )
-                self._record_ended(decision, decision.failures)
-                failures, below_min_since = decision.failures, decision.below_min_since
-                self._update_metrics(observer, workers, failures)
+                self._record_ended(decision)
+                below_min_since = decision.below_min_since
+                budget = self._failure_budget()
+                self._update_metrics(observer, workers, budget.count)
+                spent = None if done or decision.completed else budget.spent()
+                if spent:
+                    return self._finish("failed", spent, observer)
                 if decision.give_up:
                     return self._finish("failed", decision.give_up, observer)
                 if done or decision.completed:
@@ -364,7 +381,7 @@ class ElasticJob:
                         if live:
                             why += "; " + self._lingering(live)
                         return self._finish("succeeded", why, observer)
-                failures = self._launch(decision, failures)
+                self._launch(decision)
                 self._delete(decision.delete, now)
             except LauncherForbidden as error:  # RBAC: no retry can help; say what to grant
                 return self._finish("failed", str(error), observer)
@@ -479,24 +496,62 @@ class ElasticJob:
         self._stats.add(self.state.append_event(event))
 
     def _with_worker_error(self, status: WorkerStatus, recorded: set[str]) -> WorkerStatus:
-        """A worker that ended with an error, with what its agent left in etcd
-        (``RunKeys.worker_error``): the error (for the job's result, timeline and report) and
-        how many failed starts it counted (worker errors against ``--max-failures``)."""
+        """A worker that ended with an error, with the error its agent left in etcd
+        (``RunKeys.worker_error``), for the job's result, timeline and report."""
         if status.reason != Reason.ERROR or status.name in recorded:
             return status
-        if status.name not in self._worker_errors:
-            record = self._error_record(status.name) or {}
-            try:
-                self._worker_errors[status.name] = (
-                    str(record.get("error", "")),
-                    int(record.get("failures", 1)),
-                )
-            except (ValueError, TypeError):
-                self._worker_errors[status.name] = ("", 1)
-        error, count = self._worker_errors[status.name]
+        error, _ = self._agent_error(status.name)
         if not error:
             return status
-        return replace(status, message=f"{status.message}; worker error: {error}", errors=count)
+        return replace(status, message=f"{status.message}; worker error: {error}")
+
+    def _agent_error(self, name: str) -> tuple[str, bool]:
+        """(the error worker ``name``'s agent recorded, whether it recorded one: then it counted
+        its failures in the budget itself)."""
+        if name not in self._worker_errors:
+            record = self._error_record(name)
+            self._worker_errors[name] = (
+                str((record or {}).get("error", "")),
+                record is not None,
+            )
+        return self._worker_errors[name]
+
+    def _failure_budget(self) -> FailureBudget:
+        """The job's counted failures (``failure_budget``); those new to the timeline go on it."""
+        failures = read_failures(self.client, self.spec.run_prefix)
+        for count, failure in enumerate(failures, start=1):
+            if failure.incident in self._counted_on_timeline:
+                continue
+            self._counted_on_timeline.add(failure.incident)
+            self._append(
+                FailureCounted(
+                    incident=failure.incident,
+                    source=failure.source,
+                    worker=failure.worker,
+                    node=failure.node,
+                    rank=failure.rank,
+                    round=failure.round,
+                    fatal=failure.fatal,
+                    error=failure.error,
+                    count=count,
+                )
+            )
+            log.warning(
+                "failure counted run=%s count=%d max_failures=%d %s",
+                self.spec.run_id,
+                count,
+                self.spec.policy.max_failures,
+                failure.describe(),
+            )
+        return FailureBudget(self.spec.policy.max_failures, failures)
+
+    def _count(self, failure: CountedFailure) -> None:
+        try:
+            record_failure(self.client, self.spec.run_prefix, failure)
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception as error:  # noqa: BLE001 - the worker's end is recorded regardless
+            log.error("failure not counted run=%s error=%r", self.spec.run_id, error)
 
     def _error_record(self, name: str) -> dict[str, Any] | None:
         """What the worker's agent recorded of its last counted error (``RunKeys.worker_error``;
@@ -508,8 +563,18 @@ class ElasticJob:
             return None
         return record if isinstance(record, dict) else None
 
-    def _record_ended(self, decision: Decision, failures: int) -> None:
+    def _record_ended(self, decision: Decision) -> None:
         for outcome in decision.ended:
+            if outcome.failure and not self._agent_error(outcome.name)[1]:
+                # Its agent counted nothing (it died with its pod, or never started): count it.
+                self._count(
+                    CountedFailure(
+                        incident=worker_end_incident(outcome.name),
+                        source=SOURCE_WORKER_END,
+                        error=outcome.message,
+                        worker=outcome.name,
+                    )
+                )
             self._table[outcome.name] = self.state.update_worker(
                 outcome.name,
                 ended=outcome.cause,
@@ -542,12 +607,10 @@ class ElasticJob:
                 outcome.failure,
                 outcome.message,
             )
-        if any(o.failure for o in decision.ended):
-            self.state.set_failures(failures)
 
-    def _launch(self, decision: Decision, failures: int) -> int:
+    def _launch(self, decision: Decision) -> None:
         if not decision.launch:
-            return failures
+            return
         self._reopen_rendezvous()
         for index in decision.launch:
             try:
@@ -555,12 +618,15 @@ class ElasticJob:
             except (NotLeaderError, LauncherForbidden):
                 raise
             except Exception as error:  # noqa: BLE001 - counted; the budget ends a loop of these
-                failures += 1
-                self.state.set_failures(failures)
-                self.state.append_event(LaunchFailed(index=index, message=str(error)))
-                log.error(
-                    "worker launch failed index=%d failures=%d error=%s", index, failures, error
+                self._count(
+                    CountedFailure(
+                        incident=launch_incident(index, time.time()),
+                        source=SOURCE_LAUNCH,
+                        error=f"launch of worker {index} failed: {error}",
+                    )
                 )
+                self.state.append_event(LaunchFailed(index=index, message=str(error)))
+                log.error("worker launch failed index=%d error=%s", index, error)
                 break
             self._table[handle.name] = self.state.update_worker(
                 handle.name, index=index, attempt=handle.attempt, launched_at=time.time()
@@ -569,7 +635,6 @@ class ElasticJob:
             log.info(
                 "worker launched name=%s index=%d attempt=%d", handle.name, index, handle.attempt
             )
-        return failures
 
     def _delete(self, names: tuple[str, ...], now: float) -> None:
         """Ask the launcher once per name (again after ``REDELETE_S`` if it is still listed)."""
@@ -602,8 +667,9 @@ class ElasticJob:
         self._stop_workers()
         observer.observe()
         end = JobDone if result == "succeeded" else JobFailed
-        state.append_event(end(message=message, failures=state.failures()))
-        return JobResult(result, message)
+        failures = len(read_failures(self.client, spec.run_prefix))
+        state.append_event(end(message=message, failures=failures))
+        return JobResult(result, message, failures)
 
     def _stop_workers(self, timeout_s: float = 30.0) -> None:
         """Delete every worker (ended ones too, so no pod lingers) and wait until none runs."""

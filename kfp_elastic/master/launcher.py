@@ -94,9 +94,6 @@ class WorkerStatus:
     worker_index: int | None = None
     attempt: int | None = None
     node: str | None = None
-    # Failed starts the worker's agent counted before it ended (its etcd error record): the
-    # worker errors this worker stands for; None: not reported (one).
-    errors: int | None = None
 
     @property
     def ended(self) -> bool:

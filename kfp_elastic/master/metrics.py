@@ -244,7 +244,7 @@ class SnapshotCollector(Collector):
         )
         yield CounterMetricFamily(
             "kfp_elastic_worker_failures",
-            "Workers that exited with an error.",
+            "Failures counted against the job's failure budget (in-place restarts included).",
             value=snapshot.failures,
         )
         yield from _cost_metrics(snapshot.cost)

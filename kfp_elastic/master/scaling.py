@@ -8,14 +8,15 @@ The policy, as :func:`decide` applies it on every reconcile of the master:
   they join the job when capacity frees, and the master never adds pods beyond MAX to "try
   harder" (they would only queue behind the Pending ones).
 - **Replace what ended.** A worker that was preempted, evicted, lost with its node or deleted by
-  someone else is replaced without counting a failure (a *disruption*). A worker that exited
-  non-zero is replaced too, and counts against ``max_failures``: as many worker errors as its
-  agent counted failed starts (a failure that repeats at every start spends them at once).
-- **Give up** when failures exceed ``max_failures``, or when fewer than MIN workers have been
-  Running for longer than ``max_wait_s`` (measured on the caller's monotonic clock).
+  someone else is replaced, and is no failure (a *disruption*). A worker that exited non-zero
+  is replaced too, and is a failure (:attr:`Outcome.failure`): the caller counts it in the
+  job's failure budget unless its agent counted its failures already
+  (``kfp_elastic/contract/failure_budget.py`` decides when failures end the job).
+- **Give up** when fewer than MIN workers have been Running for longer than ``max_wait_s``
+  (measured on the caller's monotonic clock).
 - **Finishing.** Once the job is complete (a worker exited 0 or the committed progress says so)
-  nothing is launched, the below-MIN clock stops and workers that end with an error no longer
-  count as failures (a late replacement finds the finished run closed and exits 1). Workers
+  nothing is launched, the below-MIN clock stops and workers that end with an error are no
+  failures (a late replacement finds the finished run closed and exits 1). Workers
   still Pending are deleted at once: they can no longer train, and left alone they would bind
   to the slots the finishing workers free and keep them from other jobs.
 
@@ -54,10 +55,9 @@ class Outcome:
     name: str
     worker_index: int | None
     cause: str  # a value of CAUSES
-    failure: bool  # counts against max_failures
+    failure: bool  # ended with an error: a failure for the job's budget
     exit_code: int | None
     message: str
-    errors: int = 1  # worker errors it stands for (its agent's counted failures), if a failure
 
     @property
     def completed(self) -> bool:
@@ -70,7 +70,6 @@ class Decision:
     delete: tuple[str, ...]  # ended workers to remove (after recording them); when finishing,
     # the Pending ones too
     ended: tuple[Outcome, ...]  # newly ended workers, to record once
-    failures: int  # failures so far, these included
     below_min_since: float | None  # monotonic time since when fewer than MIN run, or None
     give_up: str | None  # why the job must fail now, or None
     running: int
@@ -102,7 +101,6 @@ def outcome_of(status: WorkerStatus) -> Outcome:
         cause == "failed",
         status.exit_code,
         message,
-        max(1, status.errors or 1),
     )
 
 
@@ -115,7 +113,6 @@ def decide(
     policy: ScalingPolicy,
     workers: Sequence[WorkerStatus],
     recorded: Collection[str],
-    failures: int,
     below_min_since: float | None,
     now: float,
     finishing: bool = False,
@@ -126,25 +123,18 @@ def decide(
     finishing = finishing or any(o.completed for o in ended)
     if finishing:  # e.g. a late replacement that found the finished run closed: not a failure
         ended = tuple(replace(o, failure=False) for o in ended)
-    failures += sum(o.errors for o in ended if o.failure)
     delete = tuple(w.name for w in workers if w.ended and w.phase != WorkerPhase.DELETED)
     active = [w for w in workers if is_active(w)]
     running = [w for w in active if w.phase == WorkerPhase.RUNNING]
     pending = [w for w in active if w.phase == WorkerPhase.PENDING]
 
     give_up: str | None = None
-    if failures > policy.max_failures and not finishing:
-        last = next((o for o in reversed(ended) if o.failure), None)
-        give_up = f"{failures} worker failures exceed --max-failures={policy.max_failures}" + (
-            f"; last: {last.name}: {last.message}" if last else ""
-        )
-
     if finishing or len(running) >= policy.min_workers:
         below_min_since = None
     else:
         below_min_since = now if below_min_since is None else below_min_since
         waited = now - below_min_since
-        if give_up is None and waited >= policy.max_wait_s:
+        if waited >= policy.max_wait_s:
             give_up = (
                 f"only {len(running)} of --min-workers={policy.min_workers} workers ran "
                 f"for {waited:.1f}s, longer than --max-wait={policy.max_wait_s:g}s"
@@ -158,9 +148,7 @@ def decide(
         taken = {w.worker_index for w in active}
         free = [i for i in range(policy.max_workers) if i not in taken]
         launch = tuple(free[: max(0, policy.max_workers - len(active))])
-    return Decision(
-        launch, delete, ended, failures, below_min_since, give_up, len(running), len(pending)
-    )
+    return Decision(launch, delete, ended, below_min_since, give_up, len(running), len(pending))
 
 
 def _describe_pending(pending: Sequence[WorkerStatus]) -> str:

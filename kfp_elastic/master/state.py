@@ -309,12 +309,6 @@ class MasterState:
             self._put(self.keys.worker(name), record)
             return record
 
-    def failures(self) -> int:
-        return int((self._get(self.keys.failures) or {}).get("count", 0))
-
-    def set_failures(self, count: int) -> None:
-        self._put(self.keys.failures, {"count": count})
-
     def observed(self) -> dict[str, Any]:
         return self._get(self.keys.observed) or {}
 

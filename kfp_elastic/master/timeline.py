@@ -40,6 +40,7 @@ class EventKind(str, enum.Enum):
     LAUNCH_FAILED = "launch_failed"
     WORKER_LOST = "worker_lost"
     WORKER_COMPLETED = "worker_completed"
+    FAILURE_COUNTED = "failure_counted"
     ROUND_FORMED = "round_formed"
     COMMITTED = "committed"
     EPOCH_END = "epoch_end"
@@ -137,7 +138,7 @@ class WorkerLost(Event):
     index: int | None = None
     exit_code: int | None = None
     cause: str = ""  # master.scaling's causes: preempted, failed, node_lost, ...
-    failure: bool = False  # counts against the job's failure budget
+    failure: bool = False  # ended with an error (its agent's failures are counted already)
     message: str = ""
 
 
@@ -147,6 +148,23 @@ class WorkerCompleted(Event):
     name: str = ""
     index: int | None = None
     exit_code: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailureCounted(Event):
+    """A failure counted against the job's budget (``failure_budget.CountedFailure``): by an
+    agent that restarts its workers in place or gives up, or by the master."""
+
+    kind = EventKind.FAILURE_COUNTED
+    incident: str = ""
+    source: str = ""
+    worker: str = ""
+    node: str = ""
+    rank: int | None = None
+    round: int | None = None
+    fatal: bool = False
+    error: str = ""
+    count: int = 0  # counted failures so far, this one included
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,6 +249,7 @@ EVENT_TYPES: dict[EventKind, type[Event]] = {
         LaunchFailed,
         WorkerLost,
         WorkerCompleted,
+        FailureCounted,
         RoundFormed,
         Committed,
         EpochEnd,

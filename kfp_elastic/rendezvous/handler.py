@@ -32,6 +32,14 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from kfp_elastic.contract import worker_end
+from kfp_elastic.contract.failure_budget import (
+    SOURCE_AGENT,
+    CountedFailure,
+    FailureBudget,
+    agent_incident,
+    read_failures,
+    record_failure,
+)
 from kfp_elastic.contract.nccl_env import set_nccl_error_handling
 from kfp_elastic.contract.rendezvous_config import RendezvousConfig, config_from_torch_params
 from kfp_elastic.etcd.client import EtcdConnectionError, connect
@@ -53,9 +61,13 @@ from kfp_elastic.rendezvous.peer_failures import (
     MembershipChange,
     RestartPolicy,
     Verdict,
+    after_budget,
     error_text,
     failure_signature,
+    is_fatal_failure,
+    is_own_error,
     membership_change,
+    root_cause,
 )
 from kfp_elastic.rendezvous.round_formation import (
     MasterRecord,
@@ -233,7 +245,9 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
 
     def on_worker_failure(self, failures: Mapping[int, Any]) -> Verdict:
         """torchrun's agent saw our workers fail: restart for free, count it, or give up
-        (``peer_failures.RestartPolicy``); a counted failure leaves its error in etcd."""
+        (``peer_failures.RestartPolicy``). A failure that is not free is counted in the job's
+        failure budget (``failure_budget``), which may end the restarts (``after_budget``),
+        and leaves its error in etcd."""
         change = (
             self.wait_for_peer_loss(self._config.peer_failure_grace)
             if self._config.peer_failure_grace > 0
@@ -243,13 +257,19 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         verdict = self._restarts.decide(change, signature, time.monotonic())
         text = error_text(failures)
         round_number = self._round.number if self._round else 0
+        budget = None
+        if verdict != Verdict.FREE:
+            budget = self._count_failure(failures, round_number, text)
+            if budget is not None:
+                verdict = after_budget(verdict, budget)
         log.log(
             logging.INFO if verdict == Verdict.FREE else logging.WARNING,
-            "worker failure node=%s round=%d verdict=%s repeats=%d change=%s error=%s",
+            "worker failure node=%s round=%d verdict=%s repeats=%d counted=%s change=%s error=%s",
             self.node_id,
             round_number,
             verdict.value,
             self._restarts.repeats,
+            "?" if budget is None else budget.count,
             change.describe() if change is not None else "unknown",
             text,
         )
@@ -257,10 +277,41 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             self._record_worker_error(round_number, verdict, text)
         return verdict
 
+    def _worker_name(self) -> str:
+        """The master's name for this node's worker; without a master, the node id."""
+        return worker_name() or self.node_id
+
+    def _count_failure(
+        self, failures: Mapping[int, Any], round_number: int, text: str
+    ) -> FailureBudget | None:
+        """Count this round's failure in the job's budget (once, whichever agent of the round
+        comes first) and return the budget as it is now (None: etcd could not be reached; the
+        failure still reaches the agent's log, and torchrun's restarts go on)."""
+        run_lease = self._round.run_lease if self._round else 0
+        rank = root_cause(failures)[0] if failures else None
+        failure = CountedFailure(
+            incident=agent_incident(round_number, run_lease),
+            source=SOURCE_AGENT,
+            error=text,
+            worker=self._worker_name(),
+            node=self.node_id,
+            rank=rank,
+            round=round_number,
+            fatal=is_fatal_failure(failures),
+            own_error=is_own_error(failures),
+        )
+        try:
+            record_failure(self._client, self._config.run_prefix, failure)
+            counted = read_failures(self._client, self._config.run_prefix)
+        except Exception as error:  # noqa: BLE001 - counting must not break the restart
+            log.warning("could not count worker failure node=%s error=%r", self.node_id, error)
+            return None
+        return FailureBudget(self._config.max_failures, counted)
+
     def _record_worker_error(self, round_number: int, verdict: Verdict, text: str) -> None:
-        worker = worker_name()
+        worker = self._worker_name()
         record = {
-            "worker": worker or self.node_id,
+            "worker": worker,
             "node": self.node_id,
             "round": round_number,
             "verdict": verdict.value,
@@ -269,7 +320,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             "error": text,
         }
         try:
-            self._client.put(self._keys.worker_error(worker or self.node_id), json.dumps(record))
+            self._client.put(self._keys.worker_error(worker), json.dumps(record))
         except Exception as error:  # noqa: BLE001 - the error still reaches the agent's log
             log.warning("could not record worker error node=%s error=%r", self.node_id, error)
 

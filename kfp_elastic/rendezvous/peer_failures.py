@@ -17,12 +17,14 @@ seconds, what the failure looked like) and asks :class:`RestartPolicy`:
   like, and treating it as free made such a job restart forever.
 - **give up**: the workers failed the same way (same exit codes and error line)
   ``max_repeated_failures`` times in a row: the agent stops restarting and fails, whatever is
-  left of ``--max-restarts``; the master counts a worker error (``--max-failures``).
+  left of ``--max-restarts``; the master replaces the worker (a new pod or process tree).
 
-Counted failures and the give-up leave the error (exception line and traceback tail, from
-torchrun's error file) and how many failures the agent counted in etcd for the master
-(``RunKeys.worker_error``): when the agent fails, the master counts that many worker errors
-against ``--max-failures``, so a failure that repeats at every start ends the job at once.
+A counted failure (or a give-up) then goes to the job's one failure budget
+(``contract/failure_budget.py``: counted once per round in etcd, whichever agent reports it)
+and :func:`after_budget` has the last word: a failure that spends the budget, or a fatal one
+(``NonFiniteLoss``), makes the agent give up at once instead of restarting in place. The
+agent's last error (exception line and traceback tail, from torchrun's error file) also goes to
+``RunKeys.worker_error``: it tells the master that this worker's failures are counted already.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
+from kfp_elastic.contract.failure_budget import FailureBudget, is_fatal
 from kfp_elastic.rendezvous.round_formation import NodeRecord, RoundRecord, is_waiting
 from kfp_elastic.rendezvous.torchrun_hooks import wrap_once
 
@@ -41,6 +44,16 @@ log = logging.getLogger(__name__)
 
 # What torchrun says when the worker wrote no error file: carries nothing to compare.
 _NO_ERROR_FILE = "To enable traceback see"
+# What a rank's error says when it is its peer's failure seen through a collective (gloo's
+# transport, NCCL's abort), not its own: the other account of a round's failure is better.
+PEER_ERROR_MARKS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "pair closure",
+    "DistNetworkError",
+    "NCCL communicator was aborted",
+)
 # Bounds of the error text carried through etcd to the master, the component and the report.
 ERROR_TEXT_MAX_CHARS = 1500
 TRACEBACK_TAIL_LINES = 6
@@ -163,15 +176,43 @@ def _traceback_tail(failure: Any) -> list[str]:
     return lines[-TRACEBACK_TAIL_LINES:]
 
 
+def root_cause(failures: Mapping[int, Any]) -> tuple[int, Any]:
+    """The failed rank whose error it is: one that says what went wrong, then the earliest
+    (torch's choice); ``(rank, failure)``. ``failures`` must not be empty."""
+    return min(
+        failures.items(),
+        key=lambda item: (not _headline(item[1]), getattr(item[1], "timestamp", 0), item[0]),
+    )
+
+
+def is_fatal_failure(failures: Mapping[int, Any]) -> bool:
+    """A rank failed with an error no restart can fix (``failure_budget.FATAL_ERRORS``)."""
+    return any(is_fatal(_headline(f)) for f in failures.values())
+
+
+def is_own_error(failures: Mapping[int, Any]) -> bool:
+    """The root cause's error is the worker's own: it wrote an error file, and the error is not
+    a peer's failure seen in a collective (:data:`PEER_ERROR_MARKS`)."""
+    if not failures:
+        return False
+    headline = _headline(root_cause(failures)[1])
+    return bool(headline) and not any(mark in headline for mark in PEER_ERROR_MARKS)
+
+
+def after_budget(verdict: Verdict, budget: FailureBudget) -> Verdict:
+    """The agent's verdict once its counted failure is in the job's budget: a spent budget (too
+    many failures, or a fatal one) ends the agent's restarts in place; a free failure is never
+    counted, so the budget does not change it."""
+    if verdict != Verdict.FREE and budget.spent() is not None:
+        return Verdict.GIVE_UP
+    return verdict
+
+
 def error_text(failures: Mapping[int, Any]) -> str:
     """One line for people: the first failed rank's error and traceback tail, bounded."""
     if not failures:
         return "no failure details"
-    # The root cause: a rank that says what went wrong, then the earliest (torch's choice).
-    rank, failure = min(
-        failures.items(),
-        key=lambda item: (not _headline(item[1]), getattr(item[1], "timestamp", 0), item[0]),
-    )
+    rank, failure = root_cause(failures)
     code = getattr(failure, "exitcode", "?")
     headline = _headline(failure) or "the worker wrote no error file"
     text = f"{headline} (rank {rank}, exit code {code})"

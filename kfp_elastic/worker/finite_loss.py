@@ -2,9 +2,11 @@
 (``train_step.TrainStep``) and the script API (``elastic.State.commit(loss=...)``) share.
 
 ``--nan-policy fail`` (the default) stops the job: the worker raises ``NonFiniteLoss``, which
-names the step and the rank; torchrun's error file carries it to the agent and the master, and
-since it fails the same way at every restart (the restored state leads to the same step), the
-job ends with it as its error instead of reporting success for a model that is NaN.
+names the step and the rank; torchrun's error file carries it to the agent, which counts it in
+the job's failure budget as a fatal failure (``contract/failure_budget.py``: its class name is
+in ``FATAL_ERRORS``) and does not restart its workers; the master ends the job with it as its
+error at its first occurrence, whatever the step, instead of reporting success for a model
+that diverged.
 ``--nan-policy skip`` skips such a step (no optimizer step; see ``TrainStep``) and trains on.
 """
 

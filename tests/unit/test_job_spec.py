@@ -373,7 +373,11 @@ def test_the_local_launcher_gets_the_whole_spec(
     )
     launcher = make_launcher(plan(spec), None)
     assert isinstance(launcher, LocalLauncher)
-    assert launcher.rdzv_conf == {"last_call_timeout": "1", "orphan_timeout": "300"}
+    assert launcher.rdzv_conf == {
+        "last_call_timeout": "1",
+        "orphan_timeout": "300",
+        "max_failures": "3",
+    }
     assert launcher.capacity == 1
     assert launcher.max_restarts == 7 and launcher.nnodes == "1:3"
     assert launcher.nproc_per_worker == 2 and launcher.workdir == tmp_path.resolve()
@@ -486,6 +490,7 @@ def test_the_builtin_runtime_is_preloaded_by_the_zygotes() -> None:
         "last_call_timeout": "1",
         "warm_start_preload": "kfp_elastic.worker.runner",
         "orphan_timeout": "300",
+        "max_failures": "3",
     }
     agent = RendezvousConfig.from_params("127.0.0.1:2379", "r", 1, 2, None, conf, env={})
     assert agent.preload_modules == ("kfp_elastic.worker.runner",)

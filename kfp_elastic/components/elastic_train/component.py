@@ -127,7 +127,9 @@ def elastic_train(
             (cluster) or a local directory next to the outputs.
         inject_faults: e.g. ``preempt:worker-1@step10,kill:worker-0@40s`` (demos, tests).
         max_wait_s: seconds below min_workers before the job fails.
-        max_failures: worker errors tolerated (preemptions do not count).
+        max_failures: worker failures the job tolerates, counted once each across
+            in-place restarts and replaced workers; one more fails the job (preemptions do
+            not count; a NaN loss under nan_policy fail fails it at once).
         orphan_timeout_s: seconds the workers go on without a master (the run terminated,
             the task's pod gone and not retried) before they snapshot and stop on their own;
             longer than a KFP retry of this task takes to start (docs/master.md).

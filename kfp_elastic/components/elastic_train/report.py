@@ -193,11 +193,15 @@ def cost_section(cost: Cost, prices: Prices) -> list[str]:
 
 
 def _why_it_failed(summary: Summary) -> list[str]:
-    """The master's verdict and the errors the failed workers left (exception, traceback tail)."""
+    """The master's verdict and the failures counted against the job's budget (where, the
+    exception and traceback tail); without those, the errors the failed workers left."""
     if summary.end_state != "failed":
         return []
-    errors = [(t, w, message) for t, w, cause, message in summary.lost_rows if cause == "failed"]
     parts = ["<h2>Why it failed</h2>", f"<pre>{escape(summary.end_message or 'unknown')}</pre>"]
+    if summary.failure_rows:
+        parts.append(_table(("t (s)", "worker", "where", "error"), summary.failure_rows))
+        return parts
+    errors = [(t, w, message) for t, w, cause, message in summary.lost_rows if cause == "failed"]
     if errors:
         parts.append(_table(("t (s)", "worker", "error"), errors))
     return parts

@@ -103,6 +103,7 @@ class TrainResult:
     injected: list[Injected]
     end_t: float
     prices: Prices
+    failures: int = 0  # counted against the job's failure budget (the message names the last)
 
 
 def kfp_origin(run_id: str) -> str:
@@ -212,6 +213,7 @@ def run(spec: JobSpec, inject_faults: str = "", say: Say = print) -> TrainResult
             list(injector.done),
             time.time(),
             launch.prices,
+            result.failures,
         )
     finally:
         stop.set()

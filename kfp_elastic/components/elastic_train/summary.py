@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kfp_elastic.contract.failure_budget import CountedFailure
 from kfp_elastic.contract.prices import GUARANTEED, NO_PRICES, OPPORTUNISTIC, Prices
 from kfp_elastic.master.cost import Cost, SlotUsage, cost_of
 from kfp_elastic.master.launcher import DISRUPTIONS as DISRUPTION_REASONS
@@ -31,6 +32,7 @@ from kfp_elastic.master.timeline import (
     Committed,
     EpochEnd,
     Event,
+    FailureCounted,
     FaultInjected,
     JobDone,
     JobFailed,
@@ -66,7 +68,7 @@ class Summary:
     goodput: float = 0.0
     workers_lost: int = 0
     disruptions: int = 0
-    failures: int = 0
+    failures: int = 0  # counted against the job's failure budget (in-place restarts included)
     epochs_done: int = 0
     max_world_size: int = 0
     final_world_size: int = 0
@@ -75,6 +77,8 @@ class Summary:
     losses: tuple[tuple[int, float], ...] = ()  # (step, loss), in the order trained
     restart_rows: tuple[Restart, ...] = ()  # causes: what happened since the previous round
     lost_rows: tuple[tuple[float, str, str, str], ...] = ()  # (t, worker, cause, message)
+    # (t, worker, where: node, rank, round, error) of each counted failure
+    failure_rows: tuple[tuple[float, str, str, str], ...] = ()
     end_state: str = ""
     end_message: str = ""
     cost: Cost = field(default_factory=Cost)
@@ -133,6 +137,7 @@ def summarize(
     losses: list[tuple[int, float]] = []
     restarts: list[Restart] = []
     lost_rows: list[tuple[float, str, str, str]] = []
+    failure_rows: list[tuple[float, str, str, str]] = []
     causes: list[str] = []
     rounds_seen = 0
     steps, final_loss, epochs = 0, 0.0, 0
@@ -168,9 +173,20 @@ def summarize(
             name = event.name or "?"
             counts["lost"] += 1
             counts["disruptions"] += cause in DISRUPTIONS
-            counts["failures"] += event.failure
             causes.append(f"{name} lost ({cause})")
             lost_rows.append((round(t, 2), name, cause, event.message))
+        elif isinstance(event, FailureCounted):
+            counts["failures"] += 1
+            where = CountedFailure(
+                event.incident,
+                event.source,
+                event.error,
+                node=event.node,
+                rank=event.rank,
+                round=event.round,
+            ).where()
+            failure_rows.append((round(t, 2), event.worker or "?", where, event.error))
+            causes.append(f"{event.worker or '?'} failed")
         elif isinstance(event, WorkerLaunched) and rounds_seen:
             causes.append(f"{event.name or '?'} launched")
         elif isinstance(event, FaultInjected):
@@ -197,6 +213,7 @@ def summarize(
         losses=tuple(losses),
         restart_rows=tuple(restarts),
         lost_rows=tuple(lost_rows),
+        failure_rows=tuple(failure_rows),
         end_state=end_state,
         end_message=end_message,
         cost=cost_of(stats.usage, prices, at=last_t),
@@ -226,6 +243,9 @@ def _line(event: Event) -> str | None:  # noqa: PLR0911 - one return per event t
         return f"{event.name} lost: {event.cause}{detail}"
     if isinstance(event, WorkerCompleted):
         return f"{event.name} completed"
+    if isinstance(event, FailureCounted):
+        what = "fatal failure" if event.fatal else "failure"
+        return f"{what} {event.count} counted: {event.worker or '?'}: {event.error}"
     if isinstance(event, LaunchFailed):
         return f"launch of worker {event.index} failed: {event.message}"
     if isinstance(event, RoundFormed):

@@ -239,3 +239,45 @@ def test_a_failed_job_says_why_with_the_workers_errors() -> None:
     assert "worker-0-0" in why and "worker-1-0" not in why  # only errors, not disruptions
     succeeded = render(summarize(timeline()), title="t", settings={})
     assert "Why it failed" not in succeeded
+
+
+def test_a_spent_failure_budget_lists_every_counted_failure() -> None:
+    """Failures restarted in place never end a worker: the summary counts them from the
+    timeline's ``failure_counted`` events, and the report names where each happened."""
+    nan = "NonFiniteLoss: non-finite loss (nan) at step 5 on rank 1 (rank 1, exit code 1)"
+    events = [
+        {"t": T0, "kind": "master_started"},
+        {
+            "t": T0 + 2,
+            "kind": "failure_counted",
+            "incident": "round-1-1f",
+            "source": "agent",
+            "worker": "worker-1-0",
+            "node": "host-b",
+            "rank": 1,
+            "round": 1,
+            "error": "RuntimeError: at step 3 (rank 1, exit code 1)",
+            "count": 1,
+        },
+        {
+            "t": T0 + 4,
+            "kind": "failure_counted",
+            "incident": "round-2-1f",
+            "source": "agent",
+            "worker": "worker-1-0",
+            "node": "host-b",
+            "rank": 1,
+            "round": 2,
+            "fatal": True,
+            "error": nan,
+            "count": 2,
+        },
+        {"t": T0 + 5, "kind": "job_failed", "message": f"worker-1-0: {nan}: ...", "failures": 2},
+    ]
+    summary = summarize([from_record(e) for e in events])
+    assert summary.failures == summary.metrics()["worker_failures"] == 2
+    assert summary.failure_rows[1] == (4.0, "worker-1-0", "node host-b, rank 1, round 2", nan)
+    lines = [describe(from_record(e), T0) for e in events]
+    assert lines[2] == f"[    4.0s] fatal failure 2 counted: worker-1-0: {nan}"
+    why = render(summary, title="t", settings={}).split("<h2>Why it failed</h2>")[1]
+    assert "node host-b, rank 1, round 1" in why and "RuntimeError: at step 3" in why

@@ -30,10 +30,10 @@ def every_key(keys: RunKeys) -> dict[str, str]:
         "master.spec": master.spec,
         "master.status": master.status,
         "master.worker": master.worker("worker-0-0"),
-        "master.failures": master.failures,
         "master.observed": master.observed,
         "master.event_seq": master.event_seq,
         "event": timeline.event(7),
+        "failure": keys.failure("round-3-1f"),
         "progress.committed": progress.committed,
         "progress.base_world_size": progress.base_world_size,
         "shards.manifest": progress.manifest,
@@ -63,6 +63,7 @@ def test_parts_have_disjoint_sub_prefixes() -> None:
         keys.timeline.root,
         keys.progress.root,
         keys.progress.shards,
+        keys.failures,
     ]
     assert len(set(roots)) == len(roots)
     for a, b in itertools.permutations(roots, 2):
@@ -108,10 +109,10 @@ def test_the_docstring_table_names_every_key() -> None:
         "master/spec",
         "master/status",
         "master/workers/{name}",
-        "master/failures",
         "master/observed",
         "master/event_seq",
         "events/{seq:010d}",
+        "failures/{incident}",
         "progress/committed",
         "progress/base_world_size",
         "shards/manifest",

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from kfp_elastic.contract.failure_budget import read_failures
 from kfp_elastic.contract.worker_end import END_SIGTERM, WorkerEnd, record_end
 from kfp_elastic.etcd import settings as etcd_settings
 from kfp_elastic.etcd.client import connect
@@ -181,7 +182,7 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
     assert launched == [*names, replacement, *again]
     assert isinstance(timeline[-1], JobDone)
     state: Any = MasterState(client, spec.run_prefix)
-    assert state.status()["state"] == "succeeded" and state.failures() == 0
+    assert state.status()["state"] == "succeeded" and read_failures(client, spec.run_prefix) == ()
     # A retried master names a new pod after every attempt in its table, gone ones too.
     retried = make_launcher(plan(spec), state)
     try:

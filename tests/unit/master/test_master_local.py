@@ -22,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.contract.failure_budget import read_failures
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.gpus import GpuShortage
@@ -44,6 +45,7 @@ from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import (
     Committed,
     EpochEnd,
+    FailureCounted,
     JobDone,
     JobFailed,
     MasterRecovered,
@@ -336,7 +338,7 @@ def test_job_replaces_a_killed_worker_and_succeeds(
     held = SlotUsage().add_all(timeline).slot_seconds()  # the job's end closed every slot
     assert held["guaranteed"] > held["opportunistic"] > 0
     state = MasterState(client, prefix)
-    assert state.status()["state"] == "succeeded" and state.failures() == 0
+    assert state.status()["state"] == "succeeded" and read_failures(client, prefix) == ()
     assert all(r.get("ended") for r in state.workers().values())
 
 
@@ -471,15 +473,22 @@ def test_failing_workers_exhaust_the_failure_budget(
 
     job, thread, results = run_job(spec, client, factory)
     thread.join(90)
-    assert results and results[0].state == "failed"
-    assert (
-        "2 worker failures exceed --max-failures=1; last: worker-0-1: exit code 1"
-        in results[0].message
+    assert results and results[0].state == "failed" and results[0].failures == 2
+    message = results[0].message
+    assert message.startswith("2 worker failures exceed --max-failures=1; last: worker-0-1: ")
+    assert "(rank 0, exit code 3)" in message  # the worker's own exit code, from its agent
+    timeline = read_timeline(client, spec.run_prefix)
+    lost = [(e.name, e.cause) for e in of_type(timeline, WorkerLost)]
+    # The second agent's count spends the budget: the job may fail before its worker ends.
+    assert lost in (
+        [("worker-0-0", "failed")],
+        [("worker-0-0", "failed"), ("worker-0-1", "failed")],
     )
-    lost = of_type(read_timeline(client, spec.run_prefix), WorkerLost)
-    assert [(e.name, e.cause) for e in lost] == [
-        ("worker-0-0", "failed"),
-        ("worker-0-1", "failed"),
+    # Each counted once, by its agent (torchrun's --max-restarts=0: no restart in place).
+    counted = of_type(timeline, FailureCounted)
+    assert [(e.worker, e.source, e.count) for e in counted] == [
+        ("worker-0-0", "agent", 1),
+        ("worker-0-1", "agent", 2),
     ]
 
 

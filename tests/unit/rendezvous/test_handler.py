@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -16,8 +17,10 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
 )
 
+from kfp_elastic.contract.failure_budget import read_failures
 from kfp_elastic.etcd.watched_prefix import WatchedPrefix
 from kfp_elastic.rendezvous.handler import ElasticEtcdRendezvousHandler, RunCompletedError
+from kfp_elastic.rendezvous.peer_failures import Verdict
 
 
 def raw_client(etcd) -> MultiEndpointEtcd3Client:
@@ -551,3 +554,48 @@ def test_store_timeout_bounds_the_rounds_store(make_handler) -> None:
     handler = make_handler(1, 1, store_timeout=7)
     info = handler.next_rendezvous()
     assert info.store.timeout == timedelta(seconds=7)
+
+
+@dataclasses.dataclass
+class ProcessFailure:  # what torchrun's agent hands to on_worker_failure, per global rank
+    exitcode: int
+    message: str
+    timestamp: int = 0
+
+
+GLOO_PEER = "RuntimeError: [pair.cc:534] Connection closed by peer [127.0.0.1]:4711"
+
+
+def test_a_rounds_failure_counts_once_in_the_jobs_budget_until_it_is_spent(
+    make_handler, etcd, run_id
+) -> None:
+    """One rank's error fails its peer's workers in the same round: two agents report it, the
+    job's budget counts it once (with the rank's own error); the next round's failure spends a
+    budget of 1, and the agent stops restarting in place."""
+    a, b = (make_handler(2, 2, peer_failure_grace=0, max_failures=1) for _ in range(2))
+    join_all([a, b])
+    own = {1: ProcessFailure(1, "RuntimeError: a data-dependent error at step 3")}
+    assert a.on_worker_failure({0: ProcessFailure(1, GLOO_PEER)}) == Verdict.COUNT
+    assert b.on_worker_failure(own) == Verdict.COUNT
+    client = raw_client(etcd)
+    prefix = a._config.run_prefix
+    (counted,) = read_failures(client, prefix)
+    assert counted.error.startswith("RuntimeError: a data-dependent error at step 3 (rank 1,")
+    assert (counted.node, counted.rank, counted.source) == (b.node_id, 1, "agent")
+    join_all([a, b])  # torchrun restarts both in place: the next round
+    moved = {1: ProcessFailure(1, "RuntimeError: a data-dependent error at step 4")}
+    assert b.on_worker_failure(moved) == Verdict.GIVE_UP  # 2 > max_failures=1
+    assert len(read_failures(client, prefix)) == 2
+    client.close()
+
+
+def test_a_non_finite_loss_is_never_restarted_in_place(make_handler, etcd) -> None:
+    """Even without a budget (a torchrun job without a master): a fatal error at once."""
+    handler = make_handler(1, 1, peer_failure_grace=0)
+    join_all([handler])
+    nan = "NonFiniteLoss: non-finite loss (nan) at step 7 on rank 0: training stopped"
+    assert handler.on_worker_failure({0: ProcessFailure(1, nan)}) == Verdict.GIVE_UP
+    client = raw_client(etcd)
+    (counted,) = read_failures(client, handler._config.run_prefix)
+    client.close()
+    assert counted.fatal and counted.error.startswith(nan)
