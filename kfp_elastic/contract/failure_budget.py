@@ -30,14 +30,17 @@ restarted) report twice is counted once.
   ``worker/finite_loss.py``; restored, the model only diverges again).
 
 The agent that counts a failure which spends the budget stops restarting its workers (its
-torchrun fails); the master ends the job, stops every worker, and its result names the count
-and the last failure (error, worker, node, rank, round); the timeline gets one
+torchrun fails); the master ends the job (when the failure that spent it is a peer's
+account, a connection the failing rank closed, after up to :data:`OWN_ACCOUNT_WAIT_S` for the
+failing rank's agent to replace it with the error itself), stops every worker, and its result
+names the count and the last failure (error, worker, node, rank, round); the timeline gets one
 ``failure_counted`` event per counted failure.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -92,6 +95,9 @@ class CountedFailure:
     # The error is the worker's own, not what its rank saw of a peer's failure (a collective
     # whose peer went away) nor a signal without an error file: the better account of a round.
     own_error: bool = True
+    # The error is a peer's failure as this rank saw it in a collective (a connection the
+    # failing rank closed): the failing rank's own agent has the error itself.
+    peers_error: bool = False
     t: float = 0.0  # unix time of the writer
 
     def to_json(self) -> str:
@@ -112,6 +118,7 @@ class CountedFailure:
                 round=None if data.get("round") is None else int(data["round"]),
                 fatal=bool(data.get("fatal", False)),
                 own_error=bool(data.get("own_error", True)),
+                peers_error=bool(data.get("peers_error", False)),
                 t=float(data.get("t", 0.0)),
             )
         except (ValueError, TypeError, AttributeError):
@@ -149,6 +156,13 @@ def count_once(failures: Iterable[CountedFailure]) -> tuple[CountedFailure, ...]
     return tuple(counted)
 
 
+# A round's failure reaches its agents together: the failing rank's with its own error, its
+# peers' as a closed connection, often a moment sooner. A budget spent by a peer's account waits
+# this long for the failing rank's own (it replaces the record: one incident) so that the job's
+# result names the error itself; then it fails with what it has.
+OWN_ACCOUNT_WAIT_S = 3.0
+
+
 @dataclass(frozen=True)
 class FailureBudget:
     """The job's counted failures against its ``max_failures``; :meth:`spent` is its rule."""
@@ -170,9 +184,16 @@ class FailureBudget:
     def with_failure(self, failure: CountedFailure) -> FailureBudget:
         return FailureBudget(self.max_failures, (*self.failures, failure))
 
-    def spent(self) -> str | None:
+    @property
+    def exceeded(self) -> bool:
+        """More than ``max_failures`` counted failures."""
+        return self.max_failures is not None and self.count > self.max_failures
+
+    def spent(self, waited_s: float = math.inf) -> str | None:
         """Why the job must fail now (None: it may go on): a fatal failure, or more than
-        ``max_failures`` counted failures. The reason names the count and the failure."""
+        ``max_failures`` counted failures. The reason names the count and the failure.
+        ``waited_s``: how long the count has been exceeded; a budget spent by a peer's account
+        of the last failure waits until :data:`OWN_ACCOUNT_WAIT_S` for the failing rank's."""
         fatal = next((f for f in self.failures if f.fatal), None)
         if fatal is not None:
             return (
@@ -180,7 +201,9 @@ class FailureBudget:
                 f"occurrence ({_failures(self.count)} counted)"
             )
         last = self.last
-        if self.max_failures is not None and self.count > self.max_failures and last:
+        if self.exceeded and last:
+            if last.peers_error and waited_s < OWN_ACCOUNT_WAIT_S:
+                return None
             return (
                 f"{_failures(self.count)} exceed --max-failures={self.max_failures}; "
                 f"last: {last.describe()}"

@@ -334,6 +334,7 @@ class ElasticJob:
         spec, state = self.spec, self.state
         below_min_since: float | None = None
         finishing_since: float | None = None
+        exceeded_since: float | None = None  # when the failure budget was first exceeded
         while True:
             if state.lost.is_set():
                 raise NotLeaderError("leader lease lost")
@@ -358,7 +359,9 @@ class ElasticJob:
                 below_min_since = decision.below_min_since
                 budget = self._failure_budget()
                 self._update_metrics(observer, workers, budget.count)
-                spent = None if done or decision.completed else budget.spent()
+                exceeded_since = (exceeded_since or now) if budget.exceeded else None
+                waited_s = now - exceeded_since if exceeded_since is not None else 0.0
+                spent = None if done or decision.completed else budget.spent(waited_s)
                 if spent:
                     return self._finish("failed", spent, observer)
                 if decision.give_up:

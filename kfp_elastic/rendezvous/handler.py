@@ -66,6 +66,7 @@ from kfp_elastic.rendezvous.peer_failures import (
     failure_signature,
     is_fatal_failure,
     is_own_error,
+    is_peers_error,
     membership_change,
     root_cause,
 )
@@ -299,6 +300,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             round=round_number,
             fatal=is_fatal_failure(failures),
             own_error=is_own_error(failures),
+            peers_error=is_peers_error(failures),
         )
         try:
             record_failure(self._client, self._config.run_prefix, failure)

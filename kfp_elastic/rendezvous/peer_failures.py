@@ -199,6 +199,15 @@ def is_own_error(failures: Mapping[int, Any]) -> bool:
     return bool(headline) and not any(mark in headline for mark in PEER_ERROR_MARKS)
 
 
+def is_peers_error(failures: Mapping[int, Any]) -> bool:
+    """The root cause's error file holds a peer's failure seen in a collective
+    (:data:`PEER_ERROR_MARKS`): the failing rank's agent has the error itself."""
+    if not failures:
+        return False
+    headline = _headline(root_cause(failures)[1])
+    return bool(headline) and any(mark in headline for mark in PEER_ERROR_MARKS)
+
+
 def after_budget(verdict: Verdict, budget: FailureBudget) -> Verdict:
     """The agent's verdict once its counted failure is in the job's budget: a spent budget (too
     many failures, or a fatal one) ends the agent's restarts in place; a free failure is never

@@ -10,6 +10,7 @@ import pytest
 
 from kfp_elastic.contract.failure_budget import (
     FATAL_ERRORS,
+    OWN_ACCOUNT_WAIT_S,
     SOURCE_AGENT,
     SOURCE_WORKER_END,
     CountedFailure,
@@ -56,6 +57,26 @@ def test_max_failures_are_tolerated_and_one_more_spends_the_budget() -> None:
         "3 worker failures exceed --max-failures=2; last: worker-1-0: RuntimeError: boom "
         "(node host-1-x, rank 1, round 5)"
     )
+
+
+def test_a_budget_spent_by_a_peers_account_waits_for_the_failing_ranks_own() -> None:
+    peer = failure(
+        "round-3-a",
+        "RuntimeError: Connection closed by peer",
+        rank=0,
+        own_error=False,
+        peers_error=True,
+    )
+    budget = FailureBudget(0, (peer,))
+    assert budget.exceeded
+    assert budget.spent(waited_s=0.0) is None  # the failing rank's agent may still report
+    assert budget.spent(waited_s=OWN_ACCOUNT_WAIT_S) is not None  # then: what it has
+    own = failure("round-3-a", "RuntimeError: boom", rank=1)
+    assert FailureBudget(0, (own,)).spent(waited_s=0.0) is not None  # the error itself: at once
+    unknown = failure("round-3-a", "the worker wrote no error file", own_error=False)
+    assert FailureBudget(0, (unknown,)).spent(waited_s=0.0) is not None  # no account to wait for
+    fatal = failure("round-4-a", NAN, fatal=True, own_error=False, peers_error=True)
+    assert FailureBudget(3, (fatal,)).spent(waited_s=0.0) is not None  # fatal: never waits
 
 
 def test_zero_max_failures_tolerates_none() -> None:
