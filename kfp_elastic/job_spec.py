@@ -144,6 +144,9 @@ DEFAULT_LEADER_TTL_S = 5.0
 # cluster. Five minutes leaves room for that; it is also how long GPUs stay held after a run
 # was terminated. A pipeline with a longer retry backoff needs a longer timeout.
 DEFAULT_ORPHAN_TIMEOUT_S = 300.0
+# The master's check of the model definition imports torch and runs the user's code (the
+# dataset's first load among it): a slow dataset is not a mistake, only a check that never ends.
+DEFAULT_MODEL_DEF_CHECK_TIMEOUT_S = 300.0
 DEFAULT_RECONCILE_INTERVAL_S = 0.5
 
 
@@ -490,6 +493,13 @@ class Policy:
         "master, which adopts them",
         flag="--orphan-timeout",
     )
+    model_def_check_timeout_s: float = _option(
+        DEFAULT_MODEL_DEF_CHECK_TIMEOUT_S,
+        "seconds the master's check of the model definition may take before any worker starts "
+        "(it loads the model and its dataset once); raise it for a dataset whose first load is "
+        "slower",
+        flag="--model-def-check-timeout",
+    )
     reconcile_interval_s: float = _option(DEFAULT_RECONCILE_INTERVAL_S, flag=None, param=None)
 
 
@@ -622,6 +632,7 @@ class JobSpec:
             "finish_grace_s": self.policy.finish_grace_s,
             "leader_ttl_s": self.policy.leader_ttl_s,
             "orphan_timeout_s": self.policy.orphan_timeout_s,
+            "model_def_check_timeout_s": self.policy.model_def_check_timeout_s,
             "reconcile_interval_s": self.policy.reconcile_interval_s,
         }
         for name, number in positive.items():

@@ -49,7 +49,8 @@ _TORCHRUN_KEYS = {"timeout"}
 _OTHER_BACKEND_KEYS = {"is_host", "read_timeout", "use_libuv", "store_type", "rank"}
 # --rdzv-conf keys that are etcd connection settings (EtcdSettings); a key not given there is
 # taken from its KFP_ELASTIC_ETCD_* variable, so a master can configure agents through env alone.
-ETCD_KEYS = ("cacert", "cert", "key", "user", "password_file", "key_prefix", "request_timeout")
+# (The endpoints come as --rdzv-endpoint.)
+ETCD_KEYS = tuple(s.name for s in etcd_settings.SETTINGS if s.name != "endpoints")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ Every process reads the same environment variables (flags mirror them and win ov
     KFP_ELASTIC_ETCD_PASSWORD_FILE    --etcd-password-file    file holding the user's password
     KFP_ELASTIC_ETCD_KEY_PREFIX       --key-prefix            every key lives under it
     KFP_ELASTIC_ETCD_REQUEST_TIMEOUT  --etcd-request-timeout  seconds per etcd request
+    KFP_ELASTIC_ETCD_OUTAGE_WAIT      --etcd-outage-wait      seconds to wait out an etcd outage
 
 A password is only ever read from a file (a Kubernetes Secret mounted as one in a cluster): a
 command line or a pod's args are visible to anyone who can list processes or read pod specs.
@@ -30,6 +31,11 @@ from kfp_elastic.etcd.keys import run_prefix_of
 DEFAULT_PORT = 2379
 DEFAULT_KEY_PREFIX = "/kfp-elastic"
 DEFAULT_REQUEST_TIMEOUT_S = 5.0
+# How long a master (its leadership request, its read of the run's state) and a worker (its
+# commit of a step) wait out an etcd that cannot be reached (a restart, a leader election, a
+# network partition) before they fail naming etcd. Longer than a restart of a member; short
+# enough that a job whose etcd is gone for good fails instead of hanging.
+DEFAULT_OUTAGE_WAIT_S = 60.0
 
 
 class ConfigError(ValueError):
@@ -90,6 +96,13 @@ SETTINGS = (
         "--etcd-request-timeout",
         f"seconds per etcd request (default {DEFAULT_REQUEST_TIMEOUT_S:g})",
     ),
+    Setting(
+        "outage_wait",
+        "KFP_ELASTIC_ETCD_OUTAGE_WAIT",
+        "--etcd-outage-wait",
+        "seconds a master or a worker waits out an unreachable etcd (a restart, an election) "
+        f"before it fails (default {DEFAULT_OUTAGE_WAIT_S:g})",
+    ),
 )
 BY_NAME = {setting.name: setting for setting in SETTINGS}
 ENV_VARS = tuple(setting.env for setting in SETTINGS)
@@ -99,7 +112,7 @@ FILE_SETTINGS = ("cacert", "cert", "key", "password_file")
 
 @dataclass(frozen=True)
 class EtcdSettings:
-    """Endpoints, TLS files, user + password, key prefix and request timeout.
+    """Endpoints, TLS files, user + password, key prefix, request timeout and outage wait.
 
     ``password`` is the content of ``password_file`` (read once, when the settings are built);
     it never shows in ``repr`` and never leaves the process (``to_env`` hands on the file).
@@ -115,6 +128,7 @@ class EtcdSettings:
     password: str | None = field(default=None, repr=False)
     key_prefix: str = DEFAULT_KEY_PREFIX
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S
+    outage_wait: float = DEFAULT_OUTAGE_WAIT_S
     origins: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -140,10 +154,9 @@ class EtcdSettings:
         """Raise ``ConfigError`` naming the flag/variable of the first unusable setting."""
         if not self.endpoints:
             raise ConfigError(f"{self.origin('endpoints')} is empty: give etcd as HOST:PORT")
-        if self.request_timeout <= 0:
-            raise ConfigError(
-                f"{self.origin('request_timeout')}={self.request_timeout} must be > 0"
-            )
+        for name in ("request_timeout", "outage_wait"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{self.origin(name)}={getattr(self, name)} must be > 0")
         if not self.key_prefix.startswith("/"):
             raise ConfigError(
                 f"{self.origin('key_prefix')}={self.key_prefix!r} must start with '/'"
@@ -187,6 +200,7 @@ class EtcdSettings:
             "password_file": self.password_file,
             "key_prefix": self.key_prefix,
             "request_timeout": f"{self.request_timeout:g}",
+            "outage_wait": f"{self.outage_wait:g}",
         }
         return {
             BY_NAME[name].env: str(value)
@@ -275,14 +289,14 @@ def build(values: Mapping[str, str], origins: Mapping[str, str]) -> EtcdSettings
     typed: dict[str, Any] = {
         name: text.strip() for name, text in values.items() if name != "endpoints"
     }
-    if "request_timeout" in typed:
-        try:
-            typed["request_timeout"] = float(typed["request_timeout"])
-        except ValueError:
-            raise ConfigError(
-                f"{probe.origin('request_timeout')}={values['request_timeout']!r} "
-                "is not a number of seconds"
-            ) from None
+    for name in ("request_timeout", "outage_wait"):
+        if name in typed:
+            try:
+                typed[name] = float(typed[name])
+            except ValueError:
+                raise ConfigError(
+                    f"{probe.origin(name)}={values[name]!r} is not a number of seconds"
+                ) from None
     if "password_file" in typed:
         typed["password"] = _read_password(typed["password_file"], probe.origin("password_file"))
     settings = EtcdSettings(

@@ -49,7 +49,6 @@ from kfp_elastic.master.metrics import Metrics, TimelineStats
 from kfp_elastic.master.observer import Observer
 from kfp_elastic.master.scaling import Decision, decide, is_active
 from kfp_elastic.master.state import (
-    ACQUIRE_RETRY_S,
     FINISHED_STATES,
     MasterState,
     NotLeaderError,
@@ -171,7 +170,11 @@ class ElasticJob:
         self.make_launcher = make_launcher
         self.prepare = prepare
         self.state = MasterState(
-            client, spec.run_prefix, lease_ttl=spec.policy.leader_ttl_s, origin=origin
+            client,
+            spec.run_prefix,
+            lease_ttl=spec.policy.leader_ttl_s,
+            origin=origin,
+            outage_wait_s=spec.etcd.outage_wait,
         )
         self.metrics = Metrics()
         self.metrics_port = metrics_port
@@ -214,7 +217,7 @@ class ElasticJob:
         try:
             # A master may start while etcd restarts (a retry after a crash of both): wait
             # it out, within the same bound as the leadership request.
-            refusal = retry(self.refusal, ACQUIRE_RETRY_S, "reading the run's state")
+            refusal = retry(self.refusal, self.state.outage_wait_s, "reading the run's state")
             if refusal:
                 log.error("run id in use: %s", refusal)
                 return JobResult("refused", refusal)

@@ -33,12 +33,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kfp_elastic.job_env import SNAPSHOT_DIR_ENV, JobEnv
-from kfp_elastic.job_spec import MODULE_FLAGS, RUNTIME_MODULE, Entry, JobSpec, field_error
+from kfp_elastic.job_spec import (
+    MODULE_FLAGS,
+    RUNTIME_MODULE,
+    Entry,
+    JobSpec,
+    Policy,
+    field_error,
+)
 from kfp_elastic.worker.options import OptionsError, parse_args
 
-# How long loading the model definition and its dataset may take in the check: it imports torch
-# and runs the user's code; a slow dataset is not a mistake, only a check that never ends is.
-MODEL_DEF_CHECK_TIMEOUT_S = 300.0
 _NO_PYTHON = ("--no-python", "--no_python")
 
 
@@ -163,8 +167,9 @@ def model_def_of(argv: Sequence[str]) -> str | None:
     return None
 
 
-def run_entry_check(side: WorkerSide, kind: str, name: str) -> dict[str, object]:
-    """``worker/check_entry.py`` in a worker's environment and working directory."""
+def run_entry_check(side: WorkerSide, kind: str, name: str, timeout_s: float) -> dict[str, object]:
+    """``worker/check_entry.py`` in a worker's environment and working directory, for at most
+    ``timeout_s`` (``--model-def-check-timeout``)."""
     from kfp_elastic.master.local_agent import with_package_on_path
 
     env = with_package_on_path({**os.environ, **side.env})
@@ -178,13 +183,14 @@ def run_entry_check(side: WorkerSide, kind: str, name: str) -> dict[str, object]
                 env=env,
                 capture_output=True,
                 text=True,
-                timeout=MODEL_DEF_CHECK_TIMEOUT_S,
+                timeout=timeout_s,
                 check=False,
             )
         except subprocess.TimeoutExpired:
             return {
-                "error": f"{name}: loading it took over {MODEL_DEF_CHECK_TIMEOUT_S:.0f} s in the "
-                "check before the workers start"
+                "error": f"{name}: loading it took over {timeout_s:g} s in the check before the "
+                "workers start; a slow first load of its dataset needs more: raise "
+                + str(field_error("model_def_check_timeout_s", "", Policy)).strip()
             }
         if not result.exists():
             tail = " | ".join(done.stderr.strip().splitlines()[-3:])
@@ -195,9 +201,10 @@ def run_entry_check(side: WorkerSide, kind: str, name: str) -> dict[str, object]
 def entry_problems(spec: JobSpec, side: WorkerSide) -> list[str]:
     """The model definition (or the command's script or module) as a worker would load it."""
     argv = side.argv
+    timeout_s = spec.policy.model_def_check_timeout_s
     model_def = model_def_of(argv)
     if model_def:
-        found = run_entry_check(side, "model-def", model_def)
+        found = run_entry_check(side, "model-def", model_def, timeout_s)
         if "error" in found:
             text = str(found["error"]).removeprefix("--model-def ")
             return [f"{str(field_error('model_def', '', Entry)).strip()} {text}"]
@@ -207,7 +214,7 @@ def entry_problems(spec: JobSpec, side: WorkerSide) -> list[str]:
     if runtime_args(argv) is not None or not argv or argv[0] in _NO_PYTHON:
         return []  # the runtime without --model-def: its parser said so
     if argv[0] in MODULE_FLAGS:
-        found = run_entry_check(side, "module", argv[1])
+        found = run_entry_check(side, "module", argv[1], timeout_s)
         return [f"command (after --): {found['error']}"] if "error" in found else []
     script = Path(argv[0])
     if not (script if script.is_absolute() else side.cwd / script).is_file():

@@ -32,12 +32,12 @@ from kfp_elastic.etcd.election import LeaderKey, WriteOutcome
 from kfp_elastic.etcd.keys import MasterKeys, TimelineKeys
 from kfp_elastic.etcd.leases import KEEPALIVES_PER_TTL, LeaseKeeper, grant
 from kfp_elastic.etcd.records import read_json, read_json_prefix
+from kfp_elastic.etcd.settings import DEFAULT_OUTAGE_WAIT_S
 from kfp_elastic.etcd.transactions import unchanged_since
 from kfp_elastic.master.timeline import Event, to_json
 
 log = logging.getLogger(__name__)
 # How long a master waits for an unreachable etcd while it asks for leadership.
-ACQUIRE_RETRY_S = 60.0
 
 JOB_STATES = ("running", "succeeded", "failed")
 FINISHED_STATES = ("succeeded", "failed")
@@ -122,15 +122,18 @@ class MasterState:
         lease_ttl: float = 5.0,
         identity: str | None = None,
         origin: str | None = None,
+        outage_wait_s: float = DEFAULT_OUTAGE_WAIT_S,
     ) -> None:
         """``origin``: who starts the run (``start_refusal``), kept in the leader key and the
-        status."""
+        status. ``outage_wait_s``: how long :meth:`acquire` waits out an unreachable etcd
+        (``--etcd-outage-wait``)."""
         if lease_ttl < 2:
             raise ValueError(f"leader lease TTL must be >= 2 s (etcd's minimum), got {lease_ttl}")
         self.client = client
         self.keys = MasterKeys(run_prefix.rstrip("/"))
         self.timeline_keys = TimelineKeys(self.keys.run_prefix)
         self.lease_ttl = lease_ttl
+        self.outage_wait_s = outage_wait_s
         self._election = LeaderKey(client, self.keys.leader)
         self.identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.origin = origin
@@ -187,7 +190,7 @@ class MasterState:
         if not self._lease:  # a master may start while etcd restarts: ride it out, bounded
             self._lease = retry(
                 lambda: grant(self.client, self.lease_ttl),
-                ACQUIRE_RETRY_S,
+                self.outage_wait_s,
                 "granting the leadership lease",
             )
             self._keeper = LeaseKeeper(
@@ -203,7 +206,7 @@ class MasterState:
                 )
             except TRANSIENT_ERRORS as error:  # etcd restarting: wait it out, within bounds
                 unreachable_since = unreachable_since or time.monotonic()
-                if time.monotonic() - unreachable_since > ACQUIRE_RETRY_S:
+                if time.monotonic() - unreachable_since > self.outage_wait_s:
                     raise
                 log.warning(
                     "leadership request failed, retrying run=%s error=%r",

@@ -96,6 +96,7 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
         max_wait_s: float = 600.0,
         max_failures: int = 3,
         orphan_timeout_s: float = 300.0,
+        model_def_check_timeout_s: float = 300.0,
         on_demand_price: float = 0.0,
         spot_price: float = 0.0,
     ) -> None:
@@ -166,6 +167,7 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
                 max_wait_s=max_wait_s,
                 max_failures=max_failures,
                 orphan_timeout_s=orphan_timeout_s,
+                model_def_check_timeout_s=model_def_check_timeout_s,
                 on_demand_price=on_demand_price,
                 spot_price=spot_price,
                 run_id=run_id,

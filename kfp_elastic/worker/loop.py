@@ -387,7 +387,12 @@ class ElasticLoop:
         # the timeline's numbers come from these, not from when a master saw the commit.
         new = stamped(self.committed, new, self.round, time.time())
         revision = commit_with_retry(
-            self.progress, self.manifest, self.committed, self.revision, new
+            self.progress,
+            self.manifest,
+            self.committed,
+            self.revision,
+            new,
+            retry_s=self.etcd.outage_wait,
         )
         self.committed, self.revision = new, revision
 

@@ -24,11 +24,11 @@ from kfp_elastic.contract.data_plan import (
 )
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS
 from kfp_elastic.etcd.keys import QUEUE_STATES, ProgressKeys
+from kfp_elastic.etcd.settings import DEFAULT_OUTAGE_WAIT_S
 from kfp_elastic.etcd.transactions import absent, put_if_absent, unchanged_since
 
 log = logging.getLogger(__name__)
 
-COMMIT_RETRY_S = 60.0  # how long a commit waits out an unavailable etcd
 # etcd refuses transactions with more than 128 operations by default (--max-txn-ops).
 MAX_TXN_OPS = 120
 
@@ -322,10 +322,11 @@ def commit_with_retry(
     previous: Committed,
     previous_revision: int,
     new: Committed,
-    retry_s: float = COMMIT_RETRY_S,
+    retry_s: float = DEFAULT_OUTAGE_WAIT_S,
 ) -> int:
     """CAS ``previous`` → ``new``; returns the new revision. A slow or restarting etcd is
-    waited out (``retry_s``), not fatal to training; a lost race raises ``RuntimeError``."""
+    waited out (``retry_s``: ``--etcd-outage-wait``), not fatal to training; a lost race raises
+    ``RuntimeError``."""
     deadline = time.monotonic() + retry_s
     delay = 0.1
     while True:

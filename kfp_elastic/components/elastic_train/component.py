@@ -58,6 +58,7 @@ def elastic_train(
     max_wait_s: float = 600.0,
     max_failures: int = 3,
     orphan_timeout_s: float = 300.0,
+    model_def_check_timeout_s: float = 300.0,
     on_demand_price: float = 0.0,
     spot_price: float = 0.0,
     run_id: str = "",
@@ -133,6 +134,9 @@ def elastic_train(
         orphan_timeout_s: seconds the workers go on without a master (the run terminated,
             the task's pod gone and not retried) before they snapshot and stop on their own;
             longer than a KFP retry of this task takes to start (docs/master.md).
+        model_def_check_timeout_s: seconds the check of the model definition (it loads the
+            model and its dataset once, before any worker starts) may take; raise it for a
+            dataset whose first load is slower.
         on_demand_price: price per worker slot-hour (one pod) on on-demand nodes: what
             guaranteed workers cost, and the fixed-size job the report compares with; 0:
             $KFP_ELASTIC_ON_DEMAND_PRICE, else no cost shown (slot-hours only).
@@ -196,6 +200,7 @@ def elastic_train(
             "max_wait_s": max_wait_s,
             "max_failures": max_failures,
             "orphan_timeout_s": orphan_timeout_s,
+            "model_def_check_timeout_s": model_def_check_timeout_s,
             "on_demand_price": on_demand_price,
             "spot_price": spot_price,
         },

@@ -35,6 +35,7 @@ def full_env(files: dict[str, str]) -> dict[str, str]:
         "KFP_ELASTIC_ETCD_PASSWORD_FILE": files["password"],
         "KFP_ELASTIC_ETCD_KEY_PREFIX": "/team-a",
         "KFP_ELASTIC_ETCD_REQUEST_TIMEOUT": "7.5",
+        "KFP_ELASTIC_ETCD_OUTAGE_WAIT": "90",
     }
 
 
@@ -54,6 +55,7 @@ def test_every_documented_variable_is_read(files: dict[str, str]) -> None:
     )
     assert (settings.user, settings.password) == ("trainer", "s3cret")  # newline is the file's
     assert settings.key_prefix == "/team-a" and settings.request_timeout == 7.5
+    assert settings.outage_wait == 90.0
     assert settings.uses_tls and settings.run_prefix("job") == "/team-a/job"
 
 
@@ -88,6 +90,7 @@ def test_to_env_hands_the_same_settings_to_a_child(files: dict[str, str]) -> Non
         "KFP_ELASTIC_ETCD_USER",
         "KFP_ELASTIC_ETCD_KEY_PREFIX",
         "KFP_ELASTIC_ETCD_REQUEST_TIMEOUT",
+        "KFP_ELASTIC_ETCD_OUTAGE_WAIT",
     }
     assert pod["KFP_ELASTIC_ETCD_ENDPOINTS"] == "https://e1:2379,e2:2379"
 
@@ -119,6 +122,12 @@ def test_a_password_in_memory_cannot_be_handed_on() -> None:
             ["--etcd", "e"],
             {"KFP_ELASTIC_ETCD_REQUEST_TIMEOUT": "soon"},
             "KFP_ELASTIC_ETCD_REQUEST_TIMEOUT='soon' is not a number",
+        ),
+        (["--etcd", "e", "--etcd-outage-wait", "-1"], {}, "--etcd-outage-wait=-1.0 must be > 0"),
+        (
+            ["--etcd", "e"],
+            {"KFP_ELASTIC_ETCD_OUTAGE_WAIT": "a minute"},
+            "KFP_ELASTIC_ETCD_OUTAGE_WAIT='a minute' is not a number",
         ),
         (["--etcd", "e", "--etcd-cert", "CA"], {}, "--etcd-cert and --etcd-key .* go together"),
     ],

@@ -196,3 +196,26 @@ def test_a_master_that_starts_while_etcd_restarts_waits_for_it(
         assert len(calls) == 3
     finally:
         state.release()
+
+
+def test_an_etcd_that_stays_away_fails_the_master_after_its_outage_wait(
+    client: MultiEndpointEtcd3Client, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--etcd-outage-wait`` bounds the wait: past it the lease request's error ends the
+    master's start, naming etcd, instead of a retry."""
+    from pyetcd.exceptions import ConnectionFailedError
+
+    from kfp_elastic.etcd.client import EtcdConnectionError
+    from kfp_elastic.master import state as state_module
+
+    calls = []
+
+    def never_granted(etcd: MultiEndpointEtcd3Client, ttl: float) -> int:
+        calls.append(ttl)
+        raise ConnectionFailedError()
+
+    monkeypatch.setattr(state_module, "grant", never_granted)
+    state = MasterState(client, prefix, lease_ttl=2, outage_wait_s=0.3)
+    with pytest.raises(EtcdConnectionError, match="granting the leadership lease"):
+        state.acquire(timeout=10)
+    assert len(calls) >= 2  # asked again within the wait, then gave up

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from kfp_elastic.etcd.settings import EtcdSettings, parse_endpoints
-from kfp_elastic.job_spec import Data, Entry, JobSpec, Launch, LocalSettings, Training
+from kfp_elastic.job_spec import Data, Entry, JobSpec, Launch, LocalSettings, Policy, Training
 from kfp_elastic.master.host import make_launcher, plan, prestart_checks
 from kfp_elastic.master.preflight import (
     PreflightError,
@@ -129,6 +129,22 @@ def test_a_model_def_raising_while_imported_is_named_with_where(tmp_path: Path) 
     message = str(raised.value)
     assert "RuntimeError: raises_at_import: this model definition is broken on purpose" in message
     assert "tests/model_defs/raises_at_import.py:3)" in message
+
+
+def test_a_model_def_check_that_outlasts_its_timeout_names_the_setting(tmp_path: Path) -> None:
+    (tmp_path / "slow_model.py").write_text("import time\ntime.sleep(60)\n")
+    spec = JobSpec(
+        run_id="r",
+        entry=Entry(command=runtime("--model-def", "slow_model.py")),
+        policy=Policy(model_def_check_timeout_s=0.5),
+    )
+    with pytest.raises(PreflightError) as raised:
+        check(spec, side(tmp_path, spec.worker_argv(), KFP_ELASTIC_SNAPSHOT_DIR=str(tmp_path)))
+    message = str(raised.value)
+    assert "slow_model.py: loading it took over 0.5 s in the check" in message
+    assert "model_def_check_timeout_s (--model-def-check-timeout / model_def_check_timeout_s)" in (
+        message
+    )
 
 
 def test_a_model_def_without_its_hooks_or_not_found_is_named(tmp_path: Path) -> None:
