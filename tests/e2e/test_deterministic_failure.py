@@ -6,9 +6,7 @@ failure caused and restarted for free (92 rounds in 150 s, the master waited for
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -16,9 +14,10 @@ from typing import Any
 
 from kfp import dsl
 
-from kfp_elastic.components.common import run_pids
 from kfp_elastic.components.elastic_train.component import elastic_train
 from kfp_elastic.components.shard_dataset.component import shard_dataset
+from kfp_elastic.job_env import RUN_ID_ENV
+from kfp_elastic.processes import sigkill_tagged
 from tests.helpers import REPO_ROOT, master_command
 
 WORKER_ERROR = "RuntimeError: raises_in_workers: this model definition is broken on the workers"
@@ -27,14 +26,6 @@ WORKER_ERROR = "RuntimeError: raises_in_workers: this model definition is broken
 # machine under load (load average 6-11) that took 33-68 s, mostly two agents and zygotes
 # importing torch at once; the bound is generous (the storm it guards against never ended).
 FAIL_WITHIN_S = 90.0
-
-
-def _kill_run(run_id: str) -> None:
-    for _ in range(3):
-        for pid in run_pids(run_id):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
 
 
 def test_a_model_def_raising_in_workers_fails_the_master_fast_with_its_error(
@@ -58,7 +49,7 @@ def test_a_model_def_raising_in_workers_fails_the_master_fast_with_its_error(
             command, env=env, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT
         )
     finally:
-        _kill_run(run_id)
+        sigkill_tagged(RUN_ID_ENV, run_id)
     took = time.monotonic() - started
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-3000:]
@@ -100,7 +91,7 @@ def test_the_component_raises_the_workers_error_and_the_report_says_why(
         except RuntimeError as raised:
             error = str(raised)
     finally:
-        _kill_run(run_id)
+        sigkill_tagged(RUN_ID_ENV, run_id)
     took = time.monotonic() - started
     assert error is not None and f"elastic training {run_id} failed" in error
     assert WORKER_ERROR in error

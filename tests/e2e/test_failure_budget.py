@@ -7,28 +7,14 @@ worker end, and the job ended "succeeded" once the failure had moved past the la
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
-from kfp_elastic.components.common import run_pids
 from kfp_elastic.contract.failure_budget import SOURCE_AGENT, CountedFailure, read_failures
 from kfp_elastic.etcd.client import connect
-from tests.helpers import REPO_ROOT, master_command
+from tests.helpers import run_master_job
 from tests.model_defs import nan_moves, raises_moving
-
-
-def _kill_run(run_id: str) -> None:
-    for _ in range(3):
-        for pid in run_pids(run_id):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
 
 
 def _run_master(
@@ -36,33 +22,14 @@ def _run_master(
 ) -> tuple[int, str, str, tuple[CountedFailure, ...]]:
     """Run a 2-worker job of a few steps to its end: (exit code, result line, output, the
     failures counted in etcd)."""
-    command = master_command(
-        ["--model-def", model_def, "--epochs", "1", "--batch-size", "64"],
-        run_id=run_id,
-        etcd=etcd.endpoint,
-        min_workers="2",
-        max_workers="2",
-        max_wait="120",
-        workdir=str(tmp_path / "work"),
-        **flags,
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "KFP_ELASTIC_RUN_ID": run_id}
-    try:
-        result = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=240, cwd=REPO_ROOT
-        )
-        left = run_pids(run_id)  # the master stopped its workers before it returned
-    finally:
-        _kill_run(run_id)
-    output = result.stdout + result.stderr
+    code, line, output, left = run_master_job(tmp_path, etcd, run_id, model_def, **flags)
     assert not left, f"workers left running: {sorted(left)}\n{output[-3000:]}"
     client = connect(etcd.client_settings())
     try:
         counted = read_failures(client, etcd.client_settings().run_prefix(run_id))
     finally:
         client.close()
-    lines = [x for x in result.stdout.splitlines() if x.startswith("result=")]
-    return result.returncode, lines[-1] if lines else "", output, counted
+    return code, line, output, counted
 
 
 def test_a_nan_that_moves_fails_the_job_at_its_first_occurrence(

@@ -3,50 +3,22 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from kfp_elastic.components.common import run_pids
-from tests.helpers import REPO_ROOT, master_command
+from tests.helpers import REPO_ROOT, run_master_job
 from tests.model_defs.nan_at_step import NAN_RANK, NAN_STEP
 
 NAN_DEF = "tests.model_defs.nan_at_step"
 
 
-def _kill_run(run_id: str) -> None:
-    for _ in range(3):
-        for pid in run_pids(run_id):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
-
-
 def _run_master(tmp_path: Path, etcd: Any, run_id: str, *options: str) -> tuple[int, str, str]:
-    command = master_command(
-        ["--model-def", NAN_DEF, "--epochs", "1", "--batch-size", "64", *options],
-        run_id=run_id,
-        etcd=etcd.endpoint,
-        min_workers="2",
-        max_workers="2",
-        max_wait="120",
-        workdir=str(tmp_path / "work"),
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "KFP_ELASTIC_RUN_ID": run_id}
-    try:
-        result = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=240, cwd=REPO_ROOT
-        )
-    finally:
-        _kill_run(run_id)
-    results = [x for x in result.stdout.splitlines() if x.startswith("result=")]
-    return result.returncode, results[-1] if results else "", result.stdout + result.stderr
+    code, line, output, _ = run_master_job(tmp_path, etcd, run_id, NAN_DEF, *options)
+    return code, line, output
 
 
 def test_a_nan_loss_fails_the_job_naming_the_step_and_rank(
