@@ -36,6 +36,7 @@ from kfp_elastic.contract.failure_budget import (
 from kfp_elastic.contract.worker_end import END_COMPLETED, END_ORPHANED, WorkerEnd, read_end
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS, retry
 from kfp_elastic.etcd.keys import RunKeys
+from kfp_elastic.etcd.settings import DEFAULT_OUTAGE_WAIT_S
 from kfp_elastic.job_spec import JobSpec
 from kfp_elastic.master.cost import Prices, SlotUsage, cost_of
 from kfp_elastic.master.launcher import (
@@ -174,7 +175,7 @@ class ElasticJob:
             spec.run_prefix,
             lease_ttl=spec.policy.leader_ttl_s,
             origin=origin,
-            outage_wait_s=spec.etcd.outage_wait,
+            outage_wait_s=spec.etcd.outage_wait if spec.etcd else DEFAULT_OUTAGE_WAIT_S,
         )
         self.metrics = Metrics()
         self.metrics_port = metrics_port
