@@ -11,9 +11,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
+from pyetcd.client import MultiEndpointEtcd3Client
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from kfp_elastic.components.common import reap_local_processes
+from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.etcd.pki import generate_test_pki
 from kfp_elastic.etcd.settings import EtcdSettings
@@ -87,6 +89,14 @@ def private_etcd() -> Iterator[EmbeddedEtcd]:
     """An etcd of this test's own, for tests that kill, restart or compact it."""
     with EmbeddedEtcd() as server:
         yield server
+
+
+@pytest.fixture
+def client(etcd: EmbeddedEtcd) -> Iterator[MultiEndpointEtcd3Client]:
+    """A client of the shared etcd, closed after the test."""
+    c = connect(etcd.client_settings())
+    yield c
+    c.close()
 
 
 @pytest.fixture

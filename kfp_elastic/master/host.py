@@ -32,11 +32,11 @@ from typing import Any
 import yaml
 from pyetcd.client import MultiEndpointEtcd3Client
 
+from kfp_elastic.contract.prices import Prices
 from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.gpus import require_gpus, visible_gpus
 from kfp_elastic.job_env import SNAPSHOT_DIR_ENV, JobEnv
 from kfp_elastic.job_spec import JobSpec, is_file_reference
-from kfp_elastic.master.cost import Prices
 from kfp_elastic.master.job import ElasticJob, JobResult
 from kfp_elastic.master.launcher import Launcher, next_attempts
 from kfp_elastic.master.local_launcher import MONITOR_INTERVAL_S, absolute_script, worker_agent
@@ -375,7 +375,7 @@ class Host:
         self.plan = launch
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
-        self.embedded: Any = None  # rendezvous.embedded_etcd.EmbeddedEtcd, while it runs
+        self.embedded: Any = None  # etcd.embedded.EmbeddedEtcd, while it runs
         self.client: MultiEndpointEtcd3Client | None = None
         self.job: ElasticJob | None = None
 

@@ -33,12 +33,13 @@ from kfp_elastic.contract.failure_budget import (
     record_failure,
     worker_end_incident,
 )
+from kfp_elastic.contract.prices import Prices
 from kfp_elastic.contract.worker_end import END_COMPLETED, END_ORPHANED, WorkerEnd, read_end
 from kfp_elastic.etcd.client import TRANSIENT_ERRORS, retry
 from kfp_elastic.etcd.keys import RunKeys
 from kfp_elastic.etcd.settings import DEFAULT_OUTAGE_WAIT_S
 from kfp_elastic.job_spec import JobSpec
-from kfp_elastic.master.cost import Prices, SlotUsage, cost_of
+from kfp_elastic.master.cost import SlotUsage, cost_of
 from kfp_elastic.master.launcher import (
     Launcher,
     LauncherForbidden,

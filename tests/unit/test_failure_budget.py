@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
-
 from kfp_elastic.contract.failure_budget import (
     FATAL_ERRORS,
     OWN_ACCOUNT_WAIT_S,
@@ -22,7 +20,6 @@ from kfp_elastic.contract.failure_budget import (
     record_failure,
     worker_end_incident,
 )
-from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.keys import RunKeys
 from kfp_elastic.rendezvous.peer_failures import (
     MembershipChange,
@@ -166,13 +163,6 @@ def test_the_root_cause_is_the_workers_own_error_not_a_peers() -> None:
 
 
 # -- the records in etcd ------------------------------------------------------------------------
-@pytest.fixture
-def client(etcd: Any) -> Any:
-    client = connect(etcd.client_settings())
-    yield client
-    client.close()
-
-
 def test_records_count_each_incident_once_and_keep_the_better_account(
     client: Any, run_id: str
 ) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 from kfp_elastic.components.common import ENDPOINTS_ENV, etcd_from, in_cluster, reap_local_processes
 from kfp_elastic.components.elastic_train.faults import Fault, FaultInjector, Injected, parse_faults
 from kfp_elastic.components.elastic_train.summary import describe
+from kfp_elastic.contract.prices import Prices
 from kfp_elastic.job_spec import (
     DEFAULT_MODEL_DEF,
     FINAL_MODEL_FILE,
@@ -32,7 +33,6 @@ from kfp_elastic.job_spec import (
     parse_command,
     spec_from_params,
 )
-from kfp_elastic.master.cost import Prices
 from kfp_elastic.master.host import Host, LaunchPlan, default_workdir, plan
 from kfp_elastic.master.timeline import Event, TimelineTail, read_timeline
 

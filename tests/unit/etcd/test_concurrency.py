@@ -13,22 +13,13 @@ import grpc
 import pytest
 from pyetcd.client import MultiEndpointEtcd3Client
 
-from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.election import LeaderKey, WriteOutcome
-from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.etcd.leases import LeaseKeeper, grant
 from kfp_elastic.etcd.records import decode_json, decode_record, read_json, read_json_prefix
 from kfp_elastic.etcd.transactions import put_if_absent, unchanged_since
 from kfp_elastic.testing.nodes import wait_for
 
 LEASE_TTL = 5  # seconds; every test revokes what it grants, so none waits for an expiry
-
-
-@pytest.fixture
-def client(etcd: EmbeddedEtcd) -> Iterator[MultiEndpointEtcd3Client]:
-    c = connect(etcd.client_settings())
-    yield c
-    c.close()
 
 
 @pytest.fixture

@@ -23,7 +23,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyetcd.client import MultiEndpointEtcd3Client
 
 from kfp_elastic.contract.failure_budget import read_failures
-from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.gpus import GpuShortage
 from kfp_elastic.job_env import RUN_ID_ENV
@@ -86,13 +85,6 @@ def reaper(run_id: str) -> Iterator[Callable[[subprocess.Popen[bytes]], None]]:
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
     assert not [p for p in _pids_in_run(run_id) if is_running(p)]
-
-
-@pytest.fixture
-def client(etcd: EmbeddedEtcd) -> Iterator[MultiEndpointEtcd3Client]:
-    c = connect(etcd.client_settings())
-    yield c
-    c.close()
 
 
 def make_launcher(

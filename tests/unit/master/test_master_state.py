@@ -8,12 +8,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from pyetcd.client import MultiEndpointEtcd3Client
 
-from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.master.state import MasterState, NotLeaderError
 from kfp_elastic.master.timeline import (
@@ -25,13 +23,6 @@ from kfp_elastic.master.timeline import (
     read_timeline,
 )
 from tests.helpers import REPO_ROOT
-
-
-@pytest.fixture
-def client(etcd: EmbeddedEtcd) -> Iterator[MultiEndpointEtcd3Client]:
-    c = connect(etcd.client_settings())
-    yield c
-    c.close()
 
 
 @pytest.fixture

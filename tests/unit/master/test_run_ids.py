@@ -7,14 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from pyetcd.client import MultiEndpointEtcd3Client
 
-from kfp_elastic.etcd.client import connect
-from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.etcd.keys import ProgressKeys
 from kfp_elastic.job_spec import Entry, JobSpec, Policy
 from kfp_elastic.master.job import ElasticJob
@@ -59,13 +55,6 @@ def test_progress_without_a_master_is_refused() -> None:
 
 
 # -- against etcd ---------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def client(etcd: EmbeddedEtcd) -> Iterator[MultiEndpointEtcd3Client]:
-    c = connect(etcd.client_settings())
-    yield c
-    c.close()
 
 
 def _spec(run_id: str) -> JobSpec:

@@ -8,11 +8,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from pyetcd.client import MultiEndpointEtcd3Client
 
-from kfp_elastic.etcd.client import connect
-from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.job_spec import Entry, JobSpec, Policy
 from kfp_elastic.master.job import ElasticJob, JobResult
 from kfp_elastic.master.launcher import (
@@ -52,13 +49,6 @@ class PendingLauncher(Launcher):
 
     def close(self) -> None:
         self.leader_at_close = self.state.leader()
-
-
-@pytest.fixture
-def client(etcd: EmbeddedEtcd) -> Iterator[MultiEndpointEtcd3Client]:
-    c = connect(etcd.client_settings())
-    yield c
-    c.close()
 
 
 def test_step_down_records_the_hand_over_and_releases_before_closing(

@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 from pyetcd.client import MultiEndpointEtcd3Client
 
-from kfp_elastic.etcd.client import connect
-from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.etcd.keys import TimelineKeys
 from kfp_elastic.master import timeline
 from kfp_elastic.master.state import MasterState
@@ -96,13 +94,6 @@ def test_of_type_selects_in_order() -> None:
 
 
 # -- reader and tailer against etcd -------------------------------------------------------------
-@pytest.fixture
-def client(etcd: EmbeddedEtcd) -> Iterator[MultiEndpointEtcd3Client]:
-    c = connect(etcd.client_settings())
-    yield c
-    c.close()
-
-
 @pytest.fixture
 def state(client: MultiEndpointEtcd3Client, run_id: str) -> Iterator[MasterState]:
     master = MasterState(client, f"/kfp-elastic/{run_id}", lease_ttl=2)
