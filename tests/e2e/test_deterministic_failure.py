@@ -22,7 +22,7 @@ from tests.helpers import REPO_ROOT, master_command
 
 WORKER_ERROR = "RuntimeError: raises_in_workers: this model definition is broken on the workers"
 # The goal is a failure within 30 s: one generation of agents (each gives up after the
-# same failure twice; 2 x 2 counted failures exceed --max-failures=3). On this shared 2-core
+# same failure twice; each round's failure counts once in the job's budget). On this shared 2-core
 # machine under load (load average 6-11) that took 33-68 s, mostly two agents and zygotes
 # importing torch at once; the bound is generous (the storm it guards against never ended).
 FAIL_WITHIN_S = 90.0
