@@ -31,8 +31,9 @@ restarted) report twice is counted once.
 
 The agent that counts a failure which spends the budget stops restarting its workers (its
 torchrun fails); the master ends the job (when the failure that spent it is a peer's
-account, a connection the failing rank closed, after up to :data:`OWN_ACCOUNT_WAIT_S` for the
-failing rank's agent to replace it with the error itself), stops every worker, and its result
+account, a connection the failing rank closed, once the failing rank's agent has replaced it
+with the error itself, every worker has ended, or :data:`OWN_ACCOUNT_WAIT_S` passed), stops
+every worker, and its result
 names the count and the last failure (error, worker, node, rank, round); the timeline gets one
 ``failure_counted`` event per counted failure.
 """
@@ -158,9 +159,11 @@ def count_once(failures: Iterable[CountedFailure]) -> tuple[CountedFailure, ...]
 
 # A round's failure reaches its agents together: the failing rank's with its own error, its
 # peers' as a closed connection, often a moment sooner. A budget spent by a peer's account waits
-# this long for the failing rank's own (it replaces the record: one incident) so that the job's
-# result names the error itself; then it fails with what it has.
-OWN_ACCOUNT_WAIT_S = 3.0
+# for the failing rank's own (it replaces the record: one incident) so that the job's result
+# names the error itself: while any worker still runs (its agent may yet report; on a loaded
+# node a torchrun agent can take seconds to see its worker's exit), up to this long; once every
+# worker has ended nobody is left to report, and it fails with what it has.
+OWN_ACCOUNT_WAIT_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -189,11 +192,12 @@ class FailureBudget:
         """More than ``max_failures`` counted failures."""
         return self.max_failures is not None and self.count > self.max_failures
 
-    def spent(self, waited_s: float = math.inf) -> str | None:
+    def spent(self, waited_s: float = math.inf, workers_running: bool = True) -> str | None:
         """Why the job must fail now (None: it may go on): a fatal failure, or more than
         ``max_failures`` counted failures. The reason names the count and the failure.
         ``waited_s``: how long the count has been exceeded; a budget spent by a peer's account
-        of the last failure waits until :data:`OWN_ACCOUNT_WAIT_S` for the failing rank's."""
+        of the last failure waits for the failing rank's while ``workers_running`` (an agent
+        may still report), up to :data:`OWN_ACCOUNT_WAIT_S`."""
         fatal = next((f for f in self.failures if f.fatal), None)
         if fatal is not None:
             return (
@@ -202,7 +206,7 @@ class FailureBudget:
             )
         last = self.last
         if self.exceeded and last:
-            if last.peers_error and waited_s < OWN_ACCOUNT_WAIT_S:
+            if last.peers_error and workers_running and waited_s < OWN_ACCOUNT_WAIT_S:
                 return None
             return (
                 f"{_failures(self.count)} exceed --max-failures={self.max_failures}; "

@@ -366,7 +366,12 @@ class ElasticJob:
                 self._update_metrics(observer, workers, budget.count)
                 exceeded_since = (exceeded_since or now) if budget.exceeded else None
                 waited_s = now - exceeded_since if exceeded_since is not None else 0.0
-                spent = None if done or decision.completed else budget.spent(waited_s)
+                running = any(is_active(w) and w.phase != WorkerPhase.PENDING for w in workers)
+                spent = (
+                    None
+                    if done or decision.completed
+                    else budget.spent(waited_s, workers_running=running)
+                )
                 if spent:
                     return self._finish("failed", spent, observer)
                 if decision.give_up:

@@ -68,6 +68,8 @@ def test_a_budget_spent_by_a_peers_account_waits_for_the_failing_ranks_own() -> 
     assert budget.exceeded
     assert budget.spent(waited_s=0.0) is None  # the failing rank's agent may still report
     assert budget.spent(waited_s=OWN_ACCOUNT_WAIT_S) is not None  # then: what it has
+    # Once every worker has ended, no agent is left to report: at once.
+    assert budget.spent(waited_s=0.0, workers_running=False) is not None
     own = failure("round-3-a", "RuntimeError: boom", rank=1)
     assert FailureBudget(0, (own,)).spent(waited_s=0.0) is not None  # the error itself: at once
     unknown = failure("round-3-a", "the worker wrote no error file", own_error=False)
