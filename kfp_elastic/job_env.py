@@ -81,6 +81,10 @@ def _setting(
 
 DEFAULT_SNAPSHOT_OVERHEAD = 0.01  # auto: the share of training time snapshots may cost
 DEFAULT_SNAPSHOT_MAX_INTERVAL_S = 300.0  # auto: seconds between snapshots at most
+# Sharded models: where a node keeps its ranks' shards and its neighbours' copies (tmpfs: host
+# memory charged to the pod, gone with it), and how often a snapshot also goes to disk.
+DEFAULT_MEMORY_SNAPSHOT_DIR = "/dev/shm/kfp-elastic"
+DEFAULT_DISK_SNAPSHOT_EVERY = 10
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,14 @@ class JobEnv:
     )
     snapshot_dir: str = _setting("", "persisted snapshots (a PVC in a cluster); required")
     local_snapshot_dir: str = _setting("", "fast node-local copy")
+    memory_snapshot_dir: str = _setting(
+        DEFAULT_MEMORY_SNAPSHOT_DIR,
+        "sharded models: host memory (tmpfs) for each rank's shards and its neighbour's copy",
+    )
+    disk_snapshot_every: int = _setting(
+        DEFAULT_DISK_SNAPSHOT_EVERY,
+        "sharded models: every Nth snapshot also goes to --snapshot-dir (DCP); 0: never",
+    )
     output: str = _setting("", "write the final model state_dict here")
     epochs: int = _setting(contract.DEFAULT_EPOCHS, "passes over the data")
     batch_size: int = _setting(

@@ -75,6 +75,12 @@ from kfp_elastic.worker.device import StallAbort
 from kfp_elastic.worker.finite_loss import NonFiniteLoss, skips_non_finite
 from kfp_elastic.worker.loop import ElasticLoop
 from kfp_elastic.worker.progress import Manifest
+from kfp_elastic.worker.sharding import (
+    full_model_state,
+    is_sharded,
+    load_sharded_state,
+    sharded_state,
+)
 
 __all__ = ["EXIT_PREEMPTED", "DataLoader", "ElasticSampler", "NonFiniteLoss", "State"]
 
@@ -101,20 +107,27 @@ class _ScriptState:
     ) -> None:
         self.model, self.optimizer, self.scheduler, self.extra = model, optimizer, scheduler, extra
         self.stepping = False
+        self.sharded = is_sharded(model)  # FSDP2: every rank holds its own shards
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {
-            "model": _unwrapped(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "extra": {name: obj.state_dict() for name, obj in self.extra.items()},
-        }
+        if self.sharded:  # this rank's shards, keyed by name (``sharding.py``)
+            state: dict[str, Any] = sharded_state(self.model, self.optimizer)
+        else:
+            state = {
+                "model": _unwrapped(self.model).state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+            }
+        state["extra"] = {name: obj.state_dict() for name, obj in self.extra.items()}
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        _unwrapped(self.model).load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.sharded:
+            load_sharded_state(self.model, self.optimizer, state)
+        else:
+            _unwrapped(self.model).load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and "scheduler" in state:
             self.scheduler.load_state_dict(state["scheduler"])
         for name, obj in self.extra.items():
@@ -238,7 +251,11 @@ class State:
         """The end of training: rank 0 waits for the last snapshot and writes the final model
         to ``$KFP_ELASTIC_OUTPUT`` (``torch.save`` of the model's ``state_dict``)."""
         self._remove_hooks()
-        self.loop.finish(self.settings.output, _unwrapped(self.model).state_dict())
+        if self._trained.sharded:  # the whole model, gathered from every rank's shards
+            weights = full_model_state(self.model)
+        else:
+            weights = _unwrapped(self.model).state_dict()
+        self.loop.finish(self.settings.output, weights)
 
     def close(self) -> None:
         """Release rank 0's etcd connection once no snapshot is in flight (``finish`` and the

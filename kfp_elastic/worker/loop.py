@@ -33,6 +33,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -63,9 +64,20 @@ from kfp_elastic.worker.progress import (
 )
 from kfp_elastic.worker.progress import recorded as stamped
 from kfp_elastic.worker.rescue import Rescues
-from kfp_elastic.worker.restore import newest_state
+from kfp_elastic.worker.restore import committed_head, newest_state
 from kfp_elastic.worker.schedule import SnapshotPolicy, next_sync_step
-from kfp_elastic.worker.snapshot import Snapshotter
+from kfp_elastic.worker.sharded_snapshot import (
+    MEMORY_PREFIX,
+    ShardedRestore,
+    ShardedSnapshots,
+    ShardsLost,
+    disk_snapshot_name,
+    is_sharded_snapshot,
+    newest_disk_snapshot,
+    restore_from_disk,
+    restore_from_memory,
+)
+from kfp_elastic.worker.snapshot import SnapshotError, Snapshotter
 from kfp_elastic.worker.train_step import RNG_BY_RANK, restore_rng_state, rng_state
 
 log = logging.getLogger("kfp_elastic.worker")
@@ -73,6 +85,12 @@ log = logging.getLogger("kfp_elastic.worker")
 
 class Trained(Protocol):
     """What a loop snapshots, rescues and restores besides the position and the generators."""
+
+    @property
+    def sharded(self) -> bool:
+        """The model is sharded (FSDP2): its state is every rank's own shards
+        (``sharding.py``), snapshotted by every rank (``sharded_snapshot.py``)."""
+        ...
 
     @property
     def stepping(self) -> bool:
@@ -103,8 +121,10 @@ class ElasticLoop:
         collective_abort: float,
         device: torch.device,
         seed: int,
+        sharded: ShardedSnapshots | None = None,
     ) -> None:
         self.trained = trained
+        self.sharded = sharded  # a sharded model's snapshots (every rank's shards)
         self.run_id, self.etcd, self.seed = run_id, etcd, seed
         self.snapshots, self.rescues, self.snapshot_policy = snapshots, rescues, snapshot_policy
         self.device = device  # where the sync's tensor lives: NCCL reduces device tensors only
@@ -155,6 +175,15 @@ class ElasticLoop:
         # Each optimizer step first waits for the last snapshot's copies of what it changes.
         snapshots.guard(optimizer)
         run_id = settings.run_id or "local"  # "local": a runtime started without torchrun
+        sharded = None
+        if trained.sharded:
+            node = worker_name() or socket.gethostname()
+            sharded = ShardedSnapshots(
+                Path(settings.memory_snapshot_dir) / run_id / node,
+                settings.snapshot_dir,
+                node,
+                disk_every=settings.disk_snapshot_every,
+            )
         return cls(
             trained,
             run_id=run_id,
@@ -170,6 +199,7 @@ class ElasticLoop:
             collective_abort=settings.collective_abort,
             device=device,
             seed=settings.seed,
+            sharded=sharded,
         )
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
@@ -196,6 +226,9 @@ class ElasticLoop:
     def restore(self) -> None:
         """Restore the newest state any rank has: a survivor's rescue, else the committed one."""
         assert self.manifest is not None, "plan() first"
+        if self.sharded is not None:
+            self._restore_sharded(self.sharded)
+            return
         restored = newest_state(
             self.rank,
             self.world,
@@ -248,6 +281,105 @@ class ElasticLoop:
                 shape=(state.get("global_batch", 0), state.get("lr", 0.0)),
                 world=state.get("world_size", self.world),
             )
+
+    def _restore_sharded(self, sharded: ShardedSnapshots) -> None:
+        """A sharded state: the committed step resharded from the nodes' memory, else the
+        newest on-disk snapshot at or before it (the commit rolled back to its position)."""
+        assert self.manifest is not None
+        committed, revision = shared(
+            committed_head(self.progress, self.manifest) if self.rank == 0 else None
+        )
+        restored = None
+        if committed.snapshot:
+            if not is_sharded_snapshot(committed.snapshot):
+                raise SnapshotError(
+                    f"committed snapshot {committed.snapshot} is not a sharded model's: this run "
+                    "trained without sharding; use a new run id for a sharded model"
+                )
+            template = self.trained.state_dict()
+            if committed.snapshot.startswith(MEMORY_PREFIX):
+                try:
+                    restored = restore_from_memory(
+                        sharded, template, committed.step, committed.world_size
+                    )
+                except ShardsLost as lost:
+                    log.warning("%s: falling back to the last on-disk snapshot", lost)
+            if restored is None:
+                restored = self._restore_from_disk(sharded, template, committed)
+                committed, revision = shared(
+                    self._rolled_back(committed, revision, restored) if self.rank == 0 else None
+                )
+        self.committed, self.revision = committed, revision
+        self.step, self.epoch, self.position = committed.step, committed.epoch, committed.position
+        rng = "fresh"
+        if restored is not None:
+            state = restored.state
+            self.trained.load_state_dict(state)
+            rng = restore_rng_state(state, self.rank, self.world, self.seed)
+            self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
+        self.rng = rng_state()
+        self.restored = True
+        self._snapshot_step = self.step
+        self._synced = (time.monotonic(), self.step)
+        self._sync_at = next_sync_step(self.step, None, self.snapshot_policy.every)
+        moved = restored.moved if restored is not None else None
+        log.info(
+            "restored rank=%d world=%d step=%d epoch=%d position=%d from=%s rng=%s "
+            "received_bytes=%d sent_bytes=%d copied_bytes=%d",
+            self.rank,
+            self.world,
+            self.step,
+            self.epoch,
+            self.position,
+            restored.source if restored is not None else "nothing (a new run)",
+            rng,
+            moved.received if moved else 0,
+            moved.sent if moved else 0,
+            moved.copied if moved else 0,
+        )
+
+    def _restore_from_disk(
+        self, sharded: ShardedSnapshots, template: dict[str, Any], committed: Committed
+    ) -> ShardedRestore:
+        directory = shared(
+            newest_disk_snapshot(sharded.persist_dir, committed.step) if self.rank == 0 else None
+        )
+        if directory is None:
+            raise SnapshotError(
+                f"the shards of committed step {committed.step} are lost (a rank and the "
+                f"neighbour holding its copy are both gone) and {sharded.persist_dir} holds no "
+                "complete on-disk snapshot at or before it: raise --disk-snapshot-every's "
+                f"frequency, or start the run over: kfp-elastic forget {self.run_id}"
+            )
+        restored = restore_from_disk(template, directory)
+        log.warning(
+            "restored from the on-disk snapshot %s (step %d): the in-memory shards of step %d "
+            "are lost; %d steps are trained again",
+            directory.name,
+            restored.step,
+            committed.step,
+            committed.step - restored.step,
+        )
+        return restored
+
+    def _rolled_back(
+        self, committed: Committed, revision: int, restored: ShardedRestore
+    ) -> tuple[Committed, int]:
+        """Rank 0: the commit moved back to an on-disk snapshot's step and data position."""
+        assert self.progress is not None and self.manifest is not None
+        state = restored.state
+        if state["step"] == committed.step:
+            return committed, revision
+        older = Committed(
+            step=state["step"],
+            epoch=state["epoch"],
+            position=state["position"],
+            snapshot=disk_snapshot_name(state["step"]),
+            world_size=int(state.get("world_size", self.world)),
+        )
+        if not self.progress.commit(self.manifest, committed, revision, older):
+            raise SnapshotError("another process committed while rolling back; restart")
+        return older, self.progress.committed_record()[1]
 
     # -- around each step -----------------------------------------------------------------------
     def settle(self) -> None:
@@ -303,9 +435,8 @@ class ElasticLoop:
                 self._step_times.append((time.monotonic() - when) / (self.step - step))
             step_time = min(self._step_times, default=None)
             trained_s = (self.step - self._snapshot_step) * (step_time or 0.0)
-            due = self.snapshot_policy.due(
-                self.step, epoch_end, trained_s, self.snapshots.last_cost_s
-            )
+            cost = (self.sharded or self.snapshots).last_cost_s
+            due = self.snapshot_policy.due(self.step, epoch_end, trained_s, cost)
             decisions = (int(due), next_sync_step(self.step, step_time, self.snapshot_policy.every))
         local = torch.tensor(
             [float(self.stop_requested), *map(float, decisions)]
@@ -346,13 +477,16 @@ class ElasticLoop:
         persisted. Collective: every rank's generators go into rank 0's snapshot."""
         self._snapshot_step = self.step
         losses, self.losses = tuple(self.losses), []
-        rng_by_rank = gathered(self.rng)
-        if self.rank != 0:
+        rng_by_rank = gathered(self.rng) if self.sharded is None else None
+        if self.rank != 0 and self.sharded is None:
             return
         step, epoch, position = self.step, self.epoch, self.position
         batch, lr = shape or self.interval
         world = world or self.world
-        state = self._state() | {RNG_BY_RANK: rng_by_rank, "world_size": world}
+        if self.sharded is None:
+            state = self._state() | {RNG_BY_RANK: rng_by_rank, "world_size": world}
+        else:  # every rank its own shards and generators (its slot's rest)
+            state = self._state() | {"world_size": world, "global_batch": batch, "lr": lr}
 
         def on_persisted(name: str) -> None:
             new = Committed(
@@ -379,7 +513,10 @@ class ElasticLoop:
                 world,
             )
 
-        self.snapshots.save(step, state, on_persisted, wait=wait)
+        if self.sharded is not None:
+            self.sharded.save(step, state, on_persisted, wait=wait)
+        else:
+            self.snapshots.save(step, state, on_persisted, wait=wait)
 
     def _commit_with_retry(self, new: Committed) -> None:
         assert self.progress is not None and self.manifest is not None
@@ -402,6 +539,16 @@ class ElasticLoop:
         parameters are ahead of it."""
         if not self.restored or self.local_rank != 0:
             return  # nothing trained yet, or local rank 0 of this node writes the node's rescue
+        if self.sharded is not None:
+            # A rank holds its own shards only: the lost ranks' shards of this step are gone,
+            # so the next world restores the committed step (every rank's, from memory).
+            log.warning(
+                "training broke rank=%d step=%d: a sharded state is restored from the last "
+                "committed snapshot",
+                self.rank,
+                self.step,
+            )
+            return
         if self.trained.stepping:
             log.error(
                 "training failed inside optimizer.step() rank=%d step=%d: no rescue, "
@@ -440,6 +587,8 @@ class ElasticLoop:
         final model's ``state_dict``) to ``output`` (if set); the rescues go, the end is
         recorded."""
         self.close_stall()  # saving and the final barrier may take longer than a step
+        if self.sharded is not None:
+            self.sharded.wait()
         if self.rank == 0:
             self.snapshots.wait()
             if output:
@@ -447,6 +596,8 @@ class ElasticLoop:
                 torch.save({k: v.cpu() for k, v in weights.items()}, output)
         dist.barrier()
         self.rescues.discard_up_to(self.step)  # the job is complete: none can win
+        if self.sharded is not None and self.local_rank == 0:
+            self.sharded.slots.remove()  # the node's shards and copies: the job is complete
         self.record_end(END_COMPLETED)
         self.close()
 
@@ -474,6 +625,8 @@ class ElasticLoop:
     def close(self) -> None:
         """Release rank 0's etcd connection once no snapshot is in flight (safe to repeat)."""
         self.close_stall()
+        if self.sharded is not None:
+            self.sharded.wait()
         if self.progress is not None:
             self.snapshots.wait()
             with contextlib.suppress(Exception):

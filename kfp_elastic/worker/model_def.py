@@ -17,6 +17,8 @@ CLIP_GRAD_NORM = None                           # optional: max global gradient 
 GRAD_ACCUMULATION = 1                           # optional: micro-batches per optimizer step
 LR_DECAY = None                                 # optional: {"epochs": [6, 9], "gamma": 0.1}
 def on_step(step: int) -> None                  # optional: the step hook (below)
+SHARDING = None                                 # optional: "per-module" shards with FSDP2
+def shard(model, mesh) -> None                  # optional: your own fully_shard calls
 
 ``scheduler`` owns the learning rate's *schedule*; the batch policy's LR scaling (``linear``,
 ``sqrt``: ``worker/policy.py``) multiplies whatever LR the scheduler set, for the duration of
@@ -28,6 +30,9 @@ the same data as one that never changed (``worker/policy.py`` ``LrDecay``).
 timed_model_def.py`` numbers its per-step time stamps with it): called once per optimizer
 step, just before it runs, with its number: the steps counted before it + 1, over every world
 of the run (a restored run goes on from the restored step).
+``SHARDING = "per-module"`` or ``shard(model, mesh)`` trains the model sharded (FSDP2) instead
+of DDP: ``worker/sharding.py`` (per-module: ``fully_shard`` on each direct child with parameters,
+then on the model; ``shard``: your own ``fully_shard`` calls on the 1-D ``mesh`` of all ranks).
 ``ReduceLROnPlateau`` needs a metric per step and is refused. ``AMP="fp16"`` adds a
 ``GradScaler``; ``"bf16"`` needs none.
 ``GRAD_ACCUMULATION = k`` makes ``--batch-size`` the micro-batch of one forward/backward and
@@ -58,6 +63,10 @@ REQUIRED = ("model", "loss", "dataset")
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+#: ``SHARDING`` values a model definition may set (None: DDP, every rank the whole model).
+SHARDING_POLICIES = ("per-module",)
+
+
 class ModelDefError(ValueError):
     """The --model-def module cannot be used; the message says what is missing."""
 
@@ -78,6 +87,12 @@ class ModelDef:
     grad_accumulation: int = 1
     lr_decay: LrDecay | None = None
     on_step: Callable[[int], Any] | None = None
+    sharding: str | None = None  # a ``sharding.SHARDING_POLICIES`` value
+    shard: Callable[[Any, Any], Any] | None = None
+
+    @property
+    def sharded(self) -> bool:
+        return self.sharding is not None or self.shard is not None
 
 
 def load_model_def(name: str) -> ModelDef:
@@ -165,6 +180,15 @@ def model_def_from(module: ModuleType, name: str) -> ModelDef:
     on_step = getattr(module, "on_step", None)
     if on_step is not None and not callable(on_step):
         raise ModelDefError(f"--model-def {name}: on_step must be a function of the step number")
+    sharding = getattr(module, "SHARDING", None)
+    if sharding is not None and sharding not in SHARDING_POLICIES:
+        raise ModelDefError(
+            f"--model-def {name}: SHARDING must be one of {', '.join(SHARDING_POLICIES)} or "
+            f"None, got {sharding!r}"
+        )
+    shard = getattr(module, "shard", None)
+    if shard is not None and not callable(shard):
+        raise ModelDefError(f"--model-def {name}: shard must be a function of (model, mesh)")
     try:
         lr_decay = LrDecay.parse(getattr(module, "LR_DECAY", None))
     except ValueError as error:
@@ -184,6 +208,8 @@ def model_def_from(module: ModuleType, name: str) -> ModelDef:
         grad_accumulation=accumulation,
         lr_decay=lr_decay,
         on_step=on_step,
+        sharding=sharding,
+        shard=shard,
     )
 
 

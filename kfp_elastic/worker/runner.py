@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset, default_collate
 
@@ -31,6 +32,7 @@ from kfp_elastic.worker.loop import ElasticLoop
 from kfp_elastic.worker.model_def import ModelDef, checked_scheduler, load_model_def
 from kfp_elastic.worker.options import RuntimeOptions, parse_args
 from kfp_elastic.worker.policy import BatchPolicy, lr_factor, step_shape
+from kfp_elastic.worker.sharding import full_model_state, shard_model
 from kfp_elastic.worker.train_step import TrainStep
 
 log = logging.getLogger("kfp_elastic.worker")
@@ -44,6 +46,8 @@ class Trainer:
         self.policy = BatchPolicy.parse(settings.batch_policy)
         self.train_set = model_def.dataset("train")
         self.model = model_def.model().to(self.device)
+        if model_def.sharded:  # FSDP2 instead of DDP; the optimizer steps the sharded parameters
+            shard_model(self.model, model_def.sharding, model_def.shard, self.device)
         self.optimizer = (
             model_def.optimizer(self.model.parameters())
             if model_def.optimizer
@@ -85,8 +89,13 @@ class Trainer:
         base = settings.base_world_size or self.world
         self.base_world: int = shared(progress.base_world_size(base) if progress else None)
         self.loop.restore()
-        self.ddp = DistributedDataParallel(
-            self.model, device_ids=[self.device.index] if placement.on_accelerator else None
+        # What the steps run: the sharded model itself, else the model inside DDP.
+        self.ddp: nn.Module = (
+            self.model
+            if model_def.sharded
+            else DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if placement.on_accelerator else None
+            )
         )
 
     # -- training -----------------------------------------------------------------------------
@@ -101,7 +110,8 @@ class Trainer:
         if stopped:
             self.loop.close()
             return EXIT_PREEMPTED
-        self.loop.finish(self.settings.output, self.model.state_dict())
+        weights = full_model_state(self.model) if self.md.sharded else self.model.state_dict()
+        self.loop.finish(self.settings.output, weights)
         return 0
 
     def _train(self) -> bool:

@@ -40,6 +40,7 @@ from torch import nn
 from kfp_elastic.contract.data_plan import rank_share
 from kfp_elastic.worker.finite_loss import DEFAULT_NAN_POLICY, skips_non_finite
 from kfp_elastic.worker.model_def import AMP_DTYPES
+from kfp_elastic.worker.sharding import is_sharded, load_sharded_state, sharded_state
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,21 @@ def restore_rng_state(state: dict[str, Any], rank: int, world: int, seed: int) -
     return f"derived seed {chosen}"
 
 
+@contextlib.contextmanager
+def _no_sync(module: nn.Module) -> Any:
+    """Gradients accumulate without a reduction: DDP's ``no_sync``; an FSDP2 module's
+    ``set_requires_gradient_sync(False)`` (its reduce-scatter then waits for the last one)."""
+    if hasattr(module, "no_sync"):
+        with module.no_sync():
+            yield
+        return
+    module.set_requires_gradient_sync(False)  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+
 def _device_type(model: nn.Module) -> str:
     parameter = next(model.parameters(), None)
     return parameter.device.type if parameter is not None else "cpu"
@@ -129,6 +145,7 @@ class TrainStep:
         # a schedule of its own restores to.
         self.initial_lrs = [group["lr"] for group in optimizer.param_groups]
         self.stepping = False  # inside the optimizer step: parameters possibly half updated
+        self.sharded = is_sharded(model)  # FSDP2: every rank holds its own shards
 
     @property
     def lr(self) -> float:
@@ -164,7 +181,7 @@ class TrainStep:
             last = index == len(parts) - 1
             if not part and not last:
                 continue
-            with ddp.no_sync() if not last else contextlib.nullcontext():  # type: ignore[operator]
+            with _no_sync(ddp) if not last else contextlib.nullcontext():
                 if part:
                     with self.autocast():
                         value = loss(ddp, fetch(part))
@@ -237,7 +254,10 @@ class TrainStep:
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer and, when used, scheduler and GradScaler state (CPU or device
         tensors, JSON-able values: ``snapshot_format`` stores them without pickle)."""
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.sharded:  # this rank's shards, keyed by name (``sharding.py``)
+            state = sharded_state(self.model, self.optimizer)
+        else:
+            state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
         if self.scaler is not None:
@@ -247,8 +267,11 @@ class TrainStep:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` gathered; older snapshots (no scheduler/scaler keys, a
         policy-scaled LR in the optimizer) restore the model definition's LRs."""
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.sharded:
+            load_sharded_state(self.model, self.optimizer, state)
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and "scheduler" in state:
             self.scheduler.load_state_dict(state["scheduler"])
         else:
