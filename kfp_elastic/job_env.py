@@ -85,6 +85,8 @@ DEFAULT_SNAPSHOT_MAX_INTERVAL_S = 300.0  # auto: seconds between snapshots at mo
 # memory charged to the pod, gone with it), and how often a snapshot also goes to disk.
 DEFAULT_MEMORY_SNAPSHOT_DIR = "/dev/shm/kfp-elastic"
 DEFAULT_DISK_SNAPSHOT_EVERY = 10
+SHARDED_SNAPSHOT_MODES = ("memory", "disk")
+DEFAULT_SHARDED_SNAPSHOTS = "memory"
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,12 @@ class JobEnv:
     memory_snapshot_dir: str = _setting(
         DEFAULT_MEMORY_SNAPSHOT_DIR,
         "sharded models: host memory (tmpfs) for each rank's shards and its neighbour's copy",
+    )
+    sharded_snapshots: str = _setting(
+        DEFAULT_SHARDED_SNAPSHOTS,
+        "sharded models: memory (every rank's shards in host memory, a copy on another node, "
+        "N -> M reshard from memory) or disk (every snapshot a DCP save to --snapshot-dir)",
+        choices=SHARDED_SNAPSHOT_MODES,
     )
     disk_snapshot_every: int = _setting(
         DEFAULT_DISK_SNAPSHOT_EVERY,

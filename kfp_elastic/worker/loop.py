@@ -183,6 +183,7 @@ class ElasticLoop:
                 settings.snapshot_dir,
                 node,
                 disk_every=settings.disk_snapshot_every,
+                mode=settings.sharded_snapshots,
             )
         return cls(
             trained,
@@ -304,7 +305,7 @@ class ElasticLoop:
                     )
                 except ShardsLost as lost:
                     log.warning("%s: falling back to the last on-disk snapshot", lost)
-            if restored is None:
+            if restored is None:  # a disk snapshot committed, or the memory's shards lost
                 restored = self._restore_from_disk(sharded, template, committed)
                 committed, revision = shared(
                     self._rolled_back(committed, revision, restored) if self.rank == 0 else None
@@ -352,6 +353,8 @@ class ElasticLoop:
                 f"frequency, or start the run over: kfp-elastic forget {self.run_id}"
             )
         restored = restore_from_disk(template, directory)
+        if committed.snapshot == directory.name:
+            return restored  # the committed snapshot is on disk (--sharded-snapshots disk)
         log.warning(
             "restored from the on-disk snapshot %s (step %d): the in-memory shards of step %d "
             "are lost; %d steps are trained again",

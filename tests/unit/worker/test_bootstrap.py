@@ -28,6 +28,7 @@ CHANGED = JobEnv(
     snapshot_dir="/snap/r",
     local_snapshot_dir="/local/r",
     memory_snapshot_dir="/dev/shm/r",
+    sharded_snapshots="disk",
     disk_snapshot_every=3,
     output="/snap/r/model.pt",
     epochs=3,
