@@ -298,6 +298,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
 
 
 SNAPSHOT_DIR_ENV = _env_name("snapshot_dir")
+MEMORY_DIR_ENV = _env_name("memory_snapshot_dir")
 
 #: The rendezvous round a worker was started in: set by the elastic-etcd handler in its agent
 #: (inherited by the workers torchrun starts), read through :func:`rendezvous_round`.

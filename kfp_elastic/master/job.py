@@ -678,6 +678,8 @@ class ElasticJob:
         )
         state.set_status(result, message)
         self._stop_workers()
+        assert self.launcher is not None
+        self.launcher.job_ended()
         observer.observe()
         end = JobDone if result == "succeeded" else JobFailed
         failures = len(read_failures(self.client, spec.run_prefix))

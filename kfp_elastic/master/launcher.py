@@ -160,6 +160,10 @@ class Launcher(ABC):
         for event in self.events(stop):
             callback(event)
 
+    def job_ended(self) -> None:  # noqa: B027 - optional hook, most launchers hold nothing
+        """The job ended and its workers are stopped: release what they left on machines this
+        launcher owns (a pod's memory goes with the pod)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook, most launchers hold nothing
         """Release connections or processes the launcher holds."""
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kfp_elastic.gpus import gpus_for_worker, require_gpus, visible_gpus
+from kfp_elastic.job_env import DEFAULT_MEMORY_SNAPSHOT_DIR, MEMORY_DIR_ENV
 from kfp_elastic.job_spec import DEFAULT_WORKER_MAX_RESTARTS
 from kfp_elastic.master.launcher import (
     Launcher,
@@ -239,6 +241,14 @@ class LocalLauncher(Launcher):
                 del known[name]
                 yield _event(last, phase=WorkerPhase.DELETED)
             stop.wait(self.poll_interval_s)
+
+    def job_ended(self) -> None:
+        """Remove the run's sharded-model shards from this machine's host memory: every local
+        node keeps them under ``{memory dir}/{run id}/{worker}``, and a node that was killed
+        cannot remove its own."""
+        root = self.env.get(MEMORY_DIR_ENV) or os.environ.get(MEMORY_DIR_ENV)
+        run_dir = Path(root or DEFAULT_MEMORY_SNAPSHOT_DIR) / self.run_id
+        shutil.rmtree(run_dir, ignore_errors=True)
 
     def close(self) -> None:
         """Wait for pending SIGKILLs (deleted trees). Running workers are left running."""

@@ -3,14 +3,29 @@ shards move between the ranks' host memory at every world change."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 
+from kfp_elastic.components.common import reap_local_processes
 from kfp_elastic.etcd.client import connect
+from kfp_elastic.master.state import MasterState
 from kfp_elastic.worker.progress import Progress
-from tests.helpers import AgentGroup, committed_step, counting_worker_args, new_run_id, wait_for
+from tests.conftest import SecureEtcd
+from tests.helpers import (
+    REPO_ROOT,
+    AgentGroup,
+    committed_step,
+    counting_worker_args,
+    master_command,
+    new_run_id,
+    wait_for,
+)
 
 EPOCHS = 3
 SAMPLES = 480
@@ -84,4 +99,71 @@ def test_sharded_exactly_once_through_kill_join_and_sigterm(tmp_path: Path, priv
         worlds = [int(w) for w in re.findall(r"restored rank=0 world=(\d+) step=\d+ ", logs)]
         assert worlds[:4] == [3, 2, 3, 2], worlds
     finally:
+        client.close()
+
+
+@pytest.mark.timeout(300)
+def test_own_fsdp_script_through_the_master_on_tls_etcd_with_two_processes_per_node(
+    tmp_path: Path, secure_etcd: SecureEtcd, run_id: str
+) -> None:
+    """The user's own FSDP2 script (the script API, ``tests/scripts/ddp_counting.py --fsdp``)
+    under ``kfp-elastic master``, TLS + auth etcd, 2 workers x 2 processes: a preemption
+    (SIGTERM to one worker's agent) loses no step, the next world reshards from memory, every
+    sample counts once per epoch, and the run's host-memory shards are gone when the job ends."""
+    etcd = secure_etcd.settings
+    memory = tmp_path / "shm"
+    command = master_command(
+        [
+            *("-m", "tests.scripts.ddp_counting", "--fsdp"),
+            *("--samples", str(SAMPLES), "--step-time", "0.05"),
+        ],
+        run_id=run_id,
+        etcd=etcd.endpoint_text,
+        etcd_cacert=str(etcd.cacert),
+        etcd_cert=str(etcd.cert),
+        etcd_key=str(etcd.key),
+        etcd_user=str(etcd.user),
+        etcd_password_file=str(etcd.password_file),
+        min_workers=1,
+        max_workers=2,
+        nproc_per_worker=2,
+        max_wait=60,
+        rdzv_conf="last_call_timeout=30",
+        workdir=tmp_path / "work",
+        dataset_length=SAMPLES,
+        shard_size=20,
+        epochs=2,
+        batch_size=4,
+        snapshot_every=3,
+        snapshot_dir=tmp_path / "snap",
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KFP_ELASTIC_ETCD_")}
+    env.update(PYTHONPATH=str(REPO_ROOT), KFP_ELASTIC_MEMORY_SNAPSHOT_DIR=str(memory))
+    client = connect(etcd)
+    progress = Progress(client, etcd.run_prefix(run_id))
+    state = MasterState(client, etcd.run_prefix(run_id))
+    log_path = tmp_path / "master.log"
+    with open(log_path, "wb") as log:
+        master = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_for(lambda: committed_world(progress) == 4, 120, 0.2, "2 workers x 2 processes")
+        wait_for(lambda: committed_step(progress) >= 6, 120, 0.2, "training under way")
+        agent = next(r["pid"] for r in state.workers().values() if r.get("pid"))
+        os.kill(agent, signal.SIGTERM)  # a preemption notice to one worker
+        assert master.wait(240) == 0, log_path.read_text()[-4000:]
+        counts = torch.load(tmp_path / "snap" / "model.pt", weights_only=True)["counts"]
+        assert torch.equal(counts, torch.full((SAMPLES,), 2.0, dtype=torch.float64))
+        logs = "\n".join(
+            p.read_text(errors="replace") for p in sorted((tmp_path / "work").rglob("*.log"))
+        )
+        stops = [int(s) for s in re.findall(r"stopping on SIGTERM rank=\d+ step=(\d+)", logs)]
+        restores = [int(s) for s in re.findall(r"restored rank=0 world=\d+ step=(\d+)", logs)]
+        assert stops and set(stops) <= set(restores), (stops, restores)  # 0 steps lost
+        assert "from=memory" in logs and "on-disk snapshot" not in logs
+        assert not (memory / run_id).exists()  # the master removed every node's shards
+    finally:
+        if master.poll() is None:
+            master.kill()
+        master.wait(10)
+        reap_local_processes(run_id)
         client.close()

@@ -6,6 +6,9 @@ the batch, scaled by the world size because DDP averages gradients over ranks): 
 every count must be exactly E, whatever preemptions and world size changes happened.
 
     torchrun --rdzv-backend=elastic-etcd ... tests/scripts/ddp_counting.py --samples 240
+
+``--fsdp``: the model is sharded with FSDP2 (``fully_shard``) instead of wrapped in DDP; the
+script API takes it as it is (its state: every rank's shards).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import Dataset
 
@@ -47,9 +51,11 @@ def ddp_setup() -> None:
 
 
 class Trainer:
-    def __init__(self, model: torch.nn.Module, dataset: Dataset, step_time: float) -> None:
+    def __init__(
+        self, model: torch.nn.Module, dataset: Dataset, step_time: float, fsdp: bool = False
+    ) -> None:
         self.global_rank = dist.get_rank()
-        self.model = DDP(model)
+        self.model = fully_shard(model) if fsdp else DDP(model)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1.0)
         self.state = elastic.State(model=self.model, optimizer=self.optimizer)  # elastic
         self.train_data = elastic.DataLoader(dataset, self.state)  # elastic
@@ -74,9 +80,9 @@ class Trainer:
         self.state.finish()  # elastic
 
 
-def main(samples: int, step_time: float, hang_at_end: bool = False) -> None:
+def main(samples: int, step_time: float, hang_at_end: bool = False, fsdp: bool = False) -> None:
     ddp_setup()
-    Trainer(Counter(samples), Ids(samples), step_time).train()
+    Trainer(Counter(samples), Ids(samples), step_time, fsdp).train()
     dist.destroy_process_group()
     if hang_at_end:  # a script that never returns after its last step (tests the master)
         threading.Event().wait()
@@ -87,5 +93,6 @@ if __name__ == "__main__":
     parser.add_argument("--samples", type=int, default=240)
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds to sleep per step")
     parser.add_argument("--hang-at-end", action="store_true", help="never exit after training")
+    parser.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2")
     args = parser.parse_args()
-    main(args.samples, args.step_time, args.hang_at_end)
+    main(args.samples, args.step_time, args.hang_at_end, args.fsdp)
