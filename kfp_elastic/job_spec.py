@@ -32,9 +32,15 @@ from kfp_elastic.contract.data_plan import (
     manifest_from_shards,
     shards_for_length,
 )
-from kfp_elastic.contract.kubernetes_syntax import DNS_LABEL_RULE, is_dns_label, parse_quantity
+from kfp_elastic.contract.kubernetes_syntax import (
+    DNS_LABEL_RULE,
+    format_quantity,
+    is_dns_label,
+    parse_quantity,
+)
 from kfp_elastic.contract.prices import Prices, price_from_env
 from kfp_elastic.contract.rendezvous_config import ETCD_KEYS, ConfigError, RendezvousConfig
+from kfp_elastic.contract.sharded_memory import host_memory_per_process
 from kfp_elastic.etcd.keys import run_prefix_of
 from kfp_elastic.etcd.settings import DEFAULT_KEY_PREFIX, EtcdSettings
 
@@ -335,6 +341,14 @@ class KubernetesSettings:
         "added, once per process, to the worker pod's memory request and limit (empty: not "
         "known before the start, count it in the memory yourself)",
         param="worker_snapshot_buffer",
+    )
+    sharded_state: str = _option(
+        "",
+        "a sharded (FSDP2) model's state size (parameters + optimizer state, e.g. 12Gi): each "
+        "worker pod's memory-backed /dev/shm, and with it its memory request and limit, grows "
+        "by what its processes keep in host memory (its shards and a neighbour's copy, two "
+        "snapshots each: 4 x size / (min_workers x nproc_per_worker) per process; empty: none)",
+        param="worker_sharded_state",
     )
     gpus: int = _option(
         0,
@@ -687,7 +701,8 @@ class JobSpec:
             )
         if self.launch.kind == "kubernetes":
             self.worker_pod_gpus()  # a GPU count that does not fit the processes fails here
-        for name in ("cpu", "memory", "snapshot_buffer", "shm_size"):  # here, not at the first pod
+        quantities = ("cpu", "memory", "snapshot_buffer", "shm_size", "sharded_state")
+        for name in quantities:  # here, not at the first pod
             quantity = getattr(self.launch.kubernetes, name)
             if not quantity:
                 continue
@@ -749,13 +764,20 @@ class JobSpec:
     def worker_shm_size(self) -> str | None:
         """``/dev/shm`` of each worker pod: ``shm_size``, else ``DEFAULT_SHM_PER_PROCESS`` per
         process for pods with several (their ranks talk through shared memory; the runtime's
-        64 MiB makes NCCL fail), else none of our own."""
-        given = self.launch.kubernetes.shm_size
+        64 MiB makes NCCL fail), else none of our own; plus, for a sharded model
+        (``sharded_state``), what its processes keep of it there
+        (``contract/sharded_memory.py``)."""
+        k8s = self.launch.kubernetes
         nproc = self.size.nproc_per_worker
-        if given or nproc == 1:
-            return given or None
-        number, unit = DEFAULT_SHM_PER_PROCESS[:-2], DEFAULT_SHM_PER_PROCESS[-2:]
-        return f"{int(number) * nproc}{unit}"
+        base = k8s.shm_size
+        if not base and nproc > 1:
+            number, unit = DEFAULT_SHM_PER_PROCESS[:-2], DEFAULT_SHM_PER_PROCESS[-2:]
+            base = f"{int(number) * nproc}{unit}"
+        if not k8s.sharded_state:
+            return base or None
+        ranks = self.size.min_workers * nproc
+        shards = nproc * host_memory_per_process(int(parse_quantity(k8s.sharded_state)), ranks)
+        return format_quantity(int(parse_quantity(base or "0")) + shards)
 
     def manifest(self) -> Manifest | None:
         """The shard manifest the master publishes (None: the workers plan their own)."""

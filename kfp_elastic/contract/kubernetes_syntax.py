@@ -55,3 +55,11 @@ def parse_quantity(text: str | int | float) -> Decimal:
     elif suffix:
         value *= Decimal(_SUFFIX[suffix])
     return -value if sign == "-" else value
+
+
+def format_quantity(size: int) -> str:
+    """``size`` bytes as a Kubernetes quantity: whole ``Gi`` or ``Mi`` when exact, else bytes."""
+    for unit, factor in (("Gi", 2**30), ("Mi", 2**20)):
+        if size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kfp_elastic.contract.kubernetes_syntax import format_quantity
 from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.master.pod_spec_checks import (  # noqa: F401 - names callers import from here
     _FIXED_LABELS,
@@ -334,8 +335,4 @@ def pod_memory(memory: str | None, spec: WorkerPodSpec) -> str | None:
     extra += parse_quantity(spec.shm_size or "0")
     if not extra:
         return memory
-    total = int(parse_quantity(memory) + extra)
-    for unit, size in (("Gi", 2**30), ("Mi", 2**20)):
-        if total % size == 0:
-            return f"{total // size}{unit}"
-    return str(total)
+    return format_quantity(int(parse_quantity(memory) + extra))

@@ -91,6 +91,7 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
         worker_gpus: int = 0,
         worker_snapshot_buffer: str = "",
         worker_shm_size: str = "",
+        worker_sharded_state: str = "",
         snapshot_pvc: str = "kfp-elastic-snapshots",
         inject_faults: str = "",
         max_wait_s: float = 600.0,
@@ -123,6 +124,8 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
             worker_shm_size: /dev/shm per worker pod, added to its memory request and limit
                 when worker_memory is given; empty: 1Gi per process when a pod has several,
                 else the container runtime's 64Mi.
+            worker_sharded_state: a sharded (FSDP2) model's state size (e.g. "12Gi"): added to
+                each worker pod's /dev/shm and memory as its processes keep it in host memory.
             on_demand_price: price per worker slot-hour on on-demand nodes (guaranteed
                 workers, and the fixed-size job the report compares with); 0: the ConfigMap's
                 KFP_ELASTIC_ON_DEMAND_PRICE, else no cost shown.
@@ -163,6 +166,7 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
                 worker_gpus=worker_gpus,
                 worker_snapshot_buffer=worker_snapshot_buffer,
                 worker_shm_size=worker_shm_size,
+                worker_sharded_state=worker_sharded_state,
                 inject_faults=inject_faults,
                 max_wait_s=max_wait_s,
                 max_failures=max_failures,

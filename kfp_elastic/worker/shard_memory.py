@@ -33,9 +33,10 @@ from typing import Any
 
 import torch
 
+from kfp_elastic.contract.sharded_memory import SLOTS_KEPT
+
 MAGIC = b"KFPSHRD1"
 ALIGN = 64
-SLOTS_KEPT = 2  # per (rank, world): the committed step's and the one being written
 _NAME = re.compile(r"^step-(\d{9})-rank-(\d{5})-of-(\d{5})\.slot$")
 _DTYPES = {str(t): t for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16,
                                torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,

@@ -481,6 +481,34 @@ def test_pods_with_several_processes_get_a_shared_memory_volume(nproc, given, ex
         assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": expected}
 
 
+def test_a_sharded_state_grows_each_pods_shared_memory_and_memory_by_what_it_keeps() -> None:
+    """12 GiB of sharded state, at least 2 workers x 2 processes: each rank keeps 4 x 3 GiB
+    (its shards and a neighbour's copy, two snapshots each), a pod 24 GiB on top of the 2 GiB
+    /dev/shm its two processes get anyway; the pod's memory counts the /dev/shm."""
+    from kfp_elastic.master.pod_spec import build_pod, pod_memory
+
+    spec = JobSpec(
+        run_id="r",
+        entry=Entry(model_def="m"),
+        size=Size(min_workers=2, max_workers=4, nproc_per_worker=2),
+        training=Training(snapshot_dir="/mnt/snap"),
+        etcd=ETCD,
+        launch=Launch(
+            kind="kubernetes",
+            kubernetes=KubernetesSettings(sharded_state="12Gi", memory="8Gi"),
+        ),
+    )
+    spec.validate()
+    template = worker_pod_template(spec)
+    assert template.shm_size == "26Gi"
+    assert pod_memory(template.memory, template) == "34Gi"
+    volumes = {v["name"]: v for v in build_pod(template)["spec"]["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "26Gi"}
+    bad = job(launch=Launch(kubernetes=KubernetesSettings(sharded_state="big")))
+    with pytest.raises(ValueError, match="sharded_state .* 'big' is not a Kubernetes quantity"):
+        bad.validate()
+
+
 def test_the_builtin_runtime_is_preloaded_by_the_zygotes() -> None:
     from kfp_elastic.contract.rendezvous_config import RendezvousConfig
 

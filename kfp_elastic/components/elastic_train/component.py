@@ -53,6 +53,7 @@ def elastic_train(
     worker_gpus: int = 0,
     worker_snapshot_buffer: str = "",
     worker_shm_size: str = "",
+    worker_sharded_state: str = "",
     snapshot_dir: str = "",
     inject_faults: str = "",
     max_wait_s: float = 600.0,
@@ -124,6 +125,9 @@ def elastic_train(
             DataLoader workers use it; its contents count as the pod's memory, so the master
             adds it to the memory request and limit when ``worker_memory`` is given); empty:
             1Gi per process when a pod has several, else the container runtime's 64Mi.
+        worker_sharded_state: a sharded (FSDP2) model's state size (parameters + optimizer
+            state, e.g. ``"12Gi"``): each worker pod's ``/dev/shm`` and memory grow by what its
+            processes keep in host memory (4 x size / (min_workers x nproc_per_worker) each).
         snapshot_dir: shared directory for snapshots; empty: the task's first mounted volume
             (cluster) or a local directory next to the outputs.
         inject_faults: e.g. ``preempt:worker-1@step10,kill:worker-0@40s`` (demos, tests).
@@ -197,6 +201,7 @@ def elastic_train(
             "worker_gpus": worker_gpus,
             "worker_snapshot_buffer": worker_snapshot_buffer,
             "worker_shm_size": worker_shm_size,
+            "worker_sharded_state": worker_sharded_state,
             "max_wait_s": max_wait_s,
             "max_failures": max_failures,
             "orphan_timeout_s": orphan_timeout_s,
