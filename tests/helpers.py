@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -328,3 +329,13 @@ def run_benchmark(args: Sequence[str], tmp_path: Path, timeout: float = 240) -> 
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     return proc.returncode, output
+
+
+def restored_worlds(logs: str) -> list[int]:
+    """The world sizes rank 0 restored in, in time order (the log lines' time stamps; nodes'
+    logs come one after the other), repeats of one size in a row counted once."""
+    found = sorted(
+        re.findall(r"^\[([\d\- :,]+)\] worker INFO restored rank=0 world=(\d+) ", logs, re.M)
+    )
+    worlds = [int(world) for _, world in found]
+    return [w for i, w in enumerate(worlds) if i == 0 or worlds[i - 1] != w]

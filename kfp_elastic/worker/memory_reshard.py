@@ -97,14 +97,14 @@ class Holdings:
         return Metadata(state_dict_metadata=entries)
 
 
-def holdings(slots: NodeSlots, step: int, old_world: int) -> Holdings:
-    """Collective over the new world: which slots of ``step`` (a world of ``old_world`` ranks)
-    each rank's node holds. Raises :class:`ShardsLost` (on every rank alike) when an old
-    rank's slot is on no node."""
+def holdings(slots: NodeSlots, step: int, old_world: int, group: Any = None) -> Holdings:
+    """Collective over the new world (``group``: a CPU one, gloo; default: the default group):
+    which slots of ``step`` (a world of ``old_world`` ranks) each rank's node holds. Raises
+    :class:`ShardsLost` (on every rank alike) when an old rank's slot is on no node."""
     local = slots.of_step(step, old_world)
     mine = {old_rank: slots.header_bytes(path) for old_rank, path in local.items()}
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
+    everyone: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
     headers: dict[int, SlotHeader] = {}
     holders: dict[int, list[int]] = defaultdict(list)
     for new_rank, held in enumerate(everyone):

@@ -178,13 +178,27 @@ class Slot:
 
 
 def _map_file(path: Path, size: int, writable: bool) -> mmap.mmap:
+    """``path`` mapped: writable with its ``size`` bytes reserved first (a full tmpfs then
+    fails here with a message, instead of a SIGBUS at the first write to a page it cannot
+    back); read-only ones copy-on-write (no write ever reaches the file)."""
     flags = os.O_RDWR if writable else os.O_RDONLY
     fd = os.open(path, flags)
     try:
-        if writable and os.fstat(fd).st_size != size:
-            os.ftruncate(fd, size)
-        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-        return mmap.mmap(fd, size, access=access)
+        if writable:
+            if os.fstat(fd).st_size != size:
+                os.ftruncate(fd, size)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as error:
+                raise SlotError(
+                    f"{path.parent}: no room for a {size / 2**20:.1f} MiB slot ({error.strerror}): "
+                    "a sharded job keeps each rank's shards and a neighbour's copy in host "
+                    "memory (4 x state / ranks per process); give the worker pods that much more "
+                    "/dev/shm (--sharded-state, worker_sharded_state), or point "
+                    "--memory-snapshot-dir at a larger tmpfs"
+                ) from error
+            return mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
+        return mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
     finally:
         os.close(fd)
 

@@ -377,8 +377,9 @@ def restore_from_memory(
     """The committed step's state, resharded from the slots the ranks' nodes hold into
     ``template`` (this world's state: its DTensors are loaded in place). Collective; raises
     ``ShardsLost`` on every rank when a slot is nowhere."""
-    held = holdings(snapshots.slots, step, old_world)
-    reader = PeerMemoryReader(snapshots.slots, held)
+    # The slots are host memory: they move over the CPU group (gloo), under NCCL too.
+    held = holdings(snapshots.slots, step, old_world, snapshots.group)
+    reader = PeerMemoryReader(snapshots.slots, held, snapshots.group)
     sharded = {key: template[key] for key in SHARDED_KEYS}
     dcp.load(sharded, storage_reader=reader)
     rests = {r: _decode(h.extra) for r, h in held.headers.items()}

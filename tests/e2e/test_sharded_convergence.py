@@ -4,13 +4,12 @@ the DDP convergence test's tolerance (tests/e2e/test_convergence.py)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.worker.evaluate import evaluate
 from kfp_elastic.worker.progress import Progress
-from tests.helpers import AgentGroup, new_run_id, wait_for
+from tests.helpers import AgentGroup, new_run_id, restored_worlds, wait_for
 
 MODEL_DEF = "kfp_elastic.worker.examples.digits_sharded"
 ACCURACY_TOLERANCE = 0.005  # the DDP convergence test's
@@ -99,6 +98,6 @@ def test_resized_sharded_run_converges_like_a_fixed_size_one(tmp_path: Path, etc
         f"{disturbed_loss:.4f})"
     )
     assert abs(disturbed_loss - calm_loss) <= 0.05 * calm_loss, (calm_loss, disturbed_loss)
-    worlds = [int(w) for w in re.findall(r"restored rank=0 world=(\d+) step=\d+ ", logs)]
+    worlds = restored_worlds(logs)
     assert worlds[:4] == [3, 2, 3, 2], worlds
     assert "on-disk snapshot" not in logs  # every resize resharded from memory

@@ -24,6 +24,7 @@ from tests.helpers import (
     counting_worker_args,
     master_command,
     new_run_id,
+    restored_worlds,
     wait_for,
 )
 
@@ -96,7 +97,7 @@ def test_sharded_exactly_once_through_kill_join_and_sigterm(tmp_path: Path, priv
         sources = re.findall(r"restored rank=\d+ world=\d+ step=\d+ .*? from=(\w+)", logs)
         assert sources and "disk" not in sources, sources
         # Worlds of 3, then 2 (the kill), 3 (the join), 2 (SIGTERM): each restored from memory.
-        worlds = [int(w) for w in re.findall(r"restored rank=0 world=(\d+) step=\d+ ", logs)]
+        worlds = restored_worlds(logs)
         assert worlds[:4] == [3, 2, 3, 2], worlds
     finally:
         client.close()
