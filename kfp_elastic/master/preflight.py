@@ -38,6 +38,7 @@ from kfp_elastic.job_spec import (
     RUNTIME_MODULE,
     Entry,
     JobSpec,
+    KubernetesSettings,
     Policy,
     field_error,
 )
@@ -154,6 +155,22 @@ def samples_problem(spec: JobSpec, samples: int) -> str | None:
     )
 
 
+def sharded_memory_problem(spec: JobSpec) -> str | None:
+    """A sharded model's snapshots live in the pods' ``/dev/shm`` (docs/runtime.md, "Sharded
+    models"): worker pods sized for none of it would fail at their first snapshot."""
+    k8s = spec.launch.kubernetes
+    if spec.launch.kind != "kubernetes" or k8s.sharded_state or k8s.shm_size:
+        return None
+    return (
+        f"{spec.entry.model_def} shards its model (FSDP2): each worker process keeps 4 x state "
+        "/ ranks of host memory in the pod's /dev/shm for its in-memory snapshots; give the "
+        "state's size (parameters + optimizer state) as "
+        + str(field_error("sharded_state", "", KubernetesSettings)).strip()
+        + " so that each pod's /dev/shm and memory count it (or size /dev/shm yourself with "
+        "shm_size)"
+    )
+
+
 def model_def_of(argv: Sequence[str]) -> str | None:
     """The ``--model-def`` the runtime gets, if ``argv`` runs it."""
     flags = runtime_args(argv)
@@ -209,8 +226,9 @@ def entry_problems(spec: JobSpec, side: WorkerSide) -> list[str]:
             text = str(found["error"]).removeprefix("--model-def ")
             return [f"{str(field_error('model_def', '', Entry)).strip()} {text}"]
         samples = found.get("samples")
-        problem = samples_problem(spec, int(samples)) if isinstance(samples, int) else None
-        return [problem] if problem else []
+        problems = [samples_problem(spec, int(samples)) if isinstance(samples, int) else None]
+        problems.append(sharded_memory_problem(spec) if found.get("sharded") else None)
+        return [problem for problem in problems if problem]
     if runtime_args(argv) is not None or not argv or argv[0] in _NO_PYTHON:
         return []  # the runtime without --model-def: its parser said so
     if argv[0] in MODULE_FLAGS:

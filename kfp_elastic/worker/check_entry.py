@@ -7,8 +7,9 @@
 ``model-def``: the model definition loads as the runtime loads it (``load_model_def``: a module
 or a ``.py`` file, with every hook it needs) and ``dataset("train")`` has samples. ``module``: a
 command's ``-m MODULE`` can be found (``importlib.util.find_spec``; its code is not run).
-RESULT_FILE gets ``{"samples": N}`` (model-def), ``{}`` (module) or ``{"error": "..."}``; the
-exit code is 0 either way, so anything else means the check itself broke.
+RESULT_FILE gets ``{"samples": N, "sharded": bool}`` (model-def), ``{}`` (module) or
+``{"error": "..."}``; the exit code is 0 either way, so anything else means the check itself
+broke.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def check(kind: str, name: str) -> dict[str, Any]:
         }
     if samples < 1:
         return {"error": f"--model-def {name}: dataset('train') is empty: nothing to train on"}
-    return {"samples": samples}
+    return {"samples": samples, "sharded": model_def.sharded}
 
 
 def main(argv: list[str]) -> int:

@@ -14,7 +14,16 @@ from typing import Any
 import pytest
 
 from kfp_elastic.etcd.settings import EtcdSettings, parse_endpoints
-from kfp_elastic.job_spec import Data, Entry, JobSpec, Launch, LocalSettings, Policy, Training
+from kfp_elastic.job_spec import (
+    Data,
+    Entry,
+    JobSpec,
+    KubernetesSettings,
+    Launch,
+    LocalSettings,
+    Policy,
+    Training,
+)
 from kfp_elastic.master.host import make_launcher, plan, prestart_checks
 from kfp_elastic.master.preflight import (
     PreflightError,
@@ -24,6 +33,7 @@ from kfp_elastic.master.preflight import (
     locations,
     model_def_of,
     samples_problem,
+    sharded_memory_problem,
     writable_problem,
 )
 from tests.helpers import REPO_ROOT, master_command
@@ -259,6 +269,38 @@ def test_the_master_refuses_a_bad_job_before_any_worker_starts(
     assert not (work / "workers").exists() or not list((work / "workers").iterdir())
 
 
+def test_a_sharded_model_on_pods_needs_its_host_memory_counted() -> None:
+    def spec(kind: str, **k8s: str) -> JobSpec:
+        settings = KubernetesSettings(**k8s)
+        return JobSpec(
+            run_id="r",
+            entry=Entry(model_def="pkg.big"),
+            launch=Launch(kind=kind, kubernetes=settings),
+        )
+
+    problem = sharded_memory_problem(spec("kubernetes"))
+    assert problem is not None and problem.startswith("pkg.big shards its model (FSDP2)")
+    assert "sharded_state (--sharded-state / worker_sharded_state)" in problem
+    assert sharded_memory_problem(spec("kubernetes", sharded_state="12Gi")) is None
+    assert sharded_memory_problem(spec("kubernetes", shm_size="40Gi")) is None
+    assert sharded_memory_problem(spec("local")) is None  # this machine's /dev/shm
+
+
+def test_a_sharded_model_def_is_reported_by_the_check(tmp_path: Path) -> None:
+    result = tmp_path / "r.json"
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "kfp_elastic.worker.check_entry", str(result)),
+            *("model-def", "kfp_elastic.worker.examples.digits_sharded"),
+        ],
+        check=True,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        timeout=120,
+    )
+    assert json.loads(result.read_text()) == {"samples": DIGITS_TRAIN, "sharded": True}
+
+
 def test_the_check_entry_result_is_json(tmp_path: Path) -> None:
     result = tmp_path / "r.json"
     subprocess.run(
@@ -268,4 +310,4 @@ def test_the_check_entry_result_is_json(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         timeout=120,
     )
-    assert json.loads(result.read_text()) == {"samples": DIGITS_TRAIN}
+    assert json.loads(result.read_text()) == {"samples": DIGITS_TRAIN, "sharded": False}
