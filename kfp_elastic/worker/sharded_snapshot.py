@@ -192,7 +192,7 @@ class ShardedSnapshots:
         self._thread: threading.Thread | None = None
         self._saved = 0
         self.cost = SnapshotCost()
-        self.last_cost_s: float | None = None  # for the snapshot policy: the blocking part
+        self.last_cost_s: float | None = None  # for the snapshot policy (``_exchanger``)
 
     # -- snapshot -----------------------------------------------------------------------------
     def save(
@@ -252,7 +252,7 @@ class ShardedSnapshots:
     def _exchanger(self) -> None:
         while True:
             step, slot, on_committed = self._queue.get()
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), time.thread_time()
             try:
                 sent, received = self._exchange(slot)
                 self.cost.sent_bytes, self.cost.received_bytes = sent, received
@@ -264,6 +264,9 @@ class ShardedSnapshots:
             finally:
                 slot.close()
                 self.cost.exchange_s = time.perf_counter() - began
+                # What the snapshot policy weighs: the training thread's copy and the
+                # exchange's CPU (on a busy node it comes out of training as well).
+                self.last_cost_s = self.cost.blocking_s + time.thread_time() - cpu
                 self._idle.set()
 
     def _exchange(self, slot: Slot) -> tuple[int, int]:
