@@ -7,8 +7,9 @@ metadata) and its small rest (LR scheduler, scaler, data position, its generator
 of its node's host-memory directory (``shard_memory.py``). That copy is the only part the
 training thread waits for. A background thread then sends the slot to the rank's *ring
 neighbour* (:func:`ring_neighbours`: a rank on another node where there is one), receives the
-slots of the ranks it is neighbour to, and all ranks agree (one allreduce on a group of their
-own) that every rank has its slot and every copy arrived; only then does rank 0 commit the step
+slots of the ranks it is neighbour to, and all ranks agree (an allreduce on a group of their
+own, once before any payload moves, that every copy has its place, and once after) that every
+rank has its slot and every copy arrived; only then does rank 0 commit the step
 in etcd (``memory-{step:09d}``, with the data position as for DDP). A snapshot counts only when
 every rank has it; until the next one commits, the previous one stays (two slots per rank).
 
@@ -271,23 +272,32 @@ class ShardedSnapshots:
 
     def _exchange(self, slot: Slot) -> tuple[int, int]:
         """Send ``slot`` to this rank's neighbour, receive the slots this rank keeps copies
-        of, and agree with every rank that all are in place (raises when any rank failed)."""
-        ok = 1
+        of, and agree with every rank that all are in place (raises when any rank failed).
+        The ranks first agree that every copy has its place: a payload sent to a rank that
+        has none would never be received, and its sender would wait for ever."""
+        to = self.neighbours[self.rank]
+        copies: dict[int, Slot] = {}
         sent = received = 0
         try:
-            to = self.neighbours[self.rank]
-            raw = slot.header.encode() if to is not None else b""
-            lengths = {s: torch.zeros(1, dtype=torch.int64) for s in self.sources}
-            self._p2p(
-                [(torch.tensor([len(raw)], dtype=torch.int64), to)] if to is not None else [],
-                [(lengths[s], s) for s in self.sources],
-            )
-            heads = {s: torch.empty(int(lengths[s]), dtype=torch.uint8) for s in self.sources}
-            self._p2p(
-                [(torch.frombuffer(bytearray(raw), dtype=torch.uint8), to)] if raw else [],
-                [(heads[s], s) for s in self.sources],
-            )
-            copies = {s: self.slots.receive(heads[s].numpy().tobytes()) for s in self.sources}
+            try:
+                raw = slot.header.encode() if to is not None else b""
+                lengths = {s: torch.zeros(1, dtype=torch.int64) for s in self.sources}
+                self._p2p(
+                    [(torch.tensor([len(raw)], dtype=torch.int64), to)] if to is not None else [],
+                    [(lengths[s], s) for s in self.sources],
+                )
+                heads = {s: torch.empty(int(lengths[s]), dtype=torch.uint8) for s in self.sources}
+                self._p2p(
+                    [(torch.frombuffer(bytearray(raw), dtype=torch.uint8), to)] if raw else [],
+                    [(heads[s], s) for s in self.sources],
+                )
+                for source in self.sources:
+                    copies[source] = self.slots.receive(heads[source].numpy().tobytes())
+            except Exception:
+                self._agree(False)
+                raise
+            if not self._agree(True):
+                raise RuntimeError("a rank cannot place a copy: the snapshot is not committed")
             try:
                 payload = slot.payload()
                 self._p2p(
@@ -298,18 +308,25 @@ class ShardedSnapshots:
                 for copy in copies.values():
                     self.slots.publish(copy)
                     received += copy.header.payload
-            finally:
-                for copy in copies.values():
-                    copy.close()
-        except Exception:
-            ok = 0
-            raise
+            except Exception:
+                self._agree(False)
+                raise
+            if not self._agree(True):
+                raise RuntimeError(
+                    "a rank's slot or copy is missing: the snapshot is not committed"
+                )
         finally:
-            agreed = torch.tensor([ok], dtype=torch.int64)
-            dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=self.group)
-        if not agreed.item():
-            raise RuntimeError("a rank's slot or copy is missing: the snapshot is not committed")
+            for copy in copies.values():
+                copy.close()
+                if copy.path.name.startswith("."):  # never published: of no use to anyone
+                    copy.path.unlink(missing_ok=True)
         return sent, received
+
+    def _agree(self, ok: bool) -> bool:
+        """Whether every rank is ``ok`` (collective on the exchange's group)."""
+        agreed = torch.tensor([int(ok)], dtype=torch.int64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(agreed.item())
 
     def _p2p(
         self,
