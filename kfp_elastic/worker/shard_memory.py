@@ -243,7 +243,11 @@ class NodeSlots:
                 os.replace(older[0], hidden)
         if not hidden.exists():
             hidden.touch()
-        mapping = _map_file(hidden, start + header.payload, writable=True)
+        try:
+            mapping = _map_file(hidden, start + header.payload, writable=True)
+        except BaseException:
+            hidden.unlink(missing_ok=True)  # no slot: its pages (maybe an older slot's) freed
+            raise
         mapping[: len(MAGIC) + 8 + len(encoded)] = MAGIC + struct.pack("<Q", len(encoded)) + encoded
         return Slot(hidden, header, start, mapping)
 
