@@ -58,7 +58,7 @@ RANK = textwrap.dedent("""
 
     from kfp_elastic.worker import sharded_snapshot as snapshots
     from kfp_elastic.worker.memory_reshard import PeerMemoryReader, ShardsLost, holdings
-    from kfp_elastic.worker.shard_memory import NodeSlots
+    from kfp_elastic.worker.shard_memory import NodeSlots, SlotError
     from kfp_elastic.worker.sharding import (
         SHARDED_KEYS, full_model_state, load_sharded_state, shard_model, sharded_state,
     )
@@ -196,7 +196,7 @@ RANK = textwrap.dedent("""
         receive = NodeSlots.receive
         if rank == config["failing"]:
             def refuse(self, raw_header):
-                raise OSError("no room for the copy")
+                raise SlotError("no room for the copy")  # as from a full tmpfs
             NodeSlots.receive = refuse
         train(model, optimizer, 1)
         committed = []
