@@ -62,14 +62,14 @@ class Holdings:
     holders: dict[int, list[int]]  # old rank -> new ranks whose node has its slot
     local: dict[int, Path] = field(default_factory=dict)  # old rank -> this rank's slot path
 
-    def chunk_home(self) -> dict[ChunkKey, tuple[int, int]]:
-        """Where each chunk's bytes are: (old rank, item index). A replicated tensor (every
-        rank has it whole) is read from the lowest old rank."""
-        home: dict[ChunkKey, tuple[int, int]] = {}
+    def chunk_homes(self) -> dict[ChunkKey, list[tuple[int, int]]]:
+        """Where each chunk's bytes are: every (old rank, item index) that has it, lowest old
+        rank first (a replicated tensor, which every rank has whole, has one per old rank)."""
+        homes: dict[ChunkKey, list[tuple[int, int]]] = defaultdict(list)
         for old_rank in sorted(self.headers):
             for index, item in enumerate(self.headers[old_rank].items):
-                home.setdefault((item.fqn, item.offsets), (old_rank, index))
-        return home
+                homes[(item.fqn, item.offsets)].append((old_rank, index))
+        return dict(homes)
 
     def metadata(self) -> Metadata:
         """DCP's metadata of the old world's state: every tensor's global size and chunks."""
@@ -145,7 +145,7 @@ class PeerMemoryReader(StorageReader):
     def __init__(self, slots: NodeSlots, held: Holdings, group: Any = None) -> None:
         super().__init__()
         self.slots, self.held, self.group = slots, held, group
-        self.home = held.chunk_home()
+        self.homes = held.chunk_homes()
         self.moved = Moved()
         self._open: dict[int, Slot] = {}
 
@@ -189,7 +189,11 @@ class PeerMemoryReader(StorageReader):
     def _request(self, item: ReadItem, me: int) -> _Request:
         index = item.storage_index
         key = (index.fqn, tuple(index.offset) if index.offset is not None else ())
-        old_rank, position = self.home[key]
+        homes = self.homes[key]
+        # This node's copy when it has one (a replicated tensor mostly), else the first home.
+        old_rank, position = next(
+            (home for home in homes if me in self.held.holders[home[0]]), homes[0]
+        )
         holders = self.held.holders[old_rank]
         holder = me if me in holders else holders[(me + old_rank) % len(holders)]
         if item.type == LoadItemType.BYTE_IO:
