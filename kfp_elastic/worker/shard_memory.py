@@ -290,6 +290,12 @@ class NodeSlots:
             if (s, w) != (step, world) or (ranks is not None and r not in ranks):
                 path.unlink(missing_ok=True)
 
+    def drop(self, step: int, world: int) -> None:
+        """Drop the slots of ``step`` in a world of ``world`` (a snapshot that failed)."""
+        for s, _, w, path in list(self.names()):
+            if (s, w) == (step, world):
+                path.unlink(missing_ok=True)
+
     def nbytes(self) -> int:
         """Bytes the complete slots of this directory hold."""
         return sum(path.stat().st_size for *_, path in self.names())

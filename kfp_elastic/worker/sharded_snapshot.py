@@ -262,6 +262,9 @@ class ShardedSnapshots:
             except BaseException as error:  # noqa: BLE001 - surfaced by wait()
                 log.exception("sharded snapshot failed step=%d rank=%d", step, self.rank)
                 self._error = error
+                # Not committed: its slots go, so that the next snapshot reuses their pages
+                # and never the committed snapshot's.
+                self.slots.drop(step, self.world)
             finally:
                 slot.close()
                 self.cost.exchange_s = time.perf_counter() - began
