@@ -27,11 +27,13 @@ kill    ``--snapshot-every auto`` (the default). After ``--auto-seconds`` of tra
         world of 3 and a committed snapshot, the node of rank ``--victim-rank`` (not 0) gets
         SIGKILL on its whole process tree. Measured: (1) seconds from the SIGKILL to the first
         optimizer step of the 2-rank world finished on every rank (with the first new worker's
-        "placed" line and the last "restored" line on the way); (2) the bytes the restore moved:
+        "placed" line and the last "restored" line on the way: what follows the restore is one
+        whole training step); (2) the bytes the restore moved:
         memory: the "restored ... received_bytes sent_bytes copied_bytes" lines of the new
         ranks (``moved_bytes`` = received + sent, each byte counted at both ends, as the lines
-        give it); disk: the size of the DCP directory restored from (measured at the kill); the
-        restore must have come from memory resp. disk; (4a) the blocking share of snapshots at
+        give it); disk: the size of the DCP directory restored from (measured at the kill);
+        ``restored_from`` says where the new ranks' restore came from (memory resp. disk, or
+        both when the memory path fell back); (4a) the blocking share of snapshots at
         the default interval: the sum over snapshots (the slowest rank's ``blocking_s``, the
         runtime's "sharded snapshot" lines) over the training time of the world of 3.
 every1  ``--snapshot-every 1``: ``--every1-steps`` steps after 2 warm-up steps. (4b) the
@@ -40,9 +42,11 @@ every1  ``--snapshot-every 1``: ``--every1-steps`` steps after 2 warm-up steps. 
         background copy's CPU on a shared box included).
 
 (3) Peak host memory per rank, sampled every ``--sample-s`` while each job runs: VmHWM of each
-worker process (/proc/PID/status; the pages of the slots it maps count in it as RssShmem, also
-recorded) and the bytes in its node's memory directory (tmpfs blocks); ``peak_rank_host_bytes``
-is the largest VmHWM + node directory over the ranks (one rank per node here).
+worker process (/proc/PID/status) and the bytes in its node's memory directory (tmpfs blocks);
+``peak_rank_host_bytes`` is the largest VmHWM + node directory over the ranks (one rank per node
+here). The slot pages a worker maps count in its VmHWM too (RssShmem, also recorded), so that
+sum counts them twice; ``peak_rank_host_bytes_shmem_once`` is VmHWM - the largest RssShmem + the
+node directory (an estimate: the two peaks need not coincide).
 
 Goals: SIGKILL -> first step of the 2-rank world <= 3 s and <= 0.3 x the disk path's; snapshot
 blocking <= 5 % of the training time at the default interval. Prints every number per path, the
@@ -352,6 +356,9 @@ class MemorySampler:
                     **asdict(worker),
                     "node_dir_bytes": node_bytes,
                     "host_bytes": worker.vmhwm_bytes + node_bytes,
+                    "host_bytes_shmem_once": worker.vmhwm_bytes
+                    - worker.rss_shmem_bytes
+                    + node_bytes,
                 }
             )
         return {
@@ -360,6 +367,9 @@ class MemorySampler:
             "peak_vmhwm_bytes": max((r["vmhwm_bytes"] for r in ranks), default=None),
             "peak_node_dir_bytes": max(self.node_peak.values(), default=None),
             "peak_rank_host_bytes": max((r["host_bytes"] for r in ranks), default=None),
+            "peak_rank_host_bytes_shmem_once": max(
+                (r["host_bytes_shmem_once"] for r in ranks), default=None
+            ),
         }
 
 
@@ -643,14 +653,21 @@ def every1_run(
 
 
 def bench(
-    args: argparse.Namespace, etcd: EmbeddedEtcd, work_dir: Path, stack: contextlib.ExitStack
-) -> dict[str, Any]:
+    args: argparse.Namespace,
+    etcd: EmbeddedEtcd,
+    work_dir: Path,
+    stack: contextlib.ExitStack,
+    report: dict[str, Any],
+) -> None:
+    """Every run, appended to ``report["runs"]`` as it ends (an interrupted benchmark keeps
+    what it measured)."""
     # Each node's slots in real host memory (tmpfs), as in a pod; removed on exit.
     memory_root = Path(
         tempfile.mkdtemp(prefix="kfp-elastic-bench-", dir=SHM if SHM.is_dir() else work_dir)
     )
     stack.callback(shutil.rmtree, memory_root, True)
     runs: list[dict[str, Any]] = []
+    report |= {"memory_root": str(memory_root), "runs": runs}
     for repeat in range(args.repeats):
         order = args.paths if repeat % 2 == 0 else args.paths[::-1]
         for path in order:
@@ -660,7 +677,6 @@ def bench(
                 result |= {"kind": kind, "repeat": repeat}
                 runs.append(result)
                 print(f"[{path}] {kind} {repeat + 1}/{args.repeats}: {shown(result)}", flush=True)
-    return {"runs": runs}
 
 
 def shown(run: dict[str, Any]) -> str:
@@ -720,6 +736,7 @@ def path_numbers(runs: list[dict[str, Any]], path: str) -> dict[str, Any]:
         "kill_to_restored_s": median([r["restored_s"] for r in kills]),
         "restore_moved_bytes": median([r["moved_bytes"] for r in kills if r["moved_bytes"]]),
         "peak_rank_host_bytes": peak("peak_rank_host_bytes"),
+        "peak_rank_host_bytes_shmem_once": peak("peak_rank_host_bytes_shmem_once"),
         "peak_vmhwm_bytes": peak("peak_vmhwm_bytes"),
         "peak_node_dir_bytes": peak("peak_node_dir_bytes"),
         "blocking_share_auto": median(
@@ -755,6 +772,7 @@ RATIO_KEYS = (
     "kill_to_restored_s",
     "restore_moved_bytes",
     "peak_rank_host_bytes",
+    "peak_rank_host_bytes_shmem_once",
     "peak_vmhwm_bytes",
     "blocking_share_auto",
     "blocking_share_every1",
@@ -895,7 +913,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parse_options(parser, argv)
     if args.quick:
         args.hidden, args.repeats = QUICK_HIDDEN, 1
-        args.auto_seconds, args.every1_steps, args.after_kill_steps = 8.0, 4, 1
+        args.auto_seconds, args.every1_steps, args.after_kill_steps = 5.0, 4, 1
     args.paths = comma_list(args.paths)
     unknown = set(args.paths) - set(PATHS)
     if unknown or not args.paths:
@@ -921,7 +939,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body(work_dir: Path, stack: contextlib.ExitStack) -> None:
         etcd = start_etcd(stack, work_dir)
-        report.update(bench(args, etcd, work_dir, stack))
+        bench(args, etcd, work_dir, stack, report)
 
     code, work_dir = run_in_work_dir("sharded-bench-", args.keep_logs, body)
     summary = summarize(report, args)
