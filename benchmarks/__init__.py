@@ -18,6 +18,7 @@ SUITES: dict[str, str] = {
     "cluster": "benchmarks.cluster",
     "chaos": "benchmarks.chaos",
     "scheduling": "benchmarks.scheduling.suite",
+    "sharded": "benchmarks.sharded",
 }
 
 

@@ -2,9 +2,10 @@
 (``$TIMED_MODEL_DEF``, default ``kfp_elastic.worker.examples.digits``) plus one timestamp per
 optimizer step.
 
-Nothing of the runtime changes: model, loss, data, collate, optimizer and the training-state
-hooks (scheduler, AMP, clipping, accumulation, LR decay) are the wrapped module's; the optimizer
-only gets a ``register_step_post_hook`` that appends one line
+Nothing of the runtime changes: model, loss, data, collate, optimizer, the training-state
+hooks (scheduler, AMP, clipping, accumulation, LR decay) and the sharding (``SHARDING``,
+``shard``) are the wrapped module's; the optimizer only gets a ``register_step_post_hook`` that
+appends one line
 
     {"t": time.time(), "step": S, "rank": R, "world": W, "pid": P, "lr": LR}
 
@@ -94,6 +95,9 @@ CLIP_GRAD_NORM = _inner.clip_grad_norm
 GRAD_ACCUMULATION = _inner.grad_accumulation
 if _inner.lr_decay is not None:
     LR_DECAY = {"epochs": list(_inner.lr_decay.epochs), "gamma": _inner.lr_decay.gamma}
+SHARDING = _inner.sharding
+if _inner.shard is not None:
+    shard = _inner.shard
 
 
 class StepClock:

@@ -212,8 +212,7 @@ class ShardedSnapshots:
         rest = {key: value for key, value in state.items() if key not in SHARDED_KEYS}
         if self.mode == "disk":
             self.save_to_disk(step, sharded, rest)
-            self.cost = SnapshotCost(blocking_s=time.perf_counter() - began)
-            self.last_cost_s = self.cost.blocking_s
+            self._cost(step, SnapshotCost(blocking_s=time.perf_counter() - began), True)
             if self.rank == 0:
                 on_committed(disk_snapshot_name(step))
             return
@@ -227,12 +226,11 @@ class ShardedSnapshots:
             slot.close()
             raise
         self._saved += 1
-        if self.disk_every and self._saved % self.disk_every == 1 % self.disk_every:
+        to_disk = bool(self.disk_every) and self._saved % self.disk_every == 1 % self.disk_every
+        if to_disk:
             self.save_to_disk(step, sharded, rest)
-        self.cost = SnapshotCost(
-            blocking_s=time.perf_counter() - began, slot_bytes=slot.header.payload
-        )
-        self.last_cost_s = self.cost.blocking_s
+        cost = SnapshotCost(blocking_s=time.perf_counter() - began, slot_bytes=slot.header.payload)
+        self._cost(step, cost, to_disk)
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._exchanger, daemon=True, name="shard-exchange"
@@ -242,6 +240,21 @@ class ShardedSnapshots:
         self._queue.put((step, slot, on_committed))
         if wait:
             self.wait()
+
+    def _cost(self, step: int, cost: SnapshotCost, to_disk: bool) -> None:
+        """Record what the snapshot of ``step`` blocked training for: the snapshot policy's
+        cost, and one INFO line per rank and snapshot (``disk=1``: a DCP save was part of it)."""
+        self.cost = cost
+        self.last_cost_s = cost.blocking_s
+        log.info(
+            "sharded snapshot step=%d rank=%d mode=%s blocking_s=%.4f slot_bytes=%d disk=%d",
+            step,
+            self.rank,
+            self.mode,
+            cost.blocking_s,
+            cost.slot_bytes,
+            int(to_disk),
+        )
 
     def wait(self) -> None:
         """Until the snapshot in flight is committed (or failed: its error is raised)."""

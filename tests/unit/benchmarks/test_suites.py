@@ -14,7 +14,7 @@ from tests.helpers import REPO_ROOT
 
 
 def test_the_suites() -> None:
-    assert {"rendezvous", "runtime", "cluster", "chaos", "scheduling"} <= set(SUITES)
+    assert {"rendezvous", "runtime", "cluster", "chaos", "scheduling", "sharded"} <= set(SUITES)
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
@@ -33,6 +33,10 @@ def test_quick_shortens_each_suite() -> None:
     assert suite_module("rendezvous").parse_args(["--quick"]).sizes == [8]
     assert suite_module("runtime").parse_args(["--quick"]).repeats == 1
     assert suite_module("cluster").parse_args(["--quick"]).repeats == 1
+    assert (
+        suite_module("sharded").parse_args(["--quick"]).hidden
+        < suite_module("sharded").parse_args([]).hidden
+    )
     assert (
         suite_module("chaos").parse_args(["--quick"]).events
         < suite_module("chaos").parse_args([]).events
