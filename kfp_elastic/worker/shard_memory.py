@@ -38,9 +38,11 @@ from kfp_elastic.contract.sharded_memory import SLOTS_KEPT
 MAGIC = b"KFPSHRD1"
 ALIGN = 64
 _NAME = re.compile(r"^step-(\d{9})-rank-(\d{5})-of-(\d{5})\.slot$")
-_DTYPES = {str(t): t for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16,
-                               torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
-                               torch.bool)}  # fmt: skip
+_STORED_DTYPES = (
+    *(torch.float32, torch.float64, torch.float16, torch.bfloat16),
+    *(torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool),
+)
+_DTYPES = {str(t): t for t in _STORED_DTYPES}  # a slot names a dtype as str(dtype) does
 
 
 def _align(n: int) -> int:
