@@ -125,9 +125,16 @@ def environment() -> dict[str, Any]:
     }
 
 
+def recorded_path(path: Path | str) -> str:
+    """``path`` as a result records it: relative to the checkout (``benchmarks/...``; one
+    outside it as ``../...``), so that a committed result names no machine's directories."""
+    return Path(os.path.relpath(Path(path).resolve(), REPO_ROOT)).as_posix()
+
+
 def jsonable_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of a run as its result records them (paths: :func:`recorded_path`)."""
     return {
-        k: (str(v) if isinstance(v, Path) else v)
+        k: (recorded_path(v) if isinstance(v, Path) else v)
         for k, v in vars(args).items()
         if not k.startswith("_")
     }

@@ -39,6 +39,7 @@ from benchmarks.scheduling.cluster_jobs import (
     ClusterJobs,
     JobPlan,
     JobSize,
+    Step,
     first_world_change_after,
     job_size,
     plot_policies,
@@ -111,10 +112,22 @@ def evict_on_arrival(jobs: ClusterJobs, now: float) -> None:
         jobs.resubmit(0)
 
 
-def analyse(policy: str, result: Mapping[str, Any], steps: Sequence[Any]) -> dict[str, Any]:
+def resumed_step(steps: Sequence[Step], resubmitted_s: float | None) -> Step | None:
+    """An evicted job's first step once it runs again: its first step after its resubmission
+    (None without one). The steps between the eviction and the resubmission are the evicted
+    pods' last ones, taken while their graceful deletion ran."""
+    if resubmitted_s is None:
+        return None
+    return next((s for s in steps if s.t > resubmitted_s), None)
+
+
+def analyse(
+    policy: str, result: Mapping[str, Any], steps: Sequence[Sequence[Step]]
+) -> dict[str, Any]:
     """B's admission (submission -> its first worker pod created, bound, its first step), A's
     shrink (its first worker told to stop -> its first step in the smaller world), A's steps
-    lost and time without training, and whether each grew back to all slots."""
+    lost, its time out of the cluster (eviction -> its first step after its resubmission) and
+    restart (resubmission -> that step), and whether each grew back to all slots."""
     a, b = result["jobs"]
     out: dict[str, Any] = {}
     submit = b["submit_s"]
@@ -133,12 +146,13 @@ def analyse(policy: str, result: Mapping[str, Any], steps: Sequence[Any]) -> dic
             out["a_world_after_shrink"] = after.world
     if a["evictions_s"]:
         evicted = a["evictions_s"][0]
-        resumed = next((s for s in steps[0] if s.t > evicted), None)
-        out["a_resubmitted_s"] = a["resubmissions_s"][0] if a["resubmissions_s"] else None
+        resubmitted = a["resubmissions_s"][0] if a["resubmissions_s"] else None
+        resumed = resumed_step(steps[0], resubmitted)
+        out["a_resubmitted_s"] = resubmitted
         out["a_resumed_s"] = None if resumed is None else round(resumed.t, 3)
         out["a_out_s"] = None if resumed is None else round(resumed.t - evicted, 3)
-        if resumed is not None and out["a_resubmitted_s"] is not None:
-            out["restart_s"] = round(resumed.t - out["a_resubmitted_s"], 3)
+        if resumed is not None and resubmitted is not None:
+            out["restart_s"] = round(resumed.t - resubmitted, 3)
     for job, other in ((a, b), (b, a)):
         later = [w for t, w in job["worlds"] if other["end_s"] and t > other["end_s"]]
         out[f"{job['name'].lower()}_world_after_other_ends"] = max(later) if later else None

@@ -1,17 +1,19 @@
 """A discrete-event simulation of a GPU cluster replaying a trace, gang against elastic.
 
-    python -m benchmarks scheduling simulate --trace ../shared/traces/philly.csv \\
+    python -m benchmarks scheduling simulate \\
         --gpus 64 --jobs 80,160,320 --start-hour 8 --window-hours 8 --seed 1 \\
         --policies gang,elastic --json out.json
-    python -m benchmarks scheduling simulate --quick --trace philly.csv   # 12 jobs on 8 GPUs
+    python -m benchmarks scheduling simulate --quick   # 12 jobs on 8 GPUs
     python -m benchmarks scheduling simulate --gpus 64,512 --load 8,16,24 --json out.json
     python -m benchmarks scheduling simulate --workload exp1.json --json out.json
 
-Samples ``--jobs`` jobs submitted within ``--window-hours`` from ``--start-hour`` of the day
-(any day of the trace; duration >= 60 s, GPU time < 1000 h; uniformly among the eligible jobs,
-seeded: ``benchmarks/scheduling/trace.py``) and runs each policy over the same workload on
-``--gpus`` GPUs (``benchmarks/scheduling/simulator.py`` describes the model, the policies, the
-costs and the metrics). ``--gpus`` and ``--jobs`` take comma-separated lists: every pair runs,
+Samples ``--jobs`` jobs of ``--trace`` (default: the Philly trace in the repository,
+``benchmarks/scheduling/data/philly.csv.gz``; a plain CSV is read too) submitted within
+``--window-hours`` from ``--start-hour`` of the day (any day of the trace; duration >= 60 s, GPU
+time < 1000 h; uniformly among the eligible jobs, seeded: ``benchmarks/scheduling/trace.py``)
+and runs each policy over the same workload on ``--gpus`` GPUs
+(``benchmarks/scheduling/simulator.py`` describes the model, the policies, the costs and the
+metrics). ``--gpus`` and ``--jobs`` take comma-separated lists: every pair runs,
 each with its own sample. The result file holds ``runs`` (one per pair) and, when there is one
 pair, its ``policies`` at the top: ``{"policies": {"gang": {...}, "elastic": {...}}}``.
 ``--load L`` (a list) samples ``round(L × gpus)`` jobs per cluster size instead of ``--jobs``.
@@ -34,9 +36,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.harness import (
-    REPO_ROOT,
     comma_list,
     parse_options,
+    recorded_path,
     suite_parser,
     write_result,
 )
@@ -55,9 +57,8 @@ from benchmarks.scheduling.simulator import (
     min_workers_of,
     simulate,
 )
-from benchmarks.scheduling.trace import read_trace, sample
+from benchmarks.scheduling.trace import DEFAULT_TRACE, read_trace, sample
 
-DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "philly.csv"
 QUICK = {"gpus": [8], "jobs": [12]}
 
 
@@ -117,7 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", type=Path, default=None, help="the result file (the same as --out)"
     )
     parser.add_argument(
-        "--trace", type=Path, default=DEFAULT_TRACE, help=f"philly.csv (default {DEFAULT_TRACE})"
+        "--trace",
+        type=Path,
+        default=DEFAULT_TRACE,
+        help=f"a philly.csv, gzipped or plain (default {recorded_path(DEFAULT_TRACE)})",
     )
     parser.add_argument("--gpus", type=_counts, default=[64], help="GPUs in the cluster (list)")
     parser.add_argument("--jobs", type=_counts, default=[160], help="jobs to sample (list)")
@@ -340,7 +344,7 @@ def _main_workload(args: argparse.Namespace, began: float) -> int:
     for line in workload.comparison_lines(comparison):
         print(line)
     report = {
-        "workload": str(args.workload),
+        "workload": recorded_path(args.workload),
         "slots": measured.slots,
         "job_type": measured.job_type,
         "costs": {p: vars(c) for p, c in measured.costs.items()},

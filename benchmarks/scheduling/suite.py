@@ -1,7 +1,7 @@
 """Scheduling a shared GPU cluster: gang against elastic jobs (docs/scheduling.md).
 
     python -m benchmarks scheduling exp1 --quick
-    python -m benchmarks scheduling simulate --trace philly.csv --gpus 64 --jobs 160 \\
+    python -m benchmarks scheduling simulate --gpus 64 --jobs 160 \\
         --start-hour 8 --window-hours 8 --seed 1 --policies gang,elastic --json out.json
     python -m benchmarks scheduling --quick     # simulate --quick: a tiny run
 

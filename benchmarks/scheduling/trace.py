@@ -1,9 +1,9 @@
 """Reading a cluster trace and sampling a workload from it.
 
 The trace is Pollux's ``philly.csv`` (``timestamp``, ``duration``, ``num_gpus``, ``gpu_time``,
-``cluster``; see ``../shared/traces/README.md`` next to the checkout, kept outside the
-repository and passed with
-``--trace``). :func:`sample` draws a workload the way the Pollux authors did:
+``cluster``), shipped gzipped as :data:`DEFAULT_TRACE` (``benchmarks/scheduling/data/README.md``:
+its source, licence and columns); :func:`read_trace` reads a ``.gz`` path or a plain CSV.
+:func:`sample` draws a workload the way the Pollux authors did:
 
 - **eligible**: ``duration >= 60`` s and ``gpu_time < 1000`` GPU-hours;
 - **window**: submitted at a time of day in ``[start_hour, start_hour + window_hours)`` (wrapping
@@ -21,6 +21,7 @@ repository and passed with
 from __future__ import annotations
 
 import csv
+import gzip
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from benchmarks.scheduling.throughput import JOB_TYPES
 MIN_DURATION_S = 60.0
 MAX_GPU_TIME_S = 1000 * 3600.0
 DAY_S = 24 * 3600
+DEFAULT_TRACE = Path(__file__).resolve().parent / "data" / "philly.csv.gz"
 
 
 @dataclass(frozen=True)
@@ -61,14 +63,16 @@ class Job:
 
 
 def read_trace(path: Path) -> list[TraceJob]:
-    """Every row of a ``philly.csv``-style trace; a clear error for a missing file or column."""
+    """Every row of a ``philly.csv``-style trace, gzipped (a name ending in ``.gz``) or plain; a
+    clear error for a missing file or column."""
     if not path.is_file():
         raise FileNotFoundError(
-            f"trace {path} not found; pass --trace with the path of philly.csv "
-            "(e.g. ../shared/traces/philly.csv)"
+            f"trace {path} not found; pass --trace with the path of a philly.csv(.gz) "
+            f"(the default: {DEFAULT_TRACE})"
         )
     jobs = []
-    with path.open(newline="") as f:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", newline="") as f:
         reader = csv.DictReader(f)
         missing = {"timestamp", "duration", "num_gpus"} - set(reader.fieldnames or ())
         if missing:

@@ -214,6 +214,28 @@ def test_admission_analysis_of_an_elastic_run() -> None:
     assert verdict["b_first_step_pass"] is False and verdict["a_no_step_lost_pass"] is True
 
 
+def test_an_evicted_job_resumes_at_its_first_step_after_its_resubmission() -> None:
+    # The evicted pods step on while their graceful deletion runs (61.2 -> 61.9 s): those steps
+    # are not A running again.
+    steps = [Step(60.9, 187, 8, 1), Step(61.25, 189, 8, 1), Step(61.9, 192, 8, 1)]
+    steps += [Step(282.2, 193, 8, 2), Step(282.4, 194, 8, 2)]
+    assert admission.resumed_step(steps, 260.6) == Step(282.2, 193, 8, 2)
+    assert admission.resumed_step(steps, None) is None  # never resubmitted
+    assert admission.resumed_step(steps[:3], 260.6) is None  # resubmitted, no step since
+
+
+def test_admission_analysis_of_an_evict_run() -> None:
+    a = job("A", 0, 5, 300, {"a0": times(1, 2, stopping=61.7, gone=62)}, [(5, 8)])
+    a["evictions_s"], a["resubmissions_s"] = [61.2], [260.6]
+    b = job("B", 55, 80, 250, {"b0": times(61.8, 61.8)}, [(80, 8)])
+    steps = [[Step(5, 1, 8, 1), Step(61.25, 189, 8, 1), Step(61.9, 192, 8, 1)], []]
+    steps[0] += [Step(282.2, 193, 8, 2)]
+    out = admission.analyse("evict", {"jobs": [a, b]}, steps)
+    assert out["a_resubmitted_s"] == 260.6 and out["a_resumed_s"] == 282.2
+    assert out["a_out_s"] == 221.0 and out["restart_s"] == 21.6
+    assert "shrink_s" not in out
+
+
 def test_kueue_like_eviction_evicts_a_once_and_resubmits_it_after_b() -> None:
     calls: list[str] = []
     records = [SimpleNamespace(evictions=[], submit_s=0.0), SimpleNamespace(submit_s=None)]

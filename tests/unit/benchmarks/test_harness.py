@@ -87,3 +87,20 @@ def test_a_result_names_the_checkout_its_run_started_from(
     document = json.loads(out.read_text())
     assert (document["commit"], document["uncommitted_changes"]) == ("aaa1111", True)
     assert not any(key.startswith("_") for key in document["settings"])
+
+
+def test_a_result_records_its_paths_relative_to_the_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A committed result names no machine's directories: a path in the checkout as from its
+    # root (a relative option read from the working directory), one outside it as ../...
+    monkeypatch.chdir(harness.REPO_ROOT / "benchmarks")
+    p = parser()
+    p.add_argument("--trace", type=Path)
+    argv = ["--out", str(tmp_path / "r.json"), "--trace", "scheduling/data/philly.csv.gz"]
+    out = harness.write_result("suite", parse_options(p, argv), time.time(), True, {}, {})
+    settings = json.loads(out.read_text())["settings"]
+    assert settings["trace"] == "benchmarks/scheduling/data/philly.csv.gz"
+    assert settings["out"].startswith("../") and settings["out"].endswith("/r.json")
+    assert (harness.REPO_ROOT / settings["out"]).resolve() == out.resolve()
+    assert harness.recorded_path(harness.REPO_ROOT) == "."

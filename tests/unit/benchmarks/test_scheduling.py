@@ -3,6 +3,7 @@ adapter, the simulator on workloads whose answer is known by hand, and a ``--qui
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 from pathlib import Path
@@ -27,7 +28,8 @@ from benchmarks.scheduling.simulator import (
     percentile,
     simulate,
 )
-from benchmarks.scheduling.trace import Job, read_trace, sample, seconds_of_day
+from benchmarks.scheduling.trace import DEFAULT_TRACE, Job, read_trace, sample, seconds_of_day
+from tests.helpers import REPO_ROOT
 
 # --------------------------------------------------------------------------- throughput
 
@@ -147,6 +149,28 @@ def test_sampling_is_seeded_uniform_and_wraps_past_midnight(tmp_path: Path) -> N
     assert [j.submit_s for j in first] == sorted(j.submit_s for j in first)
     with pytest.raises(ValueError, match="start-hour"):
         sample(trace, 1, start_hour=24, window_hours=4, seed=1, cluster_gpus=8)
+
+
+def test_a_gzipped_trace_reads_as_the_plain_one(tmp_path: Path) -> None:
+    plain = write_trace(tmp_path / "t.csv", [("2017-10-01 08:00:00", 100, 2)] * 3)
+    zipped = tmp_path / "t.csv.gz"
+    zipped.write_bytes(gzip.compress(plain.read_bytes()))
+    assert read_trace(zipped) == read_trace(plain) and len(read_trace(plain)) == 3
+
+
+def test_the_default_trace_is_the_philly_trace_in_the_repository() -> None:
+    assert DEFAULT_TRACE == REPO_ROOT / "benchmarks" / "scheduling" / "data" / "philly.csv.gz"
+    assert suite_module("scheduling").parse_args(["simulate"]).trace == DEFAULT_TRACE
+    trace = read_trace(DEFAULT_TRACE)
+    # the Pollux artifact's philly.csv (benchmarks/scheduling/data/README.md)
+    assert len(trace) == 82_247
+    assert [sum(j.gpus == n for j in trace) for n in (1, 2, 4, 8, 16)] == [
+        76_627,
+        1_818,
+        1_870,
+        1_643,
+        199,
+    ]
 
 
 def test_a_bad_trace_gets_a_clear_error(tmp_path: Path) -> None:
@@ -374,6 +398,17 @@ def test_quick_simulate_writes_both_policies(
         assert metrics["resizes"] >= 0
     assert "summary: scheduling" in printed and f"wrote {out}" in printed
     assert out.with_suffix(".png").stat().st_size > 0  # JCT and pending against the load
+
+
+def test_a_result_records_its_paths_relative_to_the_checkout(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    argv = ["simulate", "--quick", "--seed", "2", "--json", str(out)]  # the default trace
+    assert suite_module("scheduling").main(argv) == 0
+    settings = json.loads(out.read_text())["settings"]
+    assert settings["trace"] == "benchmarks/scheduling/data/philly.csv.gz"
+    for key in ("out", "json"):  # outside the checkout: still relative to it
+        assert not Path(settings[key]).is_absolute()
+        assert (REPO_ROOT / settings[key]).resolve() == out.resolve()
 
 
 # --------------------------------------------------------------------------- experiment 1
