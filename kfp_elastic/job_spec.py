@@ -22,6 +22,7 @@ import json
 import shlex
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,33 @@ DEFAULT_WORKER_IMAGE = "kfp-elastic-worker:0.1.0"
 # cluster".
 DEFAULT_GUARANTEED_PRIORITY_CLASS = "kfp-elastic-worker-guaranteed"
 DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS = "kfp-elastic-worker-opportunistic"
+# The least-attained-service ladder (master/ladder.py; docs/scheduling.md, "Least-attained-service
+# ladder"): a job's guaranteed workers move down these PriorityClasses (level 0 first) as its
+# attained GPU time grows, so that short jobs go first, as in Tiresias (NSDI'19). Off unless a job
+# names its levels (ladder_priority_classes). Three levels, as Tiresias' own simulator has
+# (thresholds 3,250 and 7,200 GPU-seconds, about 0.9 and 2 GPU-hours, for traces of shorter
+# jobs). The thresholds split the Philly trace that benchmarks/scheduling samples (its 74,428 jobs
+# with duration >= 60 s and under 1,000 GPU-hours): 75 % of them end within 1 GPU-hour and 93 %
+# within 10: 75 % of the jobs never leave level 0, 19 % end in level 1, the longest 7 % reach
+# level 2, where 84 % of all GPU time is served (level 0 serves 5 %, level 1 10 %). Measured on
+# the trace's job sizes only: what the ladder does to completion times is not measured (the
+# simulator does not run it).
+DEFAULT_LADDER_PRIORITY_CLASSES = (
+    "kfp-elastic-worker-level-0",
+    "kfp-elastic-worker-level-1",
+    "kfp-elastic-worker-level-2",
+)
+DEFAULT_LADDER_THRESHOLDS_GPU_H = (1.0, 10.0)
+# A job below min_workers this long goes back to level 0 (Tiresias' starvation rule). Shorter than
+# DEFAULT_MAX_WAIT_S (validate() insists for every job): a demoted job whose guaranteed workers
+# were preempted by higher levels must be promoted before it would fail for waiting; half of it
+# leaves the other half for its pods to be re-created at level 0 and scheduled.
+DEFAULT_LADDER_STARVATION_S = 300.0
+# Each move re-creates the job's guaranteed workers (a pod's priority is fixed when it is
+# created): one membership change each. At most one every 2 minutes keeps the ladder's share of
+# a job's restarts small, and being no longer than the starvation time (validate() insists), it
+# never holds back a starving job's promotion (master/ladder.py says why).
+DEFAULT_LADDER_MIN_MOVE_INTERVAL_S = 120.0
 DEFAULT_SERVICE_ACCOUNT = "kfp-elastic-worker"
 WORKER_IMAGE_ENV = "KFP_ELASTIC_WORKER_IMAGE"
 GUARANTEED_PRIORITY_CLASS_ENV = "KFP_ELASTIC_WORKER_GUARANTEED_PRIORITY_CLASS"
@@ -325,6 +353,32 @@ class KubernetesSettings:
         "Kueue LocalQueue the worker pods are submitted to, each its own workload with its "
         "tier's WorkloadPriorityClass (manifests/kueue; empty: no Kueue)",
     )
+    ladder_priority_classes: str = _option(
+        "",
+        "least-attained-service ladder: PriorityClasses of workers 0..min_workers-1 by level, "
+        "comma-separated, level 0 (a job with the least GPU time) first, e.g. "
+        f"{','.join(DEFAULT_LADDER_PRIORITY_CLASSES)} (manifests/base); not together with "
+        "priority_class or guaranteed_priority_class (empty: no ladder). Checked, not yet "
+        "applied by the master (docs/scheduling.md)",
+    )
+    ladder_thresholds_gpu_h: str = _option(
+        ",".join(f"{h:g}" for h in DEFAULT_LADDER_THRESHOLDS_GPU_H),
+        "the ladder's thresholds: attained GPU-hours at which a job leaves each level but the "
+        "last, comma-separated and increasing (one fewer than the levels)",
+        flag="--ladder-thresholds",
+    )
+    ladder_starvation_s: float = _option(
+        DEFAULT_LADDER_STARVATION_S,
+        "seconds below min_workers after which a job on a lower ladder level goes back to "
+        "level 0 (with a ladder: shorter than max_wait_s)",
+        flag="--ladder-starvation",
+    )
+    ladder_min_move_interval_s: float = _option(
+        DEFAULT_LADDER_MIN_MOVE_INTERVAL_S,
+        "fewest seconds between two ladder moves of one job, each of which re-creates its "
+        "guaranteed workers (with a ladder: at most ladder_starvation_s)",
+        flag="--ladder-min-move-interval",
+    )
     service_account: str = _option(
         "",
         f"worker pods' service account (empty: ${SERVICE_ACCOUNT_ENV}, else "
@@ -397,8 +451,9 @@ class KubernetesSettings:
     pod_overrides: Mapping[str, Any] = _option(factory=dict, flag=None, param=None)
 
     def check_priority_classes(self) -> None:
-        """``priority_class`` (one class for all) and the tier classes exclude each other:
-        which class would worker 0 get? Raises ``ValueError`` naming both."""
+        """``priority_class`` (one class for all), the tier classes and the ladder's levels
+        exclude each other where they name worker 0's class: which one would it get? Raises
+        ``ValueError`` naming both."""
         tiers = [
             name
             for name in ("guaranteed_priority_class", "opportunistic_priority_class")
@@ -411,6 +466,93 @@ class KubernetesSettings:
                 f"combined with {' and '.join(f'{n}={getattr(self, n)!r}' for n in tiers)}: "
                 "give priority_class alone, or the tier classes alone",
                 KubernetesSettings,
+            )
+        if not self.ladder_priority_classes.strip():
+            return
+        for name in ("priority_class", "guaranteed_priority_class"):
+            if getattr(self, name):
+                raise field_error(
+                    "ladder_priority_classes",
+                    "gives workers 0..min_workers-1 the ladder's classes and cannot be combined "
+                    f"with {name}={getattr(self, name)!r}: give one of them",
+                    KubernetesSettings,
+                )
+
+    def ladder_levels(self) -> tuple[str, ...]:
+        """The ladder's PriorityClasses, level 0 first (empty: no ladder); ``check_ladder``
+        refuses an empty name between two commas."""
+        text = self.ladder_priority_classes.strip()
+        return tuple(name.strip() for name in text.split(",")) if text else ()
+
+    def ladder_thresholds_gpu_s(self) -> tuple[float, ...]:
+        """The ladder's thresholds in GPU-seconds (the setting is in GPU-hours); ``ValueError``
+        naming the setting for one that is not a number."""
+        text = self.ladder_thresholds_gpu_h.strip()
+        try:
+            hours = [float(item) for item in text.split(",")] if text else []
+        except ValueError:
+            raise field_error(
+                "ladder_thresholds_gpu_h",
+                f"must be comma-separated numbers of GPU-hours, got {text!r}",
+                KubernetesSettings,
+            ) from None
+        return tuple(h * 3600.0 for h in hours)
+
+    def check_ladder(self, max_wait_s: float) -> None:
+        """The ladder's settings (``JobSpec.validate`` calls it with the job's ``max_wait_s``):
+        its numbers always, how they fit the levels and the job when levels are given.
+        ``ValueError`` naming the setting at fault."""
+
+        def fail(name: str, problem: str) -> ValueError:
+            return field_error(name, problem, KubernetesSettings)
+
+        starvation, interval = self.ladder_starvation_s, self.ladder_min_move_interval_s
+        if starvation <= 0:
+            raise fail("ladder_starvation_s", f"must be > 0, got {starvation}")
+        if interval < 0:
+            raise fail("ladder_min_move_interval_s", f"must be >= 0, got {interval}")
+        thresholds = self.ladder_thresholds_gpu_s()
+        if any(t <= 0 for t in thresholds) or any(a >= b for a, b in pairwise(thresholds)):
+            raise fail(
+                "ladder_thresholds_gpu_h",
+                f"must be positive and increasing, got {self.ladder_thresholds_gpu_h!r}",
+            )
+        levels = self.ladder_levels()
+        if not levels:
+            return
+        self.check_priority_classes()
+        bad = [name for name in levels if not is_dns_label(name)]
+        if bad:
+            raise fail(
+                "ladder_priority_classes", f"{bad[0]!r} is not {DNS_LABEL_RULE} (a PriorityClass)"
+            )
+        repeated = sorted({name for name in levels if levels.count(name) > 1})
+        if repeated:
+            raise fail(
+                "ladder_priority_classes",
+                f"names {', '.join(repeated)} twice: each level needs a class of its own",
+            )
+        if len(levels) < 2:
+            raise fail("ladder_priority_classes", f"needs two levels or more, got {levels[0]!r}")
+        if len(thresholds) != len(levels) - 1:
+            raise fail(
+                "ladder_thresholds_gpu_h",
+                f"needs {len(levels) - 1} thresholds for {len(levels)} ladder levels "
+                f"(one to leave each level but the last), got {len(thresholds)}: "
+                f"{self.ladder_thresholds_gpu_h!r}",
+            )
+        if starvation >= max_wait_s:
+            raise fail(
+                "ladder_starvation_s",
+                f"must be shorter than max_wait_s={max_wait_s:g}, got {starvation:g}: a job "
+                "below min_workers for max_wait_s fails before the ladder takes it back to "
+                "level 0",
+            )
+        if interval > starvation:
+            raise fail(
+                "ladder_min_move_interval_s",
+                f"must be at most ladder_starvation_s={starvation:g}, got {interval:g}: else the "
+                "rate limit could hold back a starving job's return to level 0",
             )
 
     def resolved(self, env: Mapping[str, str]) -> KubernetesSettings:
@@ -692,6 +834,7 @@ class JobSpec:
         except ConfigError as error:
             raise field_error("rdzv_conf", str(error)) from None
         self.launch.kubernetes.check_priority_classes()
+        self.launch.kubernetes.check_ladder(self.policy.max_wait_s)
         queue = self.launch.kubernetes.kueue_queue
         if queue and not is_dns_label(queue):
             raise field_error(

@@ -75,6 +75,9 @@ PRIORITY_CLASSES = {
     "kfp-elastic-worker-guaranteed": (-3, "PreemptLowerPriority"),
     "kfp-elastic-worker-opportunistic": (-5, "Never"),
     "kfp-elastic-worker-low": (-5, "Never"),
+    "kfp-elastic-worker-level-0": (-2, "PreemptLowerPriority"),
+    "kfp-elastic-worker-level-1": (-3, "PreemptLowerPriority"),
+    "kfp-elastic-worker-level-2": (-4, "PreemptLowerPriority"),
     "kfp-elastic-control": (100000, "PreemptLowerPriority"),
     "system-cluster-critical": (2000000000, "PreemptLowerPriority"),
 }

@@ -268,6 +268,147 @@ def test_one_class_for_all_and_a_tier_class_together_are_refused(tier: str) -> N
             refuse()
 
 
+# ------------------------------------------------------------------ the ladder's settings
+
+LADDER = ",".join(contract.DEFAULT_LADDER_PRIORITY_CLASSES)
+
+
+def laddered(**settings: Any) -> JobSpec:
+    """A job with the default ladder, and ``settings`` of KubernetesSettings / Policy."""
+    policy = {k: settings.pop(k) for k in ("max_wait_s",) if k in settings}
+    k8s = KubernetesSettings(**{"ladder_priority_classes": LADDER, **settings})
+    return job(launch=Launch(kubernetes=k8s), policy=Policy(**policy))
+
+
+def test_a_ladder_validates_and_none_is_the_default() -> None:
+    assert KubernetesSettings().ladder_levels() == ()
+    laddered().validate()
+    two = laddered(ladder_priority_classes="a, b", ladder_thresholds_gpu_h=" 0.5 ")
+    two.validate()
+    assert two.launch.kubernetes.ladder_levels() == ("a", "b")
+    assert two.launch.kubernetes.ladder_thresholds_gpu_s() == (1800.0,)
+    # without levels its numbers are still checked, not how they fit levels or max_wait_s
+    job(launch=Launch(kubernetes=KubernetesSettings(ladder_thresholds_gpu_h="1,2,3"))).validate()
+    job(policy=Policy(max_wait_s=60)).validate()
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            laddered(ladder_starvation_s=0),
+            "ladder_starvation_s (--ladder-starvation / ladder_starvation_s) must be > 0, got 0",
+        ),
+        (
+            laddered(ladder_min_move_interval_s=-1),
+            "ladder_min_move_interval_s (--ladder-min-move-interval / "
+            "ladder_min_move_interval_s) must be >= 0, got -1",
+        ),
+        (
+            laddered(ladder_thresholds_gpu_h="1h,10h"),
+            "ladder_thresholds_gpu_h (--ladder-thresholds / ladder_thresholds_gpu_h) must be "
+            "comma-separated numbers of GPU-hours, got '1h,10h'",
+        ),
+        (
+            laddered(ladder_thresholds_gpu_h="10,1"),
+            "ladder_thresholds_gpu_h (--ladder-thresholds / ladder_thresholds_gpu_h) must be "
+            "positive and increasing, got '10,1'",
+        ),
+        (laddered(ladder_thresholds_gpu_h="0,1"), "must be positive and increasing, got '0,1'"),
+        (laddered(ladder_thresholds_gpu_h="1,1"), "must be positive and increasing, got '1,1'"),
+        (
+            laddered(ladder_thresholds_gpu_h="1"),
+            "ladder_thresholds_gpu_h (--ladder-thresholds / ladder_thresholds_gpu_h) needs 2 "
+            "thresholds for 3 ladder levels (one to leave each level but the last), got 1: '1'",
+        ),
+        (
+            laddered(ladder_priority_classes="Level_0,level-1", ladder_thresholds_gpu_h="1"),
+            "ladder_priority_classes (--ladder-priority-classes / ladder_priority_classes) "
+            "'Level_0' is not a DNS-1123 label",
+        ),
+        (
+            laddered(ladder_priority_classes="a,,b"),
+            "ladder_priority_classes (--ladder-priority-classes / ladder_priority_classes) '' "
+            "is not a DNS-1123 label",
+        ),
+        (
+            laddered(ladder_priority_classes="a,b,a"),
+            "ladder_priority_classes (--ladder-priority-classes / ladder_priority_classes) "
+            "names a twice: each level needs a class of its own",
+        ),
+        (
+            laddered(ladder_priority_classes="a", ladder_thresholds_gpu_h=""),
+            "ladder_priority_classes (--ladder-priority-classes / ladder_priority_classes) "
+            "needs two levels or more, got 'a'",
+        ),
+        (
+            laddered(max_wait_s=300),
+            "ladder_starvation_s (--ladder-starvation / ladder_starvation_s) must be shorter "
+            "than max_wait_s=300, got 300: a job below min_workers for max_wait_s fails before "
+            "the ladder takes it back to level 0",
+        ),
+        (
+            laddered(ladder_starvation_s=60),
+            "ladder_min_move_interval_s (--ladder-min-move-interval / "
+            "ladder_min_move_interval_s) must be at most ladder_starvation_s=60, got 120",
+        ),
+        (
+            laddered(priority_class="one"),
+            "ladder_priority_classes (--ladder-priority-classes / ladder_priority_classes) "
+            "gives workers 0..min_workers-1 the ladder's classes and cannot be combined with "
+            "priority_class='one': give one of them",
+        ),
+        (
+            laddered(guaranteed_priority_class="g"),
+            "cannot be combined with guaranteed_priority_class='g'",
+        ),
+        (
+            job(launch=Launch(kubernetes=KubernetesSettings(ladder_thresholds_gpu_h="x"))),
+            "ladder_thresholds_gpu_h (--ladder-thresholds / ladder_thresholds_gpu_h) must be",
+        ),
+    ],
+)
+def test_the_ladders_errors_name_the_setting(spec: JobSpec, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        spec.validate()
+
+
+def test_a_ladder_with_its_opportunistic_class_only_is_accepted() -> None:
+    """The ladder replaces the guaranteed class; the opportunistic one stays the job's."""
+    laddered(opportunistic_priority_class="mine").validate()
+
+
+def test_the_ladder_settings_come_from_flags_and_parameters() -> None:
+    argv = [
+        "--run-id",
+        "r",
+        "--model-def",
+        "m",
+        "--ladder-priority-classes",
+        "a,b",
+        "--ladder-thresholds",
+        "2",
+        "--ladder-starvation",
+        "200",
+        "--ladder-min-move-interval",
+        "30",
+    ]
+    from_flags = make_spec(build_parser().parse_args(argv), [], ETCD).launch.kubernetes
+    from_params = spec_from_params(
+        {
+            "model_def": "m",
+            "ladder_priority_classes": "a,b",
+            "ladder_thresholds_gpu_h": "2",
+            "ladder_starvation_s": 200.0,
+            "ladder_min_move_interval_s": 30.0,
+        },
+        run_id="r",
+    ).launch.kubernetes
+    for k8s in (from_flags, from_params):
+        assert k8s.ladder_levels() == ("a", "b") and k8s.ladder_thresholds_gpu_s() == (7200.0,)
+        assert (k8s.ladder_starvation_s, k8s.ladder_min_move_interval_s) == (200.0, 30.0)
+
+
 def test_the_defaults_validate() -> None:
     job().validate()
     JobSpec(run_id="r", entry=Entry(command=("train.py",)), etcd=ETCD).validate()

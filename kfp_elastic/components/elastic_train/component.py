@@ -46,6 +46,10 @@ def elastic_train(
     guaranteed_priority_class: str = "",
     opportunistic_priority_class: str = "",
     kueue_queue: str = "",
+    ladder_priority_classes: str = "",
+    ladder_thresholds_gpu_h: str = "1,10",
+    ladder_starvation_s: float = 300.0,
+    ladder_min_move_interval_s: float = 120.0,
     service_account: str = "",
     namespace: str = "",
     worker_cpu: str = "",
@@ -116,6 +120,13 @@ def elastic_train(
             worker pod is submitted to it as a workload of its own, with the
             WorkloadPriorityClass named as its tier's PriorityClass; empty: no Kueue
             (docs/master.md, "Kueue users").
+        ladder_priority_classes: the least-attained-service ladder's PriorityClasses for
+            workers 0..min_workers-1, comma-separated, level 0 first (e.g.
+            ``kfp-elastic-worker-level-0,kfp-elastic-worker-level-1,kfp-elastic-worker-level-2``
+            from manifests/base); empty: no ladder. With ``ladder_thresholds_gpu_h`` (attained
+            GPU-hours at which a job leaves each level but the last), ``ladder_starvation_s``
+            and ``ladder_min_move_interval_s``; checked before any worker starts, not yet
+            applied by the master (docs/scheduling.md, "Least-attained-service ladder").
         worker_snapshot_buffer: the training state's size (parameters + optimizer state),
             a Kubernetes quantity such as ``"9Gi"``: each training process pins one host
             buffer of it for GPU snapshots and rescues, and the master adds it, times the
@@ -194,6 +205,10 @@ def elastic_train(
             "guaranteed_priority_class": guaranteed_priority_class,
             "opportunistic_priority_class": opportunistic_priority_class,
             "kueue_queue": kueue_queue,
+            "ladder_priority_classes": ladder_priority_classes,
+            "ladder_thresholds_gpu_h": ladder_thresholds_gpu_h,
+            "ladder_starvation_s": ladder_starvation_s,
+            "ladder_min_move_interval_s": ladder_min_move_interval_s,
             "service_account": service_account,
             "namespace": namespace,
             "worker_cpu": worker_cpu,

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from kfp_elastic.job_spec import DEFAULT_LADDER_PRIORITY_CLASSES
+from kfp_elastic.master.ladder import LadderPolicy, check_priority_values
 from kfp_elastic.master.pod_spec_checks import ETCD_TLS_MOUNT
 from kfp_elastic.pipelines.elastic_training import CONFIG_ENV
 from tests.helpers import MANIFESTS, REPO_ROOT, Obj, find, one, render, role_allows
@@ -41,6 +43,7 @@ GUARANTEED_PC = "kfp-elastic-worker-guaranteed"
 OPPORTUNISTIC_PC = "kfp-elastic-worker-opportunistic"
 LEGACY_PC = "kfp-elastic-worker-low"  # the one worker class from before the tiers
 CONTROL_PC = "kfp-elastic-control"
+LADDER_PCS = DEFAULT_LADDER_PRIORITY_CLASSES  # the ladder's levels, level 0 first
 MASTER_SA = "kfp-elastic-master"
 WORKER_SA = "kfp-elastic-worker"
 SUBPROCESS_TIMEOUT_S = 60
@@ -172,6 +175,15 @@ def test_priority_classes(target: str) -> None:
         opportunistic["value"],
         opportunistic.get("preemptionPolicy"),
     )
+    # The ladder's levels: guaranteed workers, each level above the next, all between the
+    # opportunistic class and serving (check_priority_values says why; it raises otherwise).
+    levels = [one(objs, "PriorityClass", name) for name in LADDER_PCS]
+    for level in levels:
+        assert -10 <= level["value"] < 0
+        assert level.get("preemptionPolicy", "PreemptLowerPriority") == "PreemptLowerPriority"
+        assert not level.get("globalDefault")
+    values = {o["metadata"]["name"]: o["value"] for o in find(objs, "PriorityClass")}
+    check_priority_values(LadderPolicy(), values, OPPORTUNISTIC_PC)
     assert 0 < control["value"] <= 1_000_000_000  # user-defined classes stop at one billion
     assert not control.get("globalDefault")
     sts = one(objs, "StatefulSet", ETCD_STS)
@@ -259,13 +271,10 @@ def test_kueue_folder_is_optional_and_well_formed() -> None:
     objs = render("kueue")
     assert not [o for o in render("base") if o["apiVersion"].startswith("kueue.x-k8s.io/")]
     kinds = sorted(o["kind"] for o in objs)
-    assert kinds == [
-        "ClusterQueue",
-        "LocalQueue",
-        "ResourceFlavor",
-        "WorkloadPriorityClass",
-        "WorkloadPriorityClass",
-    ]
+    # one WorkloadPriorityClass per tier and per ladder level
+    assert kinds == ["ClusterQueue", "LocalQueue", "ResourceFlavor"] + ["WorkloadPriorityClass"] * (
+        2 + len(LADDER_PCS)
+    )
     for obj in objs:
         top, spec = KUEUE_FIELDS[obj["kind"]]
         ident = f"{obj['kind']}/{obj['metadata']['name']}"
@@ -290,9 +299,9 @@ def test_kueue_folder_is_optional_and_well_formed() -> None:
 
 
 def test_kueue_workload_priorities_are_the_tiers_priority_classes() -> None:
-    """One name per tier: a worker pod's kueue.x-k8s.io/priority-class label names its
-    PriorityClass, so the WorkloadPriorityClasses carry those names and values; the test
-    cluster's Kueue stand-in uses the same table."""
+    """One name per tier and per ladder level: a worker pod's kueue.x-k8s.io/priority-class
+    label names its PriorityClass, so the WorkloadPriorityClasses carry those names and values;
+    the test cluster's Kueue stand-in uses the same table."""
     from kfp_elastic.testing.cluster.kueue import WORKLOAD_PRIORITY_CLASSES, KueueQueue
 
     classes = {
@@ -301,7 +310,9 @@ def test_kueue_workload_priorities_are_the_tiers_priority_classes() -> None:
     workload = {
         o["metadata"]["name"]: o["value"] for o in find(render("kueue"), "WorkloadPriorityClass")
     }
-    assert workload == {name: classes[name] for name in (GUARANTEED_PC, OPPORTUNISTIC_PC)}
+    tiers = (GUARANTEED_PC, OPPORTUNISTIC_PC, *LADDER_PCS)
+    assert workload == {name: classes[name] for name in tiers}
+    check_priority_values(LadderPolicy(), workload, OPPORTUNISTIC_PC)
     assert WORKLOAD_PRIORITY_CLASSES == workload
     assert (
         KueueQueue(quota={}).name

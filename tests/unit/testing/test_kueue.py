@@ -115,9 +115,10 @@ def test_the_webhook_gates_only_pods_that_name_a_queue() -> None:
 def test_the_workload_priority_classes_are_the_priority_classes_values() -> None:
     from kfp_elastic.testing.api_server import PRIORITY_CLASSES
 
+    tiers = ("kfp-elastic-worker-guaranteed", "kfp-elastic-worker-opportunistic")
+    levels = tuple(f"kfp-elastic-worker-level-{i}" for i in range(3))  # the ladder's
     assert WORKLOAD_PRIORITY_CLASSES == {
-        name: PRIORITY_CLASSES[name][0]
-        for name in ("kfp-elastic-worker-guaranteed", "kfp-elastic-worker-opportunistic")
+        name: PRIORITY_CLASSES[name][0] for name in (*tiers, *levels)
     }
 
 
