@@ -53,6 +53,7 @@ from kfp_elastic.etcd.settings import EtcdSettings
 from kfp_elastic.job_env import JobEnv, rendezvous_round, worker_name
 from kfp_elastic.worker.collective import gathered, shared
 from kfp_elastic.worker.device import settle
+from kfp_elastic.worker.memory_reshard import Moved
 from kfp_elastic.worker.peer_loss import watch_stalls
 from kfp_elastic.worker.progress import (
     INITIAL,
@@ -239,38 +240,8 @@ class ElasticLoop:
             self.rescues,
             reads_rescues=self.local_rank == 0,
         )
-        committed, state = restored.committed, restored.state
-        self.committed, self.revision = committed, restored.revision
-        self.step, self.epoch, self.position = committed.step, committed.epoch, committed.position
-        rng = "fresh"
-        if state is not None:
-            self.trained.load_state_dict(state)
-            rng = restore_rng_state(state, self.rank, self.world, self.seed)
-            self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
-        self.rng = rng_state()
-        self.restored = True
-        self._snapshot_step = self.step
-        self._synced = (time.monotonic(), self.step)
-        self._sync_at = next_sync_step(self.step, None, self.snapshot_policy.every)
-        log.info(
-            "restored rank=%d world=%d step=%d epoch=%d position=%d from=%s rng=%s",
-            self.rank,
-            self.world,
-            self.step,
-            self.epoch,
-            self.position,
-            restored.source,
-            rng,
-        )
-        if self.committed.complete and self.rank == 0:
-            log.warning(
-                "run %s is complete already (committed step %d): nothing to train. If this is a "
-                "new job, its run id was used by a finished run: choose another --rdzv-id, or "
-                "delete that run's keys first: kfp-elastic forget %s --etcd ENDPOINT",
-                self.run_id,
-                self.committed.step,
-                self.run_id,
-            )
+        state = restored.state
+        self._take(restored.committed, restored.revision, state, restored.source)
         if restored.holder is not None:
             assert state is not None
             # Persist + commit it like any snapshot (in the background): until that lands the
@@ -310,11 +281,28 @@ class ElasticLoop:
                 committed, revision = shared(
                     self._rolled_back(committed, revision, restored) if self.rank == 0 else None
                 )
+        # A sharded restore always says what it moved (0 from disk or for a new run).
+        if restored is None:
+            self._take(committed, revision, None, "nothing (a new run)", Moved())
+        else:
+            moved = restored.moved or Moved()
+            self._take(committed, revision, restored.state, restored.source, moved)
+
+    def _take(
+        self,
+        committed: Committed,
+        revision: int,
+        state: dict[str, Any] | None,
+        source: str,
+        moved: Moved | None = None,
+    ) -> None:
+        """Go on from ``state`` (None: the initial state) at ``committed``: the position, the
+        generators, the sync schedule; say where it came from (and, for a reshard, the bytes
+        it moved)."""
         self.committed, self.revision = committed, revision
         self.step, self.epoch, self.position = committed.step, committed.epoch, committed.position
         rng = "fresh"
-        if restored is not None:
-            state = restored.state
+        if state is not None:
             self.trained.load_state_dict(state)
             rng = restore_rng_state(state, self.rank, self.world, self.seed)
             self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
@@ -323,21 +311,31 @@ class ElasticLoop:
         self._snapshot_step = self.step
         self._synced = (time.monotonic(), self.step)
         self._sync_at = next_sync_step(self.step, None, self.snapshot_policy.every)
-        moved = restored.moved if restored is not None else None
+        bytes_moved = (
+            f" received_bytes={moved.received} sent_bytes={moved.sent} copied_bytes={moved.copied}"
+            if moved is not None
+            else ""
+        )
         log.info(
-            "restored rank=%d world=%d step=%d epoch=%d position=%d from=%s rng=%s "
-            "received_bytes=%d sent_bytes=%d copied_bytes=%d",
+            "restored rank=%d world=%d step=%d epoch=%d position=%d from=%s rng=%s%s",
             self.rank,
             self.world,
             self.step,
             self.epoch,
             self.position,
-            restored.source if restored is not None else "nothing (a new run)",
+            source,
             rng,
-            moved.received if moved else 0,
-            moved.sent if moved else 0,
-            moved.copied if moved else 0,
+            bytes_moved,
         )
+        if self.committed.complete and self.rank == 0:
+            log.warning(
+                "run %s is complete already (committed step %d): nothing to train. If this is a "
+                "new job, its run id was used by a finished run: choose another --rdzv-id, or "
+                "delete that run's keys first: kfp-elastic forget %s --etcd ENDPOINT",
+                self.run_id,
+                self.committed.step,
+                self.run_id,
+            )
 
     def _restore_from_disk(
         self, sharded: ShardedSnapshots, template: dict[str, Any], committed: Committed
