@@ -57,7 +57,7 @@ def test_quick_sharded_benchmark_reports_both_paths(tmp_path: Path) -> None:
         assert summary[path]["blocking_share_every1"] > 0
     ratios = summary["memory_over_disk"]
     # A ratio is None where a quick run lacks one path's number (no auto snapshot under load).
-    assert all(v is None or v > 0 for v in ratios.values()), ratios
+    assert all(v is None or v >= 0 for v in ratios.values()), ratios
     assert ratios["kill_to_first_step_s"] > 0 and ratios["restore_moved_bytes"] > 0
     assert set(summary["goals"].values()) <= {"met", "MISSED"}
     assert "summary: sharded" in output and "memory/disk" in output
