@@ -292,6 +292,11 @@ class JobPlan:
     min_workers: int
     max_workers: int
     after_first_step: bool = False  # submit_s counts from the earlier jobs' first step
+    # True: submit_s counts from the first job's first step only, whether or not the jobs
+    # between have started (jobs that arrive on a clock, not one after another's start)
+    after_first_job_only: bool = False
+    size: JobSize | None = None  # its own length (None: the experiment's epochs and batch)
+    params: Mapping[str, Any] = field(default_factory=dict)  # more task parameters (a ladder)
 
 
 @dataclass
@@ -400,12 +405,13 @@ class ClusterJobs:
             "num_shards": 12,
             "min_workers": plan.min_workers,
             "max_workers": plan.max_workers,
-            "epochs": self.epochs,
-            "batch_size": self.per_worker_batch,
+            "epochs": plan.size.epochs if plan.size else self.epochs,
+            "batch_size": plan.size.per_worker_batch if plan.size else self.per_worker_batch,
             "step_time": 0.0,
             "worker_gpus": 1,
             "max_wait_s": self.max_wait_s,  # a gang job waits for a whole other job
             "max_failures": 20,  # stopped whole and restarted (eviction) counts some
+            **plan.params,
         }
 
     def __enter__(self) -> ClusterJobs:
@@ -506,7 +512,8 @@ class ClusterJobs:
     def run(self, tick: Tick | None = None, timeout_s: float = 1800.0) -> None:
         """Submit each job at its ``submit_s`` (after the earlier jobs' first step where its
         plan says so), but not before every earlier job took its first step (a job arrives at
-        a cluster that runs the ones before it); until every job ended. ``tick(self, now)``
+        a cluster that runs the ones before it; with ``after_first_job_only``, the first job
+        only, and in plan order); until every job ended. ``tick(self, now)``
         acts each round (evictions)."""
         self.t0_wall = time.time()
         self.sampler = OccupancySampler(self._listing, interval_s=self.interval_s)
@@ -519,7 +526,8 @@ class ClusterJobs:
                 now = self.now()
                 for i, rec in enumerate(self.records):
                     if rec.submit_s is None:
-                        firsts = [r.first_step_s for r in self.records[:i]]
+                        earlier = self.records[:1] if rec.plan.after_first_job_only else None
+                        firsts = [r.first_step_s for r in earlier or self.records[:i]]
                         if all(t is not None for t in firsts):
                             base = max(firsts, default=0.0) if rec.plan.after_first_step else 0
                             if now >= base + rec.plan.submit_s:

@@ -11,6 +11,8 @@ Subcommands (``python -m benchmarks scheduling <subcommand> --help``):
   admission   a job arrives in a full cluster: elastic, gang, whole-job eviction ("Admission")
   exp2        serving beside training on the test cluster ("Experiment 2")
   convergence real training, gang against elastic (LR x world, step decay): the same accuracy?
+  ladder      short jobs beside a long one: the least-attained-service ladder against elastic
+              FIFO on the test cluster ("Short jobs beside a long one")
   simulate    a discrete-event simulation of a GPU cluster replaying a trace; the default when
               the options start without a subcommand ("Simulation")"""
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from benchmarks.scheduling import admission, convergence, exp1, exp2, simulate
+from benchmarks.scheduling import admission, convergence, exp1, exp2, short_jobs, simulate
 
 # subcommand -> its module (each has build_parser(), parse_args(argv), main(argv))
 COMMANDS = {
@@ -27,6 +29,7 @@ COMMANDS = {
     "admission": admission,
     "exp2": exp2,
     "convergence": convergence,
+    "ladder": short_jobs,
     "simulate": simulate,
 }
 DEFAULT_COMMAND = "simulate"
