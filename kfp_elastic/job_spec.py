@@ -358,8 +358,8 @@ class KubernetesSettings:
         "least-attained-service ladder: PriorityClasses of workers 0..min_workers-1 by level, "
         "comma-separated, level 0 (a job with the least GPU time) first, e.g. "
         f"{','.join(DEFAULT_LADDER_PRIORITY_CLASSES)} (manifests/base); not together with "
-        "priority_class or guaranteed_priority_class (empty: no ladder). Checked, not yet "
-        "applied by the master (docs/scheduling.md)",
+        "priority_class or guaranteed_priority_class (empty: no ladder); the master moves the "
+        "job down as its GPU time grows (docs/scheduling.md)",
     )
     ladder_thresholds_gpu_h: str = _option(
         ",".join(f"{h:g}" for h in DEFAULT_LADDER_THRESHOLDS_GPU_H),

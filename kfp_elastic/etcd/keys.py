@@ -116,6 +116,11 @@ class MasterKeys:
         return f"{self.root}observed"
 
     @property
+    def ladder(self) -> str:
+        """The job's place on the least-attained-service ladder (``master/ladder.py``)."""
+        return f"{self.root}ladder"
+
+    @property
     def event_seq(self) -> str:
         return f"{self.root}event_seq"
 

@@ -43,9 +43,20 @@ from kfp_elastic.master.local_launcher import MONITOR_INTERVAL_S, absolute_scrip
 from kfp_elastic.master.own_pod import REASON as OWN_POD_REASON
 from kfp_elastic.master.own_pod import OwnPodWatch, watch_own_pod
 from kfp_elastic.master.pod_spec import WorkerPodSpec, build_pod
-from kfp_elastic.master.preflight import WorkerSide, check
+from kfp_elastic.master.preflight import (
+    PreflightError,
+    WorkerSide,
+    check,
+    ladder_classes_problem,
+)
 from kfp_elastic.master.state import MasterState
-from kfp_elastic.master.wiring import job_env, load_kubernetes_config, worker_pod_template
+from kfp_elastic.master.wiring import (
+    PriorityClassesUnreadable,
+    cluster_priority_value,
+    job_env,
+    load_kubernetes_config,
+    worker_pod_template,
+)
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +316,15 @@ def prestart_checks(launch: LaunchPlan, adopting: bool = False) -> None:
     importing.start()
     check(spec, worker)
     importing.join()
+    if spec.launch.kubernetes.ladder_levels():
+        try:
+            problem = ladder_classes_problem(
+                spec.launch.kubernetes.resolved(launch.env), cluster_priority_value
+            )
+        except PriorityClassesUnreadable:
+            problem = None  # said: the job runs, its ladder unchecked
+        if problem:
+            raise PreflightError([problem])
 
 
 def make_launcher(launch: LaunchPlan, state: MasterState | None) -> Launcher:

@@ -40,6 +40,8 @@ from kfp_elastic.etcd.keys import RunKeys
 from kfp_elastic.etcd.settings import DEFAULT_OUTAGE_WAIT_S
 from kfp_elastic.job_spec import JobSpec
 from kfp_elastic.master.cost import SlotUsage, cost_of
+from kfp_elastic.master.ladder import LadderPolicy
+from kfp_elastic.master.ladder_keeper import LadderKeeper
 from kfp_elastic.master.launcher import (
     Launcher,
     LauncherForbidden,
@@ -197,6 +199,7 @@ class ElasticJob:
         self._counted_on_timeline: set[str] = set()  # failure incidents with their event
         self._forbidden: LauncherForbidden | None = None  # the event watch was refused
         self._stats = TimelineStats()  # the observer's: the master's own events go in it too
+        self._ladder: LadderKeeper | None = None  # a job with a ladder, on Kubernetes
 
     # -- control from outside ----------------------------------------------------------------
     def request_stop(self, cancel: bool, reason: str = "SIGTERM") -> None:
@@ -284,6 +287,17 @@ class ElasticJob:
                 log.warning("a different shard manifest is already published; keeping it")
         self._table = state.workers()
         self.launcher = self.make_launcher(state)
+        ladder = LadderPolicy.from_settings(spec.launch.kubernetes)
+        if ladder is not None and spec.launch.kind == "kubernetes":
+            self._ladder = LadderKeeper(
+                ladder,
+                state,
+                spec.run_id,
+                spec.size.min_workers,
+                spec.worker_pod_gpus(),
+                self._append,
+            )
+            self._ladder.start(self.launcher, time.time())
         try:
             listed = {s.name: s for s in self.launcher.list_workers()}
         except LauncherForbidden as error:
@@ -362,6 +376,8 @@ class ElasticJob:
                 )
                 self._record_ended(decision)
                 below_min_since = decision.below_min_since
+                if self._ladder is not None and not (done or decision.completed):
+                    self._climb_ladder(decision, workers, now)
                 budget = self._failure_budget()
                 self._update_metrics(observer, workers, budget.count)
                 exceeded_since = (exceeded_since or now) if budget.exceeded else None
@@ -641,13 +657,45 @@ class ElasticJob:
                 self.state.append_event(LaunchFailed(index=index, message=str(error)))
                 log.error("worker launch failed index=%d error=%s", index, error)
                 break
+            # The level its pod was created at (a guaranteed slot on a ladder): what a move
+            # re-creates (master/ladder_keeper.py).
+            level = (
+                {"level": self._ladder.level}
+                if self._ladder is not None and index < self.spec.size.min_workers
+                else {}
+            )
             self._table[handle.name] = self.state.update_worker(
-                handle.name, index=index, attempt=handle.attempt, launched_at=time.time()
+                handle.name, index=index, attempt=handle.attempt, launched_at=time.time(), **level
             )
             self._append(WorkerLaunched(name=handle.name, index=index, attempt=handle.attempt))
             log.info(
                 "worker launched name=%s index=%d attempt=%d", handle.name, index, handle.attempt
             )
+
+    def _climb_ladder(self, decision: Decision, workers: list[WorkerStatus], now: float) -> None:
+        """The ladder's step (``master/ladder_keeper.py``): a move, then the guaranteed
+        workers still in another level's class deleted gracefully (SIGTERM: a snapshot first);
+        ``decide`` replaces them in their slots, in the level's class."""
+        assert self._ladder is not None
+        since = decision.below_min_since
+        wall = time.time()
+        moving = self._ladder.reconcile(
+            self.launcher,  # type: ignore[arg-type]
+            self._ladder.attained_gpu_s(self._stats.usage.slot_seconds(at=wall)),
+            0.0 if since is None else now - since,
+            wall,
+            workers,
+            self._table,
+        )
+        for name in moving:
+            if name not in self._deleted_at:
+                log.info(
+                    "ladder re-creates worker name=%s level=%d class=%s",
+                    name,
+                    self._ladder.level,
+                    self._ladder.priority_class,
+                )
+        self._delete(moving, now)
 
     def _delete(self, names: tuple[str, ...], now: float) -> None:
         """Ask the launcher once per name (again after ``REDELETE_S`` if it is still listed)."""
@@ -724,4 +772,10 @@ class ElasticJob:
             lost_steps=stats.lost_steps,
             failures=failures,
             cost=cost_of(stats.usage, self.prices, at=time.time()),
+            ladder_level=None if self._ladder is None else self._ladder.level,
+            attained_gpu_seconds=(
+                0.0
+                if self._ladder is None
+                else round(self._ladder.attained_gpu_s(stats.usage.slot_seconds(at=time.time())), 3)
+            ),
         )

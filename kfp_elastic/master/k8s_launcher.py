@@ -108,8 +108,10 @@ class KubernetesLauncher(Launcher):
             attempt = self._next_attempt.get(worker_index, 0)
             self._next_attempt[worker_index] = attempt + 1
         for _ in range(self._max_name_attempts):
+            with self._lock:
+                template = self.template
             spec = replace(
-                self.template, worker_index=worker_index, attempt=attempt, namespace=self.namespace
+                template, worker_index=worker_index, attempt=attempt, namespace=self.namespace
             )
             try:
                 self._core.create_namespaced_pod(
@@ -136,6 +138,10 @@ class KubernetesLauncher(Launcher):
                 ) from exc
             return WorkerHandle(spec.pod_name, worker_index, attempt)
         raise LaunchError(f"worker {worker_index}: {self._max_name_attempts} names taken")
+
+    def set_guaranteed_priority_class(self, name: str) -> None:
+        with self._lock:
+            self.template = replace(self.template, guaranteed_priority_class=name)
 
     def delete(self, name: str, grace_period_s: int | None = None) -> None:
         with self._lock:

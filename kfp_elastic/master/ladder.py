@@ -37,14 +37,18 @@ opportunistic class, below every level; serving pods stay above every level.
 
 The master and the simulator both have what it takes: the job's attained GPU-seconds, how long
 it has been below MIN, a clock; they keep the returned :class:`LadderState` for the next call.
-The master does not apply it yet (docs/scheduling.md, "Least-attained-service ladder").
+The master keeps it in etcd (``MasterKeys.ladder``: a new master goes on from it, on the wall
+clock) and, after a move, re-creates the guaranteed workers still in another level's class
+(:func:`workers_to_move`): all of them at once, each deleted gracefully (SIGTERM: the job
+commits a snapshot first, 0 steps lost) and replaced in its slot by ``master/scaling.py`` with
+the new class, so the job goes through one shrink and one growth per move, not one per worker.
 """
 
 from __future__ import annotations
 
 import bisect
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -139,6 +143,27 @@ class LadderState:
         """A job whose guaranteed workers were just created at level 0."""
         return cls(0, now, 0.0)
 
+    def to_record(self) -> dict[str, float | int | None]:
+        """Its JSON form (what the master stores in etcd)."""
+        return {
+            "level": self.level,
+            "last_move_at": self.last_move_at,
+            "service_base_gpu_s": self.service_base_gpu_s,
+        }
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, object], last_level: int) -> LadderState:
+        """A stored state back; a level beyond ``last_level`` (a ladder shortened since) is the
+        last level. ``ValueError`` for a record that is not one."""
+        try:
+            level = int(record["level"])  # type: ignore[call-overload]
+            moved = record.get("last_move_at")
+            base = float(record.get("service_base_gpu_s") or 0.0)  # type: ignore[arg-type]
+            last_move_at = None if moved is None else float(moved)  # type: ignore[arg-type]
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"not a ladder state: {dict(record)!r}") from error
+        return cls(min(max(level, 0), last_level), last_move_at, base)
+
 
 @dataclass(frozen=True)
 class LevelDecision:
@@ -223,6 +248,30 @@ def decide_level(
         service_gpu_s=service,
         next_threshold_gpu_s=policy.thresholds_gpu_s[at] if at < policy.last_level else None,
         move_allowed_at=allowed_at,
+    )
+
+
+@dataclass(frozen=True)
+class GuaranteedWorker:
+    """What :func:`workers_to_move` needs of one live worker: its slot and the level its pod
+    was created at (None: unknown, e.g. a pod no master of this run recorded)."""
+
+    name: str
+    worker_index: int
+    level: int | None
+
+
+def workers_to_move(
+    workers: Sequence[GuaranteedWorker], level: int, min_workers: int
+) -> tuple[str, ...]:
+    """The live workers to re-create after the job moved to ``level``: those in a guaranteed
+    slot (``0 .. min_workers-1``) whose pod was created at another level, in slot order. A pod
+    of an unknown level is left alone: its class cannot be told, and it is replaced at the
+    current level whenever it ends."""
+    return tuple(
+        w.name
+        for w in sorted(workers, key=lambda w: w.worker_index)
+        if w.worker_index < min_workers and w.level is not None and w.level != level
     )
 
 

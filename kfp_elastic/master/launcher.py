@@ -160,6 +160,11 @@ class Launcher(ABC):
         for event in self.events(stop):
             callback(event)
 
+    def set_guaranteed_priority_class(self, name: str) -> None:
+        """Workers launched from now on in guaranteed slots get PriorityClass ``name`` (the
+        ladder's level, ``master/ladder.py``). Launchers without priorities refuse it."""
+        raise NotImplementedError(f"{type(self).__name__} has no priority classes")
+
     def job_ended(self) -> None:  # noqa: B027 - optional hook, most launchers hold nothing
         """The job ended and its workers are stopped: release what they left on machines this
         launcher owns (a pod's memory goes with the pod)."""

@@ -186,6 +186,8 @@ class Snapshot:
     lost_steps: int = 0
     failures: int = 0
     cost: Cost = field(default_factory=Cost)
+    ladder_level: int | None = None  # None: the job has no ladder
+    attained_gpu_seconds: float = 0.0
 
 
 PHASES = ("Pending", "Running", "Succeeded", "Failed")
@@ -208,6 +210,17 @@ class SnapshotCollector(Collector):
             "Processes in the current rendezvous round.",
             value=snapshot.world_size,
         )
+        if snapshot.ladder_level is not None:
+            yield GaugeMetricFamily(
+                "kfp_elastic_ladder_level",
+                "The job's level on the least-attained-service ladder (0: highest priority).",
+                value=snapshot.ladder_level,
+            )
+            yield GaugeMetricFamily(
+                "kfp_elastic_attained_gpu_seconds",
+                "GPU-seconds the job's workers have held: the ladder's attained service.",
+                value=snapshot.attained_gpu_seconds,
+            )
         workers = GaugeMetricFamily(
             "kfp_elastic_workers", "Workers (torchrun agents) by phase.", labels=["phase"]
         )

@@ -28,7 +28,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +42,7 @@ from kfp_elastic.job_spec import (
     Policy,
     field_error,
 )
+from kfp_elastic.master.ladder import LadderPolicy, check_priority_values
 from kfp_elastic.worker.options import OptionsError, parse_args
 
 _NO_PYTHON = ("--no-python", "--no_python")
@@ -253,3 +254,23 @@ def check(spec: JobSpec, side: WorkerSide) -> None:
             problems = entry_problems(spec, side)
     if problems:
         raise PreflightError(problems)
+
+
+def ladder_classes_problem(
+    k8s: KubernetesSettings, read_value: Callable[[str], int | None]
+) -> str | None:
+    """Whether the cluster's PriorityClasses let the job's ladder work
+    (``ladder.check_priority_values``: every level's class exists, each above the next, all
+    between the opportunistic class and serving). ``k8s``: the resolved settings;
+    ``read_value(name)``: the class's value, None where the cluster has none. None: no ladder,
+    or it can work."""
+    policy = LadderPolicy.from_settings(k8s)
+    if policy is None:
+        return None
+    names = (*policy.priority_classes, k8s.opportunistic_priority_class)
+    values = {name: value for name in names if (value := read_value(name)) is not None}
+    try:
+        check_priority_values(policy, values, k8s.opportunistic_priority_class)
+    except ValueError as error:
+        return f"ladder_priority_classes (--ladder-priority-classes): {error}"
+    return None

@@ -315,6 +315,13 @@ class MasterState:
     def observed(self) -> dict[str, Any]:
         return self._get(self.keys.observed) or {}
 
+    def ladder(self) -> dict[str, Any] | None:
+        """The job's stored ``LadderState`` record (None: none yet)."""
+        return self._get(self.keys.ladder)
+
+    def save_ladder(self, record: dict[str, Any]) -> None:
+        self._put(self.keys.ladder, record)
+
     def set_observed(self, observed: dict[str, Any]) -> None:
         self._put(self.keys.observed, observed)
 

@@ -46,6 +46,7 @@ class EventKind(str, enum.Enum):
     EPOCH_END = "epoch_end"
     JOB_DONE = "job_done"
     JOB_FAILED = "job_failed"
+    LADDER_MOVED = "ladder_moved"
     # Not in etcd: the elastic_train component's own record of a fault it injected.
     FAULT_INJECTED = "fault_injected"
 
@@ -224,6 +225,21 @@ class FaultInjected(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class LadderMoved(Event):
+    """The job moved on the least-attained-service ladder (``master/ladder.py``): its guaranteed
+    workers are re-created in ``priority_class`` from now on."""
+
+    kind = EventKind.LADDER_MOVED
+    from_level: int = 0
+    level: int = 0
+    priority_class: str = ""
+    action: str = ""  # a LadderAction value: demote or promote_starved
+    attained_gpu_s: float = 0.0
+    service_gpu_s: float = 0.0  # since the job last entered level 0
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class UnknownEvent(Event):
     """A kind this reader does not know (a newer master wrote it): its fields are in ``extra``."""
 
@@ -256,6 +272,7 @@ EVENT_TYPES: dict[EventKind, type[Event]] = {
         JobDone,
         JobFailed,
         FaultInjected,
+        LadderMoved,
     )
 }
 #: The events that end a job.

@@ -5,6 +5,7 @@ namespace. ``master/host.py`` puts them into a job's launch plan.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,6 +13,8 @@ from pathlib import Path
 from kfp_elastic.job_env import RUN_ID_ENV, JobEnv
 from kfp_elastic.job_spec import MODULE_FLAGS, JobSpec, field_error
 from kfp_elastic.master.pod_spec import WorkerPodSpec, etcd_pod_fields
+
+log = logging.getLogger(__name__)
 
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _NO_PYTHON = ("--no-python", "--no_python")
@@ -47,7 +50,8 @@ def worker_pod_template(spec: JobSpec, env: Mapping[str, str] | None = None) -> 
         nproc_per_node=spec.size.nproc_per_worker,
         rdzv_conf=spec.worker_rdzv_conf(),
         max_restarts=spec.launch.worker_max_restarts,
-        guaranteed_priority_class=k8s.guaranteed_priority_class,
+        # With a ladder the master sets each level's class (master/ladder.py); level 0 first.
+        guaranteed_priority_class=(k8s.ladder_levels() or (k8s.guaranteed_priority_class,))[0],
         opportunistic_priority_class=k8s.opportunistic_priority_class,
         kueue_queue=k8s.kueue_queue or None,
         service_account=k8s.service_account,
@@ -73,6 +77,35 @@ def job_env(spec: JobSpec) -> dict[str, str]:
     env = JobEnv.of(spec, str(spec.snapshot_dir or "")).to_env()
     env.pop(RUN_ID_ENV)
     return env
+
+
+def cluster_priority_value(name: str) -> int | None:
+    """PriorityClass ``name``'s value in the cluster (None: there is none, or the master's
+    account may not read PriorityClasses, which are cluster-wide: then nothing can be checked,
+    and a warning says so)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    load_kubernetes_config()
+    with client.ApiClient() as api:
+        try:
+            found = client.SchedulingV1Api(api).read_priority_class(name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            if error.status == 403:
+                log.warning(
+                    "cannot read PriorityClass %s (403): the ladder's classes are not checked; "
+                    "grant get on priorityclasses (scheduling.k8s.io) in a ClusterRole to check",
+                    name,
+                )
+                raise PriorityClassesUnreadable(name) from error
+            raise
+    return int(found.value)
+
+
+class PriorityClassesUnreadable(RuntimeError):
+    """The master's account may not read PriorityClasses."""
 
 
 def load_kubernetes_config() -> None:

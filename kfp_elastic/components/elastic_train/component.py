@@ -125,8 +125,10 @@ def elastic_train(
             ``kfp-elastic-worker-level-0,kfp-elastic-worker-level-1,kfp-elastic-worker-level-2``
             from manifests/base); empty: no ladder. With ``ladder_thresholds_gpu_h`` (attained
             GPU-hours at which a job leaves each level but the last), ``ladder_starvation_s``
-            and ``ladder_min_move_interval_s``; checked before any worker starts, not yet
-            applied by the master (docs/scheduling.md, "Least-attained-service ladder").
+            and ``ladder_min_move_interval_s``; the classes' values are checked before any
+            worker starts, and the master re-creates the guaranteed workers in each level's
+            class as the job's GPU time grows (docs/scheduling.md, "Least-attained-service
+            ladder").
         worker_snapshot_buffer: the training state's size (parameters + optimizer state),
             a Kubernetes quantity such as ``"9Gi"``: each training process pins one host
             buffer of it for GPU snapshots and rescues, and the master adds it, times the

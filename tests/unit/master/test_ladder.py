@@ -12,11 +12,13 @@ from kfp_elastic.job_spec import (
     KubernetesSettings,
 )
 from kfp_elastic.master.ladder import (
+    GuaranteedWorker,
     LadderAction,
     LadderPolicy,
     LadderState,
     check_priority_values,
     decide_level,
+    workers_to_move,
 )
 
 H = 3600.0  # GPU-seconds in a GPU-hour
@@ -273,3 +275,27 @@ def test_values_between_opportunistic_and_serving_each_above_the_next_pass() -> 
 def test_values_that_break_the_ladder_are_named(values: dict[str, int], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         check_priority_values(POLICY, values, "opp")
+
+
+def test_a_state_survives_its_record() -> None:
+    state = LadderState(2, 123.5, 7200.0)
+    assert LadderState.from_record(state.to_record(), last_level=2) == state
+    assert LadderState.from_record({"level": 0, "last_move_at": None}, 2) == LadderState()
+    # A ladder shortened since the record was written: its last level
+    assert LadderState.from_record(state.to_record(), last_level=1).level == 1
+    with pytest.raises(ValueError, match="not a ladder state"):
+        LadderState.from_record({"level": "high"}, 2)
+
+
+def test_the_guaranteed_workers_of_another_level_move_in_slot_order() -> None:
+    workers = [
+        GuaranteedWorker("w-1-0", 1, 0),
+        GuaranteedWorker("w-0-3", 0, 0),
+        GuaranteedWorker("w-2-0", 2, 0),  # an opportunistic slot (MIN 2): never on the ladder
+        GuaranteedWorker("w-3-0", 3, None),
+    ]
+    assert workers_to_move(workers, 1, min_workers=2) == ("w-0-3", "w-1-0")
+    assert workers_to_move(workers, 0, min_workers=2) == ()
+    # a pod of an unknown level is left alone (replaced at the job's level when it ends)
+    unknown = [GuaranteedWorker("w-0-0", 0, None), GuaranteedWorker("w-1-0", 1, 2)]
+    assert workers_to_move(unknown, 1, min_workers=2) == ("w-1-0",)

@@ -21,11 +21,21 @@ from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.embedded import EmbeddedEtcd
 from kfp_elastic.job_spec import DEFAULT_GUARANTEED_PRIORITY_CLASS as GUARANTEED
 from kfp_elastic.job_spec import DEFAULT_OPPORTUNISTIC_PRIORITY_CLASS as OPPORTUNISTIC
+from kfp_elastic.job_spec import JobSpec
 from kfp_elastic.master.cli import build_parser, make_spec, split_entry
-from kfp_elastic.master.host import make_launcher, plan
+from kfp_elastic.master.host import make_launcher, plan, prestart_checks
 from kfp_elastic.master.job import ElasticJob, JobResult
+from kfp_elastic.master.preflight import PreflightError, ladder_classes_problem
 from kfp_elastic.master.state import MasterState
-from kfp_elastic.master.timeline import JobDone, WorkerLaunched, WorkerLost, of_type, read_timeline
+from kfp_elastic.master.timeline import (
+    JobDone,
+    LadderMoved,
+    WorkerLaunched,
+    WorkerLost,
+    of_type,
+    read_timeline,
+)
+from kfp_elastic.master.wiring import cluster_priority_value
 from kfp_elastic.testing.api_server import FakeKubernetes
 from tests.helpers import wait_for
 
@@ -296,3 +306,108 @@ def test_pod_changes_while_watches_expire_and_history_compacts_are_all_seen(
     lost = [(e.name, e.cause) for e in of_type(timeline, WorkerLost)]
     assert lost == [(first[0], "deleted_externally")], lost
     assert [e.name for e in of_type(timeline, WorkerLaunched)] == [*first, replacement]
+
+
+LADDER = "kfp-elastic-worker-level-0,kfp-elastic-worker-level-1,kfp-elastic-worker-level-2"
+
+
+def ladder_job(run_id: str, etcd: EmbeddedEtcd) -> tuple[Any, JobSpec, ElasticJob]:
+    """Min 2, max 3, on the manifests' three-level ladder compressed in time: a pod without a
+    GPU counts as one, so three Running pods pass 0.36 GPU-seconds within a second."""
+    own, entry = split_entry(
+        ["--run-id", run_id, "--etcd", etcd.endpoint, "--min-workers", "2"]
+        + ["--max-workers", "3", "--launcher", "kubernetes", "--namespace", NS]
+        + ["--image", "kfp-elastic-worker:0.1.0", "--leader-ttl", "2", "--finish-grace", "5"]
+        + ["--ladder-priority-classes", LADDER, "--ladder-thresholds", "0.0001,0.002"]
+        + ["--ladder-min-move-interval", "1", "--ladder-starvation", "30"]
+        + ["--", "--model-def", "m.py", "--snapshot-dir", "/mnt/snap"]
+    )
+    args = build_parser().parse_args(own)
+    settings = etcd_settings.from_args(args, env={})
+    spec = make_spec(args, entry, settings)
+    return (
+        connect(settings),
+        spec,
+        ElasticJob(spec, connect(settings), partial(make_launcher, plan(spec))),
+    )
+
+
+def classes(fake: FakeKubernetes) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["spec"]["priorityClassName"] for p in fake.list(NS)["items"]}
+
+
+def test_a_job_moves_down_the_ladder_re_creating_its_guaranteed_workers_in_each_level(
+    k8s: FakeKubernetes, etcd: EmbeddedEtcd, run_id: str
+) -> None:
+    levels = LADDER.split(",")
+    client, spec, job = ladder_job(run_id, etcd)
+    results: list[JobResult] = []
+    thread = threading.Thread(target=lambda: results.append(job.run()))
+    thread.start()
+    try:
+        first = [f"{run_id}-worker-{i}-0" for i in range(3)]
+        wait_for(lambda: set(first) <= set(pods(k8s)), 30, 0.05, "3 pods")
+        # Level 0 for the guaranteed slots, the opportunistic class for the others
+        assert [classes(k8s)[n] for n in first] == [levels[0], levels[0], OPPORTUNISTIC]
+
+        def run_all() -> None:
+            for name, phase in pods(k8s).items():
+                if phase == "Pending":
+                    k8s.set_phase(name, "Running")
+
+        def at_level(level: int) -> bool:
+            run_all()
+            now = classes(k8s)
+            guaranteed = [n for n in now if "-worker-0-" in n or "-worker-1-" in n]
+            return len(guaranteed) == 2 and all(now[n] == levels[level] for n in guaranteed)
+
+        # Demoted twice (0.36 and 7.2 GPU-seconds): each move re-creates workers 0 and 1
+        wait_for(lambda: at_level(2), 60, 0.1, "the guaranteed workers at level 2")
+        assert classes(k8s)[first[2]] == OPPORTUNISTIC  # never moved
+        state = MasterState(client, spec.run_prefix)
+        assert state.ladder()["level"] == 2
+        assert job.metrics.snapshot.ladder_level == 2
+        assert job.metrics.snapshot.attained_gpu_seconds > 0.36
+        timeline = read_timeline(client, spec.run_prefix)
+        moves = [(e.from_level, e.level, e.action) for e in of_type(timeline, LadderMoved)]
+        assert moves[-1][1] == 2 and all(action == "demote" for *_, action in moves)
+        assert [m[1] for m in moves] == sorted(m[1] for m in moves)  # only down
+        lost = {e.name: e.cause for e in of_type(timeline, WorkerLost)}
+        assert lost[first[0]] == lost[first[1]] == "deleted" and first[2] not in lost
+        # A new master goes on from the stored level: no move back, no pod re-created
+        job.request_stop(cancel=False)
+        thread.join(30)
+        assert results[-1].state == "stepped_down", results
+        before = classes(k8s)
+        client2, _, job = ladder_job(run_id, etcd)
+        thread = threading.Thread(target=lambda: results.append(job.run()))
+        thread.start()
+        wait_for(lambda: job._ladder is not None and job.launcher is not None, 30, 0.05, "led")
+        time.sleep(1.5)
+        assert job._ladder.level == 2 and classes(k8s) == before
+        client2.close()
+    finally:
+        job.request_stop(cancel=True)
+        thread.join(30)
+        client.close()
+
+
+def test_a_ladder_the_cluster_cannot_honour_is_refused_before_any_worker(
+    k8s: FakeKubernetes, etcd: EmbeddedEtcd, run_id: str
+) -> None:
+    _, spec, _ = ladder_job(run_id, etcd)
+    k8s_settings = spec.launch.kubernetes.resolved({})
+    assert ladder_classes_problem(k8s_settings, cluster_priority_value) is None
+    k8s.delete_object("priorityclasses", "", "kfp-elastic-worker-level-2")
+    problem = ladder_classes_problem(k8s_settings, cluster_priority_value)
+    assert problem and "'kfp-elastic-worker-level-2'" in problem and "ladder" in problem
+    k8s.create_object(
+        "priorityclasses",
+        "",
+        {"metadata": {"name": "kfp-elastic-worker-level-2"}, "value": -1, "preemptionPolicy": ""},
+    )
+    problem = ladder_classes_problem(k8s_settings, cluster_priority_value)
+    assert problem and "level 1" in problem and "level 2" in problem
+    with pytest.raises(PreflightError, match="level 1"):
+        prestart_checks(plan(spec))
+    assert pods(k8s) == {}
