@@ -86,6 +86,10 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
         guaranteed_priority_class: str = "",
         opportunistic_priority_class: str = "",
         kueue_queue: str = "",
+        ladder_priority_classes: str = "",
+        ladder_thresholds_gpu_h: str = "1,10",
+        ladder_starvation_s: float = 300.0,
+        ladder_min_move_interval_s: float = 120.0,
         worker_cpu: str = "",
         worker_memory: str = "",
         worker_gpus: int = 0,
@@ -118,6 +122,13 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
             kueue_queue: a Kueue LocalQueue (manifests/kueue: kfp-elastic) the worker pods
                 are submitted to, one workload each, with their tier's WorkloadPriorityClass;
                 empty: no Kueue.
+            ladder_priority_classes: the least-attained-service ladder's PriorityClasses for
+                workers 0..min_workers-1, level 0 first (manifests/base has
+                kfp-elastic-worker-level-0,kfp-elastic-worker-level-1,kfp-elastic-worker-level-2);
+                not together with the two classes above; empty: no ladder. The job moves down
+                as its GPU-hours pass ladder_thresholds_gpu_h, back to level 0 after
+                ladder_starvation_s below min_workers, at most one move per
+                ladder_min_move_interval_s (docs/scheduling.md, "Least-attained-service ladder").
             worker_snapshot_buffer: the training state's size (e.g. "9Gi"): each process pins
                 one host buffer of it for GPU snapshots; added, times the processes per pod, to
                 each worker pod's memory request and limit when worker_memory is given.
@@ -161,6 +172,10 @@ def build_pipeline(train_retries: int = TRAIN_RETRIES) -> GraphComponent:
                 guaranteed_priority_class=guaranteed_priority_class,
                 opportunistic_priority_class=opportunistic_priority_class,
                 kueue_queue=kueue_queue,
+                ladder_priority_classes=ladder_priority_classes,
+                ladder_thresholds_gpu_h=ladder_thresholds_gpu_h,
+                ladder_starvation_s=ladder_starvation_s,
+                ladder_min_move_interval_s=ladder_min_move_interval_s,
                 worker_cpu=worker_cpu,
                 worker_memory=worker_memory,
                 worker_gpus=worker_gpus,
