@@ -75,10 +75,21 @@ from benchmarks.scheduling.placement import (
     schedule,
 )
 from benchmarks.scheduling.trace import Job
+from kfp_elastic.master.ladder import LadderAction, LadderPolicy, LadderState, decide_level
 from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
 from kfp_elastic.master.scaling import ScalingPolicy, decide
+from kfp_elastic.testing.api_server import PRIORITY_CLASSES
 
 POLICIES = ("gang", "elastic")
+# The least-attained-service ladder (kfp_elastic/master/ladder.py) and its baseline: run when
+# asked (``--policies``), not by default.
+LADDER_POLICIES = ("elastic-ladder", "tiresias")
+ALL_POLICIES = POLICIES + LADDER_POLICIES
+STOPPING_PRIORITY = 10**9  # a stopping worker's GPU: never a victim
+STOP_S = 1.2  # docs/scheduling.md, experiment 2: a preempted worker's deletion -> gone, quiet
+# docs/scheduling.md, "Admission into a full cluster": an evicted job's resubmission -> its first
+# step again (its master, workers, rendezvous and restore)
+RESTART_S = 21.5
 SCALINGS = ("linear", "pollux")
 JOIN_S = 4.91  # docs/benchmarks.md: capacity freed -> first step of the bigger world (pods)
 SHRINK_S = 1.29  # docs/benchmarks.md: preemption -> first step of the smaller world (pods)
@@ -94,9 +105,20 @@ class Costs:
     shrink_s: float = SHRINK_S  # a training worker lost: the smaller world's pause
     start_s: float | None = None  # a worker bound while its job does not train (None: join_s)
     join_pause_s: float = 0.0  # the running world's pause when a worker joins it
+    # a preempted or re-created worker's graceful stop: its GPU stays held that long (0: gone
+    # at once, as the first model had it)
+    stop_s: float = 0.0
+    restart_s: float = RESTART_S  # tiresias: a job preempted whole, admitted again -> it trains
 
     def __post_init__(self) -> None:
-        values = (self.join_s, self.shrink_s, self.join_pause_s, self.start_s or 0.0)
+        values = (
+            self.join_s,
+            self.shrink_s,
+            self.join_pause_s,
+            self.start_s or 0.0,
+            self.stop_s,
+            self.restart_s,
+        )
         if min(values) < 0:
             raise ValueError(f"costs must be >= 0, got {self}")
         if self.join_pause_s > self.join_s:
@@ -144,6 +166,13 @@ class _JobState:
     resized_at: float | None = None
     counted_wanting: bool = False
     trains_since: float | None = None  # when its current training began from a stop
+    ladder: LadderState = field(default_factory=LadderState)
+    attained: float = 0.0  # GPU-seconds its ready workers held, up to attained_at
+    attained_at: float = 0.0
+    ladder_version: int = 0  # invalidates stale ladder wake-ups
+    moves: int = 0
+    stopped_at: float | None = None  # tiresias: preempted whole (or arrived) and waiting since
+    restarting: bool = False  # tiresias: its next start pays restart_s
 
     @property
     def wanting(self) -> bool:
@@ -168,6 +197,7 @@ class Result:
     lost_work_s: float
     preemptions: int
     jobs: int
+    ladder_moves: int = 0  # elastic-ladder, tiresias: level changes
     # the same split by the GPUs a job asks for: 1 against more (elasticity can only change
     # how a 1-GPU job waits through the others)
     jobs_1gpu: int = 0
@@ -225,14 +255,30 @@ class Simulation:
         gpus_per_node: int = GPUS_PER_NODE,
         gang_queue: bool = True,
         record: bool = False,
+        ladder: LadderPolicy | None = None,
+        window: tuple[float, float] | None = None,
     ) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+        """``ladder``: the ladder of ``elastic-ladder`` and ``tiresias`` (default: the
+        product's, ``LadderPolicy()``). ``window``: utilization and idle GPUs are integrated
+        over this span of time only (a steady load's measurement window; None: all of it)."""
+        if policy not in ALL_POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; known: {', '.join(ALL_POLICIES)}")
         too_big = [j.name for j in jobs if j.gpus > gpus or j.gpus < 1]
         if too_big:
             raise ValueError(f"jobs asking for 0 or more than {gpus} GPUs: {too_big[:5]}")
-        self.gang = policy == "gang"
-        self.gang_queue = self.gang and gang_queue
+        self.policy = policy
+        self.tiresias = policy == "tiresias"
+        self.ladder = (ladder or LadderPolicy()) if policy in LADDER_POLICIES else None
+        # each level's priority: the manifests' PriorityClass values (api_server.PRIORITY_CLASSES
+        # is checked against manifests/base), else one below the other under the guaranteed one
+        self.level_priority = [
+            PRIORITY_CLASSES.get(name, (GUARANTEED_PRIORITY + 1 - level, ""))[0]
+            for level, name in enumerate(self.ladder.priority_classes if self.ladder else ())
+        ]
+        self.window = window
+        self.gang = policy in ("gang", "tiresias")
+        self.gang_queue = policy == "gang" and gang_queue
+        self.admitted: dict[int, _JobState] = {}  # tiresias: jobs whose master runs
         self.costs = costs
         self.gpus = gpus
         self.nodes = nodes_of(gpus, gpus_per_node)
@@ -256,7 +302,7 @@ class Simulation:
         self.queue: list[_JobState] = []  # gang: submitted, not admitted, in submission order
         self.bound: dict[int, SimPod] = {}  # id -> pod
         self.pending: dict[int, SimPod] = {}
-        self.evictable = 0  # bound opportunistic pods
+        self.bound_priorities: dict[int, int] = {}  # priority -> bound pods of it
         self.wanting = 0  # jobs holding fewer GPUs than they ask for
         self.now = 0.0
         self.began: float | None = None
@@ -290,7 +336,10 @@ class Simulation:
     def _account(self, when: float) -> None:
         """Integrate the cluster's metrics from the previous event to ``when``."""
         if self.began is not None and when > self.now:
-            span = when - self.now
+            start, end = self.now, when
+            if self.window is not None:
+                start, end = max(start, self.window[0]), min(end, self.window[1])
+            span = max(0.0, end - start)
             held = len(self.bound)
             self.held_s += held * span
             if self.wanting:
@@ -300,10 +349,14 @@ class Simulation:
     def _on_arrive(self, state: _JobState, _: int) -> None:
         if self.began is None:
             self.began = self.now
-        state.last = self.now
+        state.last = state.attained_at = self.now
+        state.ladder = LadderState.start(self.now)
         self._set_held(state, 0)
-        if self.gang_queue:
+        if self.gang_queue or self.tiresias:
+            state.stopped_at = self.now
             self.queue.append(state)
+            if self.tiresias:
+                self._ladder_step(state, 0.0)  # its starvation wake-up
         else:
             self._mark(state)  # its master starts now
 
@@ -312,11 +365,13 @@ class Simulation:
         if state.finished_at is not None or state.pods.get(pod.name) is not pod:
             return  # preempted while starting, or the job finished meanwhile
         self._progress(state)
+        self._attain(state)
         before = state.training
         state.world += 1
         pod.running = True
         after = state.training
         if after:
+            state.restarting = False
             if state.started_at is None:
                 state.started_at = self.now
             if not before:
@@ -333,8 +388,10 @@ class Simulation:
         if version != state.version or state.finished_at is not None:
             return
         self._progress(state)
+        self._attain(state)
         state.remaining = 0.0
         state.finished_at = self.now
+        self.admitted.pop(id(state), None)
         for pod in list(state.pods.values()):
             self._remove(pod)
         state.pods.clear()
@@ -381,9 +438,78 @@ class Simulation:
     def _remove(self, pod: SimPod) -> None:
         if id(pod) in self.bound:
             del self.bound[id(pod)]
-            if pod.priority == OPPORTUNISTIC_PRIORITY:
-                self.evictable -= 1
+            self.bound_priorities[pod.priority] -= 1
         self.pending.pop(id(pod), None)
+
+    def _bind(self, pod: SimPod) -> None:
+        self.bound[id(pod)] = pod
+        self.bound_priorities[pod.priority] = self.bound_priorities.get(pod.priority, 0) + 1
+
+    def _can_preempt(self) -> bool:
+        """Whether a pending pod may preempt a bound one (a lower priority is bound)."""
+        top = max((p.priority for p in self.pending.values() if p.preempting), default=None)
+        return top is not None and any(
+            n and prio < top for prio, n in self.bound_priorities.items()
+        )
+
+    def _stopping(self, pod: SimPod) -> None:
+        """A bound worker leaving: its GPU stays held for its graceful stop (``stop_s``) by a
+        stand-in no one can preempt."""
+        if self.costs.stop_s <= 0 or pod.node is None:
+            return
+        self.versions += 1
+        stand_in = SimPod(f"{pod.name}-stopping", STOPPING_PRIORITY, False, self.versions)
+        stand_in.bind(pod.node)
+        self._bind(stand_in)
+        self._push(self.now + self.costs.stop_s, "release", stand_in)
+
+    def _on_release(self, stand_in: SimPod, _: int) -> None:
+        self._remove(stand_in)
+
+    # ------------------------------------------------------------------ the ladder
+
+    def _attain(self, state: _JobState) -> None:
+        """Account the job's attained service (GPU-seconds of its ready workers) up to now."""
+        state.attained += state.world * max(0.0, self.now - state.attained_at)
+        state.attained_at = self.now
+
+    def _ladder_step(self, state: _JobState, below_min_for_s: float) -> bool:
+        """``decide_level`` for the job now (the product's rule); whether it moved. Schedules
+        the next time the rule could move it: its next threshold at its present world, the end
+        of a rate limit, its starvation time."""
+        assert self.ladder is not None
+        self._attain(state)
+        d = decide_level(self.ladder, state.ladder, state.attained, below_min_for_s, self.now)
+        state.ladder = d.state
+        if d.move:
+            state.moves += 1
+        wake = []
+        if d.action == LadderAction.RATE_LIMITED and d.move_allowed_at is not None:
+            wake.append(d.move_allowed_at)
+        to_go = d.service_to_demotion_gpu_s
+        if to_go is not None and state.world > 0 and below_min_for_s <= 0:
+            wake.append(self.now + max(to_go, _EPS) / state.world)
+        if d.level > 0 and below_min_for_s > 0:
+            wake.append(self.now + max(self.ladder.starvation_s - below_min_for_s, _EPS))
+        elif d.level > 0 and self.tiresias and state.stopped_at is not None:
+            wake.append(state.stopped_at + self.ladder.starvation_s)
+        state.ladder_version += 1
+        if wake:
+            self._push(max(min(wake), self.now + _EPS), "ladder", state, state.ladder_version)
+        return d.move
+
+    def _on_ladder(self, state: _JobState, version: int) -> None:
+        if version == state.ladder_version and state.finished_at is None:
+            if self.tiresias:  # the scheduler's order changes; no pod is re-created
+                waited = 0.0 if state.stopped_at is None else self.now - state.stopped_at
+                self._ladder_step(state, waited)
+            else:
+                self._mark(state)
+
+    def _guaranteed_priority(self, state: _JobState) -> int:
+        if self.ladder is None or self.tiresias:
+            return GUARANTEED_PRIORITY
+        return self.level_priority[state.ladder.level]
 
     def _statuses(self, state: _JobState) -> list[WorkerStatus]:
         return [
@@ -396,7 +522,18 @@ class Simulation:
         ] + state.ended
 
     def _master(self, state: _JobState) -> None:
-        """One reconcile of the job's master: ``decide``, then create the pods it launches."""
+        """One reconcile of the job's master: the ladder's step (a move re-creates the
+        guaranteed workers of another level, each stopped gracefully), ``decide``, then create
+        the pods it launches."""
+        if self.ladder is not None and not self.tiresias:
+            since = state.below_min_since
+            if self._ladder_step(state, 0.0 if since is None else self.now - since):
+                level = self._guaranteed_priority(state)
+                for pod in list(state.pods.values()):
+                    if pod.index < state.policy.min_workers and pod.priority != level:
+                        self._evict(pod, Reason.DELETED)
+        elif self.tiresias:  # admitted: its next threshold at its present world
+            self._ladder_step(state, 0.0)
         decision = decide(
             state.policy,
             self._statuses(state),
@@ -413,8 +550,8 @@ class Simulation:
             self.versions += 1
             pod = SimPod(
                 f"{state.job.name}-w{index}-{state.attempts}",
-                GUARANTEED_PRIORITY if guaranteed else OPPORTUNISTIC_PRIORITY,
-                guaranteed,
+                self._guaranteed_priority(state) if guaranteed else OPPORTUNISTIC_PRIORITY,
+                guaranteed and not self.tiresias,  # tiresias: its scheduler preempts whole jobs
                 self.versions,
                 owner=state,
                 index=index,
@@ -438,10 +575,68 @@ class Simulation:
                 waiting.append(state)
         self.queue = waiting
 
+    def _admit_tiresias(self) -> None:
+        """Tiresias' scheduler: waiting jobs by level (then submission), each started whole
+        where its GPUs are free, else by preempting whole jobs of lower levels (the lowest, the
+        latest first) when that frees enough; others may start behind one that cannot."""
+        if not self.queue:
+            return
+        free = self.gpus - len(self.bound) - len(self.pending)
+        waiting = []
+        for state in sorted(self.queue, key=lambda s: (s.ladder.level, s.job.submit_s)):
+            need = state.job.gpus
+            if need > free:
+                lower = sorted(
+                    (r for r in self.admitted.values() if r.ladder.level > state.ladder.level),
+                    key=lambda r: (-r.ladder.level, -r.job.submit_s),
+                )
+                victims, got = [], free
+                for other in lower:
+                    if got >= need:
+                        break
+                    victims.append(other)
+                    got += len(other.pods)
+                if got < need:
+                    waiting.append(state)
+                    continue
+                for other in victims:
+                    self._preempt_job(other)
+                    waiting.append(other)
+                free = got
+            free -= need
+            state.stopped_at = None
+            self.admitted[id(state)] = state
+            self._mark(state)  # admitted: its master starts (again)
+        self.queue = [s for s in waiting if id(s) not in self.admitted]
+
+    def _preempt_job(self, state: _JobState) -> None:
+        """Tiresias: the whole job stops (checkpoint on preemption: no work lost) and waits to
+        be admitted again, when it pays ``restart_s`` before it trains."""
+        self._progress(state)
+        self._attain(state)
+        self.preemptions += 1
+        for pod in list(state.pods.values()):
+            if id(pod) in self.bound:
+                self._stopping(pod)
+            self._remove(pod)
+        state.pods.clear()
+        self._set_held(state, -state.held)
+        if state.training:
+            self._resized(state)
+        state.world = 0
+        state.trains_since = None
+        state.restarting = True
+        state.stopped_at = self.now
+        self.admitted.pop(id(state), None)
+        self._reschedule(state)  # no finish while stopped
+        self._ladder_step(state, 0.0)  # its starvation wake-up
+
     def _reconcile(self) -> None:
         for _ in range(10_000):
             if self.gang_queue:
                 self._admit()
+            elif self.tiresias:
+                self._admit_tiresias()
             dirty, self.dirty = self.dirty, {}
             for state in dirty.values():
                 if state.finished_at is None:
@@ -455,19 +650,19 @@ class Simulation:
         if not self.pending:
             return False
         free = self.gpus - len(self.bound)
-        if free <= 0 and not (self.evictable and any(p.preempting for p in self.pending.values())):
+        if free <= 0 and not self._can_preempt():
             return False
         placed = schedule(self.nodes, list(self.bound.values()), list(self.pending.values()))
         for pod, node in placed.binds:
             pod.bind(node)
             del self.pending[id(pod)]
-            self.bound[id(pod)] = pod
-            if pod.priority == OPPORTUNISTIC_PRIORITY:
-                self.evictable += 1
+            self._bind(pod)
             state: _JobState = pod.owner
             self._set_held(state, +1)
             if state.training:  # joins a running world
                 delay = self.costs.join_s - self.costs.join_pause_s
+            elif state.restarting:  # tiresias: the whole job again, from its checkpoint
+                delay = self.costs.restart_s
             else:
                 delay = self.costs.first_start_s
             self._push(self.now + delay, "ready", pod)
@@ -475,18 +670,24 @@ class Simulation:
             self._evict(pod)
         return bool(placed.binds or placed.victims)
 
-    def _evict(self, pod: SimPod) -> None:
+    def _evict(self, pod: SimPod, reason: Reason = Reason.PREEMPTED) -> None:
+        """A worker taken away: preempted by the scheduler, or re-created by its master in
+        another ladder level (``Reason.DELETED``); it stops gracefully."""
         state: _JobState = pod.owner
-        self.preemptions += 1
+        if reason == Reason.PREEMPTED:
+            self.preemptions += 1
+        if id(pod) in self.bound:
+            self._set_held(state, -1)
+            self._stopping(pod)
         self._remove(pod)
         del state.pods[pod.name]
-        self._set_held(state, -1)
         state.ended.append(
-            WorkerStatus(pod.name, WorkerPhase.DELETED, Reason.PREEMPTED, worker_index=pod.index)
+            WorkerStatus(pod.name, WorkerPhase.DELETED, reason, worker_index=pod.index)
         )
         self._mark(state)
         if pod.running:
             self._progress(state)
+            self._attain(state)
             before = state.training
             state.world -= 1
             after = state.training
@@ -529,6 +730,7 @@ class Simulation:
             lost_work_s=self.lost_s,
             preemptions=self.preemptions,
             jobs=len(self.jobs),
+            ladder_moves=sum(s.moves for s in self.jobs),
             jobs_1gpu=len(one),
             avg_jct_1gpu_s=mean(jct, one),
             mean_pending_1gpu_s=mean(pending, one),

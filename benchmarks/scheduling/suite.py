@@ -13,6 +13,8 @@ Subcommands (``python -m benchmarks scheduling <subcommand> --help``):
   convergence real training, gang against elastic (LR x world, step decay): the same accuracy?
   ladder      short jobs beside a long one: the least-attained-service ladder against elastic
               FIFO on the test cluster ("Short jobs beside a long one")
+  steady      a steady load (Poisson arrivals) in the simulator: gang, Tiresias, elastic, the
+              ladder, over a window without warm-up and drain ("Steady load")
   simulate    a discrete-event simulation of a GPU cluster replaying a trace; the default when
               the options start without a subcommand ("Simulation")"""
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from benchmarks.scheduling import admission, convergence, exp1, exp2, short_jobs, simulate
+from benchmarks.scheduling import admission, convergence, exp1, exp2, short_jobs, simulate, steady
 
 # subcommand -> its module (each has build_parser(), parse_args(argv), main(argv))
 COMMANDS = {
@@ -31,6 +33,7 @@ COMMANDS = {
     "convergence": convergence,
     "ladder": short_jobs,
     "simulate": simulate,
+    "steady": steady,
 }
 DEFAULT_COMMAND = "simulate"
 
