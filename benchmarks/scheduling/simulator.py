@@ -487,7 +487,9 @@ class Simulation:
         if d.action == LadderAction.RATE_LIMITED and d.move_allowed_at is not None:
             wake.append(d.move_allowed_at)
         to_go = d.service_to_demotion_gpu_s
-        if to_go is not None and state.world > 0 and below_min_for_s <= 0:
+        # a due move held back wakes at the end of the limit, not at its (reached) threshold
+        held_back = d.action == LadderAction.RATE_LIMITED
+        if to_go is not None and state.world > 0 and below_min_for_s <= 0 and not held_back:
             wake.append(self.now + max(to_go, _EPS) / state.world)
         if d.level > 0 and below_min_for_s > 0:
             wake.append(self.now + max(self.ladder.starvation_s - below_min_for_s, _EPS))
