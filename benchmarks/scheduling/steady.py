@@ -33,6 +33,7 @@ import random
 import statistics
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import comma_list, parse_options, suite_parser, write_result
@@ -79,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="half",
         help="elastic jobs' MIN: one, half (ceil of half the request) or a number",
     )
-    parser.add_argument("--trace", default=str(DEFAULT_TRACE))
+    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     return parser
 
 

@@ -1,0 +1,117 @@
+"""The simulator's ladder policies (``elastic-ladder``: the product's ``decide_level`` per
+job; ``tiresias``: gang with the same levels, whole-job preemption) and the steady-load
+subcommand's arrivals and window."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from benchmarks.scheduling import steady
+from benchmarks.scheduling.simulator import Costs, Simulation
+from benchmarks.scheduling.trace import Job, TraceJob
+from kfp_elastic.job_spec import DEFAULT_LADDER_PRIORITY_CLASSES
+from kfp_elastic.master.ladder import LadderPolicy
+
+# Leave level 0 at 1000 GPU-seconds, level 1 at 20000; moves at least 60 s apart.
+LADDER = LadderPolicy(DEFAULT_LADDER_PRIORITY_CLASSES, (1000.0, 20000.0), 3000.0, 60.0)
+# A long job of 8 GPUs holds the cluster; four short jobs of 2 arrive once it was demoted.
+LONG_AND_SHORT = [Job("long", 0, 8, 8 * 2000)] + [
+    Job(f"s{i}", 600 + 5 * i, 2, 2 * 100) for i in range(4)
+]
+
+
+def run(policy: str, min_workers: int | str = 2, costs: Costs = Costs()) -> Simulation:
+    sim = Simulation(LONG_AND_SHORT, 8, policy, costs, min_workers=min_workers, ladder=LADDER)
+    sim.result = sim.run()  # type: ignore[attr-defined]
+    return sim
+
+
+def starts(sim: Simulation) -> dict[str, float]:
+    return {name: first for name, (_, first, _) in sim.job_times.items()}
+
+
+def test_short_jobs_preempt_a_demoted_long_jobs_guaranteed_workers() -> None:
+    elastic, ladder = run("elastic"), run("elastic-ladder")
+    # Elastic FIFO: the long job's 4 guaranteed workers stay; the fourth short job waits for
+    # a short one to end. With the ladder the long job is at level 1: the fourth preempts it.
+    assert starts(elastic)["s3"] > 700
+    assert starts(ladder)["s3"] < 630
+    assert ladder.result.ladder_moves >= 1 and elastic.result.ladder_moves == 0
+    assert ladder.result.avg_jct_s < elastic.result.avg_jct_s
+    assert ladder.jobs[0].ladder.level == 1  # 16000 GPU-seconds: never level 2
+
+
+def test_tiresias_preempts_the_long_job_whole_and_charges_its_restart() -> None:
+    gang, tiresias = run("gang"), run("tiresias")
+    assert starts(gang)["s0"] > 2000  # FIFO: behind the long job
+    assert all(starts(tiresias)[f"s{i}"] < 630 for i in range(4))
+    assert tiresias.result.preemptions == 1  # the long job, whole
+    long_end = tiresias.job_times["long"][2]
+    cheaper = run("tiresias", costs=Costs(restart_s=0.0)).job_times["long"][2]
+    assert long_end - cheaper == pytest.approx(Costs().restart_s, abs=1.0)
+
+
+def test_a_victims_graceful_stop_holds_its_gpu() -> None:
+    free = starts(run("elastic"))
+    stopping = starts(run("elastic", costs=Costs(stop_s=3.0)))
+    # The short jobs' guaranteed workers bind once the long job's victims have stopped
+    assert stopping["s0"] == pytest.approx(free["s0"] + 3.0)
+
+
+def test_arrivals_offer_the_load_asked() -> None:
+    pool = [TraceJob(f"t{i}", 0, 60.0 * (1 + i % 5), 1 + i % 3) for i in range(50)]
+    mean = steady.mean_gpu_seconds(pool)
+    jobs = steady.arrivals(pool, 16, 0.8, 200, seed=3)
+    offered = sum(j.work for j in jobs) / (200 * 3600 * 16)
+    assert offered == pytest.approx(0.8, rel=0.1)
+    gaps = [b.submit_s - a.submit_s for a, b in zip(jobs, jobs[1:], strict=False)]
+    assert statistics.fmean(gaps) == pytest.approx(mean / (0.8 * 16), rel=0.1)
+    assert steady.arrivals(pool, 16, 0.8, 200, seed=3) == jobs  # the seed decides
+
+
+def test_only_the_windows_jobs_and_time_are_measured() -> None:
+    jobs = [Job("before", 0, 4, 4 * 100), Job("in", 50, 4, 4 * 100), Job("after", 500, 4, 400)]
+    result = steady.run_one(jobs, 4, "elastic", (40.0, 200.0), Costs(), "half")
+    assert result["jobs"] == 1
+    assert result["mean_jct_s"] > 100  # "in" waits for "before"
+    # utilization over the window's 160 s only
+    assert 0 < result["utilization"] <= 1
+
+
+def test_the_summary_holds_the_ratios_and_goals() -> None:
+    def one(jct: float) -> dict:
+        return {
+            "mean_jct_s": jct,
+            "p99_jct_s": jct * 3,
+            "mean_pending_s": jct / 10,
+            "utilization": 0.9,
+            "idle_while_waiting": 0.0,
+        }
+
+    runs = [
+        {"by_policy": {"gang": one(100), "tiresias": one(60), "elastic-ladder": one(50)}}
+        for _ in range(3)
+    ]
+    summary = steady.summarize(runs, ["gang", "tiresias", "elastic-ladder"])
+    ratios = summary["ratios"]["elastic-ladder"]
+    assert ratios["jct_vs_gang"]["mean"] == 0.5
+    assert ratios["jct_vs_tiresias"]["mean"] == pytest.approx(0.8333, abs=1e-3)
+    assert summary["goals"]["jct_vs_gang_le_0.6"] and summary["goals"]["jct_vs_tiresias_le_0.85"]
+    assert not summary["goals"]["pending_vs_gang_le_0.2"]
+
+
+def test_quick_run_writes_every_configuration(tmp_path) -> None:  # noqa: ANN001
+    out = tmp_path / "steady.json"
+    assert steady.main(["--quick", "--out", str(out)]) == 0
+    import json
+
+    result = json.loads(out.read_text())
+    (config,) = result["configs"]
+    assert (config["gpus"], config["load"]) == (16, 1.0)
+    assert set(config["policies"]) == {"gang", "tiresias", "elastic", "elastic-ladder"}
+    assert {"jct_vs_gang", "jct_vs_tiresias", "pending_vs_gang", "p99_vs_gang"} == set(
+        config["ratios"]["elastic-ladder"]
+    )
+    assert len(config["runs"]) == 2 and result["costs"]["stop_s"] > 0
