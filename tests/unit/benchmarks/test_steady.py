@@ -4,7 +4,9 @@ subcommand's arrivals and window."""
 
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +24,10 @@ LONG_AND_SHORT = [Job("long", 0, 8, 8 * 2000)] + [
 ]
 
 
-def run(policy: str, min_workers: int | str = 2, costs: Costs = Costs()) -> Simulation:
+NO_STOP = Costs()
+
+
+def run(policy: str, min_workers: int | str = 2, costs: Costs = NO_STOP) -> Simulation:
     sim = Simulation(LONG_AND_SHORT, 8, policy, costs, min_workers=min_workers, ladder=LADDER)
     sim.result = sim.run()  # type: ignore[attr-defined]
     return sim
@@ -102,11 +107,9 @@ def test_the_summary_holds_the_ratios_and_goals() -> None:
     assert not summary["goals"]["pending_vs_gang_le_0.2"]
 
 
-def test_quick_run_writes_every_configuration(tmp_path) -> None:  # noqa: ANN001
+def test_quick_run_writes_every_configuration(tmp_path: Path) -> None:
     out = tmp_path / "steady.json"
     assert steady.main(["--quick", "--out", str(out)]) == 0
-    import json
-
     result = json.loads(out.read_text())
     (config,) = result["configs"]
     assert (config["gpus"], config["load"]) == (16, 1.0)
