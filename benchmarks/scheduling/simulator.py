@@ -26,6 +26,19 @@ batch), ``speed(w) = gpus × step(gpus) / step(w)`` (``benchmarks/scheduling/thr
   job's guaranteed workers take GPUs from other jobs' opportunistic workers; opportunistic
   workers fill whatever is free, oldest first.
 
+- ``elastic-ladder``: ``elastic`` with the least-attained-service ladder: a job's guaranteed
+  workers get its level's priority (the manifests' ``kfp-elastic-worker-level-*`` values), and
+  its master runs the product's ``kfp_elastic.master.ladder.decide_level`` at each reconcile
+  and when its next threshold, rate limit or starvation time falls due (attained service: the
+  GPU-seconds of its ready workers). A move re-creates the guaranteed workers of another level:
+  each is stopped as a victim is (``stop_s``), and replaced in its slot at the new priority.
+- ``tiresias`` (the baseline, Tiresias' discretized LAS): gang jobs (MIN = MAX) with the same
+  ladder and the same ``decide_level``, admitted by a central queue in level order (then
+  submission, with backfill); a waiting job that does not fit preempts whole running jobs of
+  lower levels (the lowest, the latest first) when that frees enough. A preempted job keeps
+  its progress (a checkpoint on preemption) and pays ``restart_s`` when it starts again; its
+  time waiting counts towards its starvation promotion.
+
 **Each reconcile** (after every event): the gang queue admits what fits; the master of every job
 whose workers changed runs ``kfp_elastic.master.scaling.decide`` (ask for MAX, replace what was
 preempted; ``max_wait_s`` infinite: a queued job waits); then the scheduler's ``plan``
@@ -48,6 +61,11 @@ for MIN): at world ``w`` with ``w >= MIN``, none below.
   training worker stops training that long. Work is not lost beyond that pause: a preempted
   worker is SIGTERMed and the job commits a snapshot first (``docs/benchmarks.md``: steps lost
   to a SIGTERM 0).
+
+- ``stop_s`` (default 0 here, ``STOP_S`` = 1.2 in ``steady``): a preempted or re-created
+  worker's graceful stop (experiment 2's victim stop, quiet): its GPU stays held that long.
+- ``restart_s`` = 21.5 (``tiresias``): a job preempted whole, admitted again → it trains
+  (the admission experiment's whole-job eviction restart).
 
 **Metrics** per policy: ``avg_jct_s``/``p99_jct_s`` (finish - submission), ``makespan_s`` (first
 submission to last finish), ``mean_pending_s`` (submission to the first step), ``utilization``
