@@ -76,6 +76,15 @@ def parse_options(
     return args
 
 
+def check_policies(
+    parser: argparse.ArgumentParser, policies: Sequence[str], known: Sequence[str]
+) -> None:
+    """``--policies``: at least one, each known (else the parser's error, naming them)."""
+    unknown = [p for p in policies if p not in known]
+    if unknown or not policies:
+        parser.error(f"--policies: unknown {unknown}; choose among {', '.join(known)}")
+
+
 def comma_list(text: str) -> list[str]:
     """``"a, b,,c"`` → ``["a", "b", "c"]`` (the suites' comma-separated options)."""
     return [item.strip() for item in str(text).split(",") if item.strip()]

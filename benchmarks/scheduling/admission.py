@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import (
+    check_policies,
     comma_list,
     export_checkout_to_children,
     parse_options,
@@ -86,9 +87,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         # evict: the policy with the most to check (eviction, the job run again); at 4 s
         # of training A is done before B's pods start, so elastic's preemption is not reached
         args.policies = ["evict"]
-    unknown = [p for p in args.policies if p not in POLICIES]
-    if unknown or not args.policies:
-        parser.error(f"--policies: unknown {unknown}; choose among {', '.join(POLICIES)}")
+    check_policies(parser, args.policies, POLICIES)
     if not 1 <= args.min_workers < args.slots:
         parser.error("need 1 <= --min-workers < --slots (B must fit beside A)")
     if args.solo_s <= 0 or args.global_batch <= 0 or args.interval <= 0:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import (
+    check_policies,
     comma_list,
     export_checkout_to_children,
     parse_options,
@@ -82,9 +83,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parse_options(parser, argv)
     if args.quick:
         args.solo_s, args.slots, args.workers = QUICK["solo_s"], QUICK["slots"], QUICK["workers"]
-    unknown = [p for p in args.policies if p not in POLICIES]
-    if unknown or not args.policies:
-        parser.error(f"--policies: unknown {unknown}; choose among {', '.join(POLICIES)}")
+    check_policies(parser, args.policies, POLICIES)
     if not 1 <= args.workers <= args.slots < 2 * args.workers:
         parser.error("need 1 <= --workers <= --slots < 2 * --workers (the jobs must contend)")
     if args.solo_s <= 0 or args.global_batch <= 0 or args.interval <= 0:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import (
+    check_policies,
     comma_list,
     export_checkout_to_children,
     parse_options,
@@ -113,9 +114,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
-    unknown = [p for p in args.policies if p not in POLICIES]
-    if unknown or not args.policies:
-        parser.error(f"--policies: unknown {unknown}; choose among {', '.join(POLICIES)}")
+    check_policies(parser, args.policies, POLICIES)
     if not 1 <= args.long_min < args.slots:
         parser.error("need 1 <= --long-min < --slots (the long job has opportunistic workers)")
     if not 1 <= args.short_workers <= args.slots or args.short_jobs < 1:

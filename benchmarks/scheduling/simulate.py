@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.harness import (
+    check_policies,
     comma_list,
     parse_options,
     recorded_path,
@@ -47,6 +48,7 @@ from benchmarks.scheduling.figures import load_title, plot_loads, png_next_to
 from benchmarks.scheduling.occupancy import plot_slots
 from benchmarks.scheduling.seeds import mean_runs, parse_seeds, spread
 from benchmarks.scheduling.simulator import (
+    ALL_POLICIES,
     GPUS_PER_NODE,
     JOIN_S,
     MIN_RULES,
@@ -157,7 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
         "seed, each its own sample; adds the ratios' spread over the seeds",
     )
     parser.add_argument(
-        "--policies", type=comma_list, default=list(POLICIES), help="gang, elastic or both"
+        "--policies",
+        type=comma_list,
+        default=list(POLICIES),
+        help="gang, elastic (the default: both), elastic-ladder, tiresias",
     )
     parser.add_argument(
         "--scaling",
@@ -213,9 +218,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.out = args.json
     if args.quick:
         args.gpus, args.jobs = QUICK["gpus"], QUICK["jobs"]
-    unknown = [p for p in args.policies if p not in POLICIES]
-    if unknown or not args.policies:
-        parser.error(f"--policies: unknown {unknown}; choose among {', '.join(POLICIES)}")
+    check_policies(parser, args.policies, ALL_POLICIES)
     if args.gpus_per_node < 1:
         parser.error("--gpus-per-node must be >= 1")
     if min(args.join_s, args.shrink_s, args.join_pause_s, args.start_s or 0.0) < 0:

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import comma_list, parse_options, suite_parser, write_result
+from benchmarks.harness import check_policies, comma_list, parse_options, suite_parser, write_result
 from benchmarks.scheduling.cluster_jobs import result_out
 from benchmarks.scheduling.seeds import describe, parse_seeds
 from benchmarks.scheduling.simulator import (
@@ -90,9 +90,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
-    unknown = [p for p in args.policies if p not in ALL_POLICIES]
-    if unknown or not args.policies:
-        parser.error(f"--policies: unknown {unknown}; choose among {', '.join(ALL_POLICIES)}")
+    check_policies(parser, args.policies, ALL_POLICIES)
     if min(args.load) <= 0 or min(args.gpus) < 1:
         parser.error("--load must be > 0 and --gpus >= 1")
     if args.warmup_h < 0 or args.window_h <= 0:
