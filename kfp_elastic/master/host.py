@@ -44,6 +44,7 @@ from kfp_elastic.master.own_pod import REASON as OWN_POD_REASON
 from kfp_elastic.master.own_pod import OwnPodWatch, watch_own_pod
 from kfp_elastic.master.pod_spec import WorkerPodSpec, build_pod
 from kfp_elastic.master.preflight import (
+    DeferredCheck,
     PreflightError,
     WorkerSide,
     check,
@@ -292,11 +293,14 @@ def plan(
 # -- applying it ----------------------------------------------------------------------------------
 
 
-def prestart_checks(launch: LaunchPlan, adopting: bool = False) -> None:
+def prestart_checks(launch: LaunchPlan, adopting: bool = False) -> DeferredCheck | None:
     """The checks before any worker starts (``master/preflight.py``); ``PreflightError`` (a
     ``ValueError``) lists the problems. ``adopting``: the run has workers already (a restarted
     or retried master): only the cheap checks run again, not the model definition's and the
-    dataset's load, which the running job has passed."""
+    dataset's load, which the running job has passed. Worker pods: the model definition's
+    load (seconds: it imports torch) is returned as a ``DeferredCheck`` that runs while the
+    master creates the pods (a failure fails the job and deletes them); local workers wait
+    for it (they would compete with it for this machine's CPUs)."""
     spec = launch.spec
     assert spec.etcd is not None, "the etcd of the plan must run before the checks"
     argv = spec.worker_argv()
@@ -304,17 +308,17 @@ def prestart_checks(launch: LaunchPlan, adopting: bool = False) -> None:
         env = {**launch.env, **launch.worker_env()}
         side = WorkerSide(argv, env, launch.cwd, files_here=not adopting, workdir=launch.workdir)
         check(spec, side)
-        return
+        return None
     env = {**launch.env, **spec.etcd.to_env(), **job_env(spec)}
     worker = WorkerSide(argv, env, launch.cwd, files_here=launch.files_here and not adopting)
-    # The Kubernetes client's import (≈ 1 s) and the model definition's check (a subprocess
-    # that imports torch, ≈ 2 s) are both on the way from submission to the first worker pod:
-    # import while the check's subprocess runs. The check still ends before any pod exists.
+    # The Kubernetes client's import (≈ 1 s) is on the way from submission to the first worker
+    # pod: import while the cheap checks run. The model definition's check (a subprocess that
+    # imports torch, ≈ 2 s) runs on while the pods are created.
     importing = threading.Thread(
         target=importlib.import_module, args=(K8S_LAUNCHER_MODULE,), daemon=True
     )
     importing.start()
-    check(spec, worker)
+    deferred = check(spec, worker, defer_entry=True)
     importing.join()
     if spec.launch.kubernetes.ladder_levels():
         try:
@@ -325,6 +329,7 @@ def prestart_checks(launch: LaunchPlan, adopting: bool = False) -> None:
             problem = None  # said: the job runs, its ladder unchecked
         if problem:
             raise PreflightError([problem])
+    return deferred
 
 
 def make_launcher(launch: LaunchPlan, state: MasterState | None) -> Launcher:

@@ -51,6 +51,7 @@ from kfp_elastic.master.launcher import (
 )
 from kfp_elastic.master.metrics import Metrics, TimelineStats
 from kfp_elastic.master.observer import Observer
+from kfp_elastic.master.preflight import DeferredCheck
 from kfp_elastic.master.scaling import Decision, decide, is_active
 from kfp_elastic.master.state import (
     FINISHED_STATES,
@@ -159,7 +160,7 @@ class ElasticJob:
         metrics_host: str = "0.0.0.0",
         origin: str | None = None,
         prices: Prices | None = None,
-        prepare: Callable[[MasterState], None] | None = None,
+        prepare: Callable[[MasterState], DeferredCheck | None] | None = None,
     ) -> None:
         """``spec``: a validated job (``master/host.py`` validates it once per start).
         ``origin``: who starts the job, for telling a retry from a new job under a used run
@@ -167,7 +168,9 @@ class ElasticJob:
         CLI) is never a retry. ``prices``: of the cost metrics (the host's plan resolved them);
         None: the job's, else the ConfigMap's variables. ``prepare``: called by ``run`` with the
         run's state once the run id may start, before the leadership is requested (the host's
-        checks before any worker starts); what it raises ends ``run``."""
+        checks before any worker starts); what it raises ends ``run``; a ``DeferredCheck`` it
+        returns runs on while the workers start, and its failure fails the job (the workers
+        deleted)."""
         self.prices = spec.launch.kubernetes.prices(os.environ) if prices is None else prices
         self.spec = spec
         self.client = client
@@ -200,6 +203,7 @@ class ElasticJob:
         self._forbidden: LauncherForbidden | None = None  # the event watch was refused
         self._stats = TimelineStats()  # the observer's: the master's own events go in it too
         self._ladder: LadderKeeper | None = None  # a job with a ladder, on Kubernetes
+        self._deferred: DeferredCheck | None = None  # the model definition's check, running
 
     # -- control from outside ----------------------------------------------------------------
     def request_stop(self, cancel: bool, reason: str = "SIGTERM") -> None:
@@ -227,7 +231,7 @@ class ElasticJob:
                 log.error("run id in use: %s", refusal)
                 return JobResult("refused", refusal)
             if self.prepare is not None:
-                self.prepare(self.state)
+                self._deferred = self.prepare(self.state)
             if not self.state.acquire(stop=self._stop, on_lost=self._wake.set):
                 return JobResult("stepped_down", "stopped while waiting for the leadership")
             return self._run_as_leader()
@@ -365,6 +369,13 @@ class ElasticJob:
             try:
                 if self._forbidden is not None:
                     raise self._forbidden
+                if self._deferred is not None:
+                    failure = self._deferred.failure()
+                    if failure:
+                        return self._finish("failed", failure, observer)
+                    if self._deferred.done:
+                        log.info("model definition checked run=%s", spec.run_id)
+                        self._deferred = None
                 observer.observe()
                 now = time.monotonic()
                 done = observer.complete or any(

@@ -28,6 +28,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,9 +242,12 @@ def entry_problems(spec: JobSpec, side: WorkerSide) -> list[str]:
     return []
 
 
-def check(spec: JobSpec, side: WorkerSide) -> None:
+def check(spec: JobSpec, side: WorkerSide, defer_entry: bool = False) -> DeferredCheck | None:
     """Raise ``PreflightError`` listing the problems found; quiet when there is none. The
-    model definition (seconds: it imports torch) is loaded only when the rest is right."""
+    model definition (seconds: it imports torch) is loaded only when the rest is right; with
+    ``defer_entry`` it is loaded on a thread of its own and returned as a
+    :class:`DeferredCheck` (the master creates worker pods meanwhile and fails the job, deleting
+    them, if it fails)."""
     problems = flag_problems(side.argv, side.env)
     if side.files_here:
         for name, path in locations(side).items():
@@ -251,9 +255,45 @@ def check(spec: JobSpec, side: WorkerSide) -> None:
             if problem:
                 problems.append(f"{name} {problem}")
         if not problems:
+            if defer_entry:
+                return DeferredCheck(lambda: entry_problems(spec, side))
             problems = entry_problems(spec, side)
     if problems:
         raise PreflightError(problems)
+    return None
+
+
+class DeferredCheck:
+    """A check that runs on a thread while the job starts (the model definition's load):
+    :meth:`failure` is None while it runs and when it passed, else the message the job fails
+    with."""
+
+    def __init__(self, run: Callable[[], list[str]]) -> None:
+        self._problems: list[str] | None = None
+        self._done = threading.Event()
+
+        def target() -> None:
+            try:
+                self._problems = run()
+            except Exception as error:  # noqa: BLE001 - the check itself broke: say so
+                self._problems = [f"the model definition's check broke: {error!r}"]
+            finally:
+                self._done.set()
+
+        self._thread = threading.Thread(target=target, daemon=True, name="model-def-check")
+        self._thread.start()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        return self._done.wait(timeout_s)
+
+    def failure(self) -> str | None:
+        if not self._done.is_set() or not self._problems:
+            return None
+        return str(PreflightError(self._problems))
 
 
 def ladder_classes_problem(

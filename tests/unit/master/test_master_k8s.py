@@ -311,16 +311,15 @@ def test_pod_changes_while_watches_expire_and_history_compacts_are_all_seen(
 LADDER = "kfp-elastic-worker-level-0,kfp-elastic-worker-level-1,kfp-elastic-worker-level-2"
 
 
-def ladder_job(run_id: str, etcd: EmbeddedEtcd) -> tuple[Any, JobSpec, ElasticJob]:
-    """Min 2, max 3, on the manifests' three-level ladder compressed in time: a pod without a
-    GPU counts as one, so three Running pods pass 0.36 GPU-seconds within a second."""
+def k8s_job(
+    run_id: str, etcd: EmbeddedEtcd, *master: str, model: str = "m.py", snap: str = "/mnt/snap"
+) -> tuple[Any, JobSpec, ElasticJob]:
+    """Min 2, max 3 worker pods; ``master``: more of the master's flags."""
     own, entry = split_entry(
         ["--run-id", run_id, "--etcd", etcd.endpoint, "--min-workers", "2"]
         + ["--max-workers", "3", "--launcher", "kubernetes", "--namespace", NS]
         + ["--image", "kfp-elastic-worker:0.1.0", "--leader-ttl", "2", "--finish-grace", "5"]
-        + ["--ladder-priority-classes", LADDER, "--ladder-thresholds", "0.0001,0.002"]
-        + ["--ladder-min-move-interval", "1", "--ladder-starvation", "30"]
-        + ["--", "--model-def", "m.py", "--snapshot-dir", "/mnt/snap"]
+        + [*master, "--", "--model-def", model, "--snapshot-dir", snap]
     )
     args = build_parser().parse_args(own)
     settings = etcd_settings.from_args(args, env={})
@@ -329,6 +328,17 @@ def ladder_job(run_id: str, etcd: EmbeddedEtcd) -> tuple[Any, JobSpec, ElasticJo
         connect(settings),
         spec,
         ElasticJob(spec, connect(settings), partial(make_launcher, plan(spec))),
+    )
+
+
+def ladder_job(run_id: str, etcd: EmbeddedEtcd) -> tuple[Any, JobSpec, ElasticJob]:
+    """On the manifests' three-level ladder compressed in time: a pod without a GPU counts as
+    one, so three Running pods pass 0.36 GPU-seconds within a second."""
+    return k8s_job(
+        run_id,
+        etcd,
+        *("--ladder-priority-classes", LADDER, "--ladder-thresholds", "0.0001,0.002"),
+        *("--ladder-min-move-interval", "1", "--ladder-starvation", "30"),
     )
 
 
@@ -411,3 +421,45 @@ def test_a_ladder_the_cluster_cannot_honour_is_refused_before_any_worker(
     with pytest.raises(PreflightError, match="level 1"):
         prestart_checks(plan(spec))
     assert pods(k8s) == {}
+
+
+def test_worker_pods_are_created_while_the_model_definition_is_checked_and_deleted_if_it_fails(
+    k8s: FakeKubernetes, etcd: EmbeddedEtcd, run_id: str, tmp_path: Path
+) -> None:
+    """The check loads the model definition (seconds: torch) while the master creates the
+    pods; its failure fails the job with its message and deletes them."""
+    gate = tmp_path / "gate"
+    model = tmp_path / "broken_model.py"
+    model.write_text(
+        "import pathlib, time\n"
+        f"while not pathlib.Path({str(gate)!r}).exists():\n"
+        "    time.sleep(0.05)\n"
+        "raise RuntimeError('broken on purpose')\n"
+    )
+    _, spec, _ = k8s_job(run_id, etcd, model=str(model), snap=str(tmp_path / "snap"))
+    launch = plan(spec, files_here=True)
+    client = connect(spec.etcd)
+    job = ElasticJob(
+        spec,
+        client,
+        partial(make_launcher, launch),
+        prepare=lambda state: prestart_checks(launch, adopting=bool(state.workers())),
+    )
+    results: list[JobResult] = []
+    thread = threading.Thread(target=lambda: results.append(job.run()))
+    thread.start()
+    try:
+        # the pods exist while the check still waits at the gate
+        wait_for(lambda: len(pods(k8s)) == 3, 30, 0.05, "pods created during the check")
+        assert not results
+        gate.write_text("")
+        thread.join(60)
+        assert results and results[0].state == "failed", results
+        assert "broken on purpose" in results[0].message
+        assert "model_def" in results[0].message
+        wait_for(lambda: not pods(k8s), 30, 0.05, "the pods deleted")
+    finally:
+        gate.write_text("")
+        job.request_stop(cancel=True)
+        thread.join(30)
+        client.close()
