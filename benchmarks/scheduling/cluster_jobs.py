@@ -591,7 +591,9 @@ def result_out(args: Any, name: str) -> None:
         from benchmarks.harness import RESULTS, git_commit
 
         date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-        args.out = RESULTS / "scheduling" / f"{name}-{date}-{git_commit()[0]}.json"
+        # the code that ran: the checkout when the run started (a commit may come meanwhile)
+        commit = getattr(args, "_checkout_at_start", None) or git_commit()
+        args.out = RESULTS / "scheduling" / f"{name}-{date}-{commit[0]}.json"
 
 
 def plot_policies(

@@ -30,6 +30,7 @@ that no two share one), so ``etcdctl get --prefix {run}/<part>/`` shows exactly 
 | master/status                  | ``{"state", "message", "t"}``                  | -        |
 | master/workers/{name}          | ``{"index", "attempt", "ended", ...}``         | -        |
 | master/observed                | ``{"round_revision", "commit_revision", ...}`` | -        |
+| master/ladder                  | ``{"level", "last_move_at", ...}`` (a ladder)  | -        |
 | master/event_seq               | last event sequence number (text)              | -        |
 | *master/timeline.py*           |                                                |          |
 | events/{seq:010d}              | ``{"t", "kind", ...}``: one typed event        | -        |
