@@ -17,6 +17,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from kfp_elastic.testing.api_discovery import discovery
+from kfp_elastic.testing.api_tables import pod_table, wants_table
+
 # resource (the URL's plural) -> (kind, apiVersion) of the kinds other than Pod. StatefulSets
 # are stored only (no controller runs them): a PodDisruptionBudget reads their replicas.
 OBJECT_KINDS = {
@@ -286,6 +289,11 @@ class Handler(BaseHTTPRequestHandler):
             # Authentication, then RBAC, then the handler, as the API server's filters run.
             user = fake.authenticate(self.headers.get("Authorization", ""))
             if call is None:
+                found = (
+                    discovery(url.path, OBJECT_KINDS, CLUSTER_SCOPED) if method == "GET" else None
+                )
+                if found is not None:  # kubectl's first requests
+                    return self._send(200, found)
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             fake.authorize(user, call)
             kind = OBJECT_KINDS.get(call.resource, ("", ""))
@@ -307,13 +315,21 @@ class Handler(BaseHTTPRequestHandler):
                 except OSError:  # the client went away mid-stream
                     self.close_connection = True
                     return
+            table = wants_table(self.headers.get("Accept", ""))
             if method == "GET" and name is None:
-                return self._send(200, fake.list(ns, query.get("labelSelector", ""), by_name))
+                listed = fake.list(ns, query.get("labelSelector", ""), by_name)
+                if table:
+                    rv = listed["metadata"].get("resourceVersion", "")
+                    return self._send(200, pod_table(listed["items"], rv))
+                return self._send(200, listed)
             if method == "POST" and name is None:
                 dry = query.get("dryRun") == "All"
                 return self._send(200 if dry else 201, fake.create(ns, body or {}, dry))
             if method == "GET" and name and not sub:
-                return self._send(200, fake.pod(name, ns))
+                pod = fake.pod(name, ns)
+                if table:
+                    return self._send(200, pod_table([pod], pod["metadata"]["resourceVersion"]))
+                return self._send(200, pod)
             if method == "DELETE" and name and not sub:
                 opts = body or {}
                 grace = query.get("gracePeriodSeconds", opts.get("gracePeriodSeconds"))

@@ -83,6 +83,8 @@ class TestCluster:
             token=admin_token,
             cluster_id=self.id,
         )
+        self.kubeconfig = self.root / "kubeconfig"
+        self.write_kubeconfig(self.kubeconfig)
         for obj in MASTER_RBAC if rbac is None else rbac:
             self.apply(obj)
         self.kubelets: dict[str, Kubelet] = {}  # the nodes that run
@@ -112,6 +114,36 @@ class TestCluster:
         configuration.ssl_ca_cert = str(self.ca_file)
         configuration.api_key = {"authorization": f"Bearer {self.access.token}"}
         return client.ApiClient(configuration)
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig for ``kubectl`` (or any client) as the cluster's admin: its URL, its CA,
+        the admin token, the namespace; the cluster writes one to ``<root>/kubeconfig``
+        (``KUBECONFIG=<root>/kubeconfig kubectl get pods``)."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "test-cluster",
+                    "cluster": {"server": self.api.url, "certificate-authority": str(self.ca_file)},
+                }
+            ],
+            "users": [{"name": "admin", "user": {"token": self.access.token}}],
+            "contexts": [
+                {
+                    "name": "test-cluster",
+                    "context": {
+                        "cluster": "test-cluster",
+                        "user": "admin",
+                        "namespace": self.namespace,
+                    },
+                }
+            ],
+            "current-context": "test-cluster",
+        }
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        path.chmod(0o600)
+        return path
 
     def apply(self, obj: dict[str, Any], ns: str | None = None) -> None:
         """Create or replace one object of the kinds the API server stores besides pods
