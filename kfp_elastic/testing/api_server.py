@@ -9,7 +9,11 @@ field selector ``metadata.name=NAME`` (no other field selector); graceful deleti
 pods (deletionTimestamp, then the kubelet's terminal status, then DELETED); and watches that
 stream JSON lines from any retained resourceVersion (history bounded by count and, optionally,
 age), or one ERROR event with a 410 Status when asked for compacted history; they end at
-``timeoutSeconds`` or the server's own limit and get BOOKMARKs when they ask.
+``timeoutSeconds`` or the server's own limit and get BOOKMARKs when they ask. A watch-list
+request (``sendInitialEvents=true``, what kubectl's waits send) gets the current objects as
+ADDED, then the BOOKMARK annotated ``k8s.io/initial-events-end``. ``pods/log`` serves what the
+test cluster's kubelets captured (``tailLines``, ``follow``); discovery and the pods' Table
+(``kubectl get``) come from ``api_discovery`` and ``api_tables``.
 
 Requests are authenticated (service-account tokens it issued; none or an admin token is the
 harness) and authorized by RBAC from the stored Roles and bindings (403 Forbidden); the eviction
@@ -155,6 +159,9 @@ class FakeKubernetes:
         # Mutating admission webhooks: each is called with (namespace, pod) on every pod create,
         # before validation, and may change the pod in place (the Kueue stand-in gates pods).
         self.pod_mutators: list[Callable[[str, dict[str, Any]], None]] = []
+        # pods/log: (namespace, pod, container) -> what it wrote, None before it started (the
+        # test cluster reads its kubelets' files)
+        self.pod_logs: Callable[[str, str, str], str | None] | None = None
         self.kubelet = kubelet  # False: deleted scheduled pods stay Terminating until finished
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         # The same requests as RBAC sees them (verb, group, resource, subresource): what a Role
@@ -890,9 +897,14 @@ class FakeKubernetes:
                 self._cond.wait()
             if self._stopping:
                 raise ApiError(503, "ServiceUnavailable", "apiserver is shutting down")
-            if rv in ("", "0"):  # "start at most recent": synthetic ADDED for current state
+            initial = query.get("sendInitialEvents", "").lower() in ("true", "1")
+            if rv in ("", "0") or initial:  # synthetic ADDED for the current state
                 cursor = self._rv
                 backlog = [("ADDED", copy.deepcopy(p)) for p in self._pods.values() if visible(p)]
+                if initial and bookmarks:  # a watch-list client: its initial list ends here
+                    end_of_list = _bookmark(cursor)
+                    end_of_list["metadata"]["annotations"] = {"k8s.io/initial-events-end": "true"}
+                    backlog.append(("BOOKMARK", end_of_list))
             elif not rv.isdigit():
                 raise ApiError(400, "BadRequest", f"invalid resourceVersion {rv!r}")
             else:

@@ -11,6 +11,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -264,7 +265,10 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def write_chunk(self, event: dict[str, Any]) -> None:
-        data = json.dumps(event).encode() + b"\n"
+        self.write_bytes(json.dumps(event).encode() + b"\n")
+
+    def write_bytes(self, data: bytes) -> None:
+        """One chunk of a chunked response."""
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
@@ -339,6 +343,8 @@ class Handler(BaseHTTPRequestHandler):
                         ns, name, None if grace is None else int(grace), opts.get("preconditions")
                     ),
                 )
+            if method == "GET" and name and sub == "log":
+                return self._send_log(ns, name, query)
             if method == "POST" and name and sub == "eviction":
                 return self._send(201, fake.create_eviction(ns, name, body))
             if method == "PATCH" and name and sub in ("", "status"):
@@ -349,6 +355,68 @@ class Handler(BaseHTTPRequestHandler):
             self._send(exc.status["code"], exc.status)
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             self._send(400, ApiError(400, "BadRequest", f"bad request: {exc}").status)
+
+    def _send_log(self, ns: str, name: str, query: dict[str, str]) -> None:
+        """``pods/log`` (``kubectl logs``): a container's output as text; ``tailLines``; with
+        ``follow=true`` streamed until the pod has ended or is gone."""
+        fake = self.server.fake
+        pod = fake.pod(name, ns)  # 404 for an unknown pod
+        containers = [c["name"] for c in pod["spec"].get("containers") or ()]
+        container = query.get("container") or (containers[0] if len(containers) == 1 else "")
+        if container not in containers:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"a container name must be specified for pod {name}, choose one of: {containers}"
+                if not container
+                else f"container {container} is not valid for pod {name}",
+            )
+
+        def read() -> str | None:
+            return None if fake.pod_logs is None else fake.pod_logs(ns, name, container)
+
+        text = read()
+        if text is None:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating',
+            )
+        if query.get("tailLines"):
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[-int(query["tailLines"]) :]) if int(query["tailLines"]) else ""
+        if query.get("follow", "").lower() not in ("true", "1"):
+            data = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        sent = len(read() or "")
+        try:
+            if text:
+                self.write_bytes(text.encode())
+            while True:
+                try:
+                    phase = fake.pod(name, ns)["status"].get("phase")
+                except ApiError:
+                    phase = "gone"
+                now = read() or ""
+                if len(now) > sent:
+                    self.write_bytes(now[sent:].encode())
+                    sent = len(now)
+                if phase in ("Succeeded", "Failed", "gone"):
+                    break
+                time.sleep(0.2)
+        except OSError:
+            self.close_connection = True
+            return
+        self.end_stream()
 
     def _dispatch_object(
         self, method: str, call: ApiCall, query: dict[str, str], raw: bytes

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import pytest
 
 from kfp_elastic.testing.cluster import TestCluster
-from tests.helpers import kubectl
+from tests.helpers import kubectl, wait_for
 
 
 def run_kubectl(cluster: TestCluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -76,3 +77,60 @@ def test_kubectl_get_nodes_and_priorityclasses(cluster: TestCluster) -> None:
     assert nodes.returncode == 0 and "node-1" in nodes.stdout
     classes = run_kubectl(cluster, "get", "priorityclasses", "-o", "name")
     assert "priorityclass.scheduling.k8s.io/kfp-elastic-worker-level-0" in classes.stdout
+
+
+def python_pod(name: str, code: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "python",
+                    "command": [sys.executable, "-u", "-c", code],
+                    "resources": {"requests": {"cpu": "100m"}},
+                }
+            ],
+        },
+    }
+
+
+def test_kubectl_logs_of_a_pod_and_follow_until_it_ends(cluster: TestCluster) -> None:
+    code = "import time\nfor i in range(6):\n    print('line', i)\n    time.sleep(0.3)\n"
+    cluster.api.create(cluster.namespace, python_pod("talker", code))
+    # -f follows from the start of the output to the pod's end
+    wait_for(lambda: run_kubectl(cluster, "logs", "talker").returncode == 0, 30, 0.2, "started")
+    followed = run_kubectl(cluster, "logs", "-f", "talker")
+    assert followed.returncode == 0, followed.stderr
+    assert followed.stdout.splitlines() == [f"line {i}" for i in range(6)]
+    tail = run_kubectl(cluster, "logs", "talker", "--tail", "2")
+    assert tail.stdout.splitlines() == ["line 4", "line 5"]
+    wrong = run_kubectl(cluster, "logs", "talker", "-c", "other")
+    assert wrong.returncode == 1 and "container other is not valid for pod talker" in wrong.stderr
+
+
+def test_kubectl_delete_pod_graceful_and_forced(cluster: TestCluster) -> None:
+    sleeper = "import time\nwhile True:\n    time.sleep(0.1)\n"
+    for name in ("slow-0", "slow-1"):
+        cluster.api.create(cluster.namespace, python_pod(name, sleeper))
+    wait_for(
+        lambda: all(
+            cluster.api.pod(n)["status"].get("phase") == "Running" for n in ("slow-0", "slow-1")
+        ),
+        30,
+        0.1,
+        "running",
+    )
+    graceful = run_kubectl(cluster, "delete", "pod", "slow-0")
+    assert graceful.returncode == 0 and 'pod "slow-0" deleted' in graceful.stdout
+    forced = run_kubectl(cluster, "delete", "pod", "slow-1", "--grace-period=0", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert 'pod "slow-1" force deleted' in forced.stdout
+    assert "Immediate deletion does not wait" in forced.stderr
+    wait_for(lambda: not cluster.api.list(cluster.namespace)["items"], 30, 0.1, "pods gone")
+    missing = run_kubectl(cluster, "delete", "pod", "slow-0")
+    assert missing.returncode == 1 and "NotFound" in missing.stderr

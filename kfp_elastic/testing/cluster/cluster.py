@@ -83,6 +83,7 @@ class TestCluster:
             token=admin_token,
             cluster_id=self.id,
         )
+        self.api.pod_logs = self._container_log
         self.kubeconfig = self.root / "kubeconfig"
         self.write_kubeconfig(self.kubeconfig)
         for obj in MASTER_RBAC if rbac is None else rbac:
@@ -239,6 +240,14 @@ class TestCluster:
             if path is not None:
                 return path.read_text()
         return ""
+
+    def _container_log(self, ns: str, name: str, container: str) -> str | None:
+        """``pods/log`` for the API server: None where no node has started the container."""
+        for kubelet in [*self.kubelets.values(), *self.lost.values()]:
+            path = kubelet.log_path(ns, name, container)
+            if path is not None:
+                return path.read_text(errors="replace")
+        return None
 
     def claim_path(self, claim: str, ns: str | None = None) -> Path:
         """The host directory that stands for PersistentVolumeClaim ``claim`` (kubelet.py)."""
