@@ -5,15 +5,16 @@ on: a monotonic resourceVersion on every object, list and event; create/get/list
 with the real Status errors (404 NotFound, 409 AlreadyExists/Conflict, 422 Invalid, 403 from
 the Priority and ServiceAccount admission plugins); pod specs checked with
 ``kubernetes-validate --strict`` (422 with the validator's message); label selectors and the
-field selector ``metadata.name=NAME`` (no other field selector); graceful deletion of scheduled
-pods (deletionTimestamp, then the kubelet's terminal status, then DELETED); and watches that
-stream JSON lines from any retained resourceVersion (history bounded by count and, optionally,
-age), or one ERROR event with a 410 Status when asked for compacted history; they end at
-``timeoutSeconds`` or the server's own limit and get BOOKMARKs when they ask. A watch-list
-request (``sendInitialEvents=true``, what kubectl's waits send) gets the current objects as
-ADDED, then the BOOKMARK annotated ``k8s.io/initial-events-end``. ``pods/log`` serves what the
-test cluster's kubelets captured (``tailLines``, ``follow``); discovery and the pods' Table
-(``kubectl get``) come from ``api_discovery`` and ``api_tables``.
+field selectors on the pod fields kube-apiserver allows (``api_wire.POD_FIELDS``; another field
+is a 400 ``field label not supported``), pods of every namespace (``/api/v1/pods``); graceful
+deletion of scheduled pods (deletionTimestamp, then the kubelet's terminal status, then
+DELETED); and watches that stream JSON lines from any retained resourceVersion (history bounded
+by count and, optionally, age), or one ERROR event with a 410 Status when asked for compacted
+history; they end at ``timeoutSeconds`` or the server's own limit and get BOOKMARKs when they
+ask. A watch-list request (``sendInitialEvents=true``, what kubectl's waits send) gets the
+current objects as ADDED, then the BOOKMARK annotated ``k8s.io/initial-events-end``.
+``pods/log`` serves what the test cluster's kubelets captured (``tailLines``, ``follow``);
+discovery and the pods' Table (``kubectl get``) come from ``api_discovery`` and ``api_tables``.
 
 Requests are authenticated (service-account tokens it issued; none or an admin token is the
 harness) and authorized by RBAC from the stored Roles and bindings (403 Forbidden); the eviction
@@ -60,8 +61,10 @@ from kfp_elastic.testing.api_wire import (
     OBJECT_KINDS,
     ApiCall,
     ApiError,
+    FieldSelector,
     Handler,
     Server,
+    fields_match,
     labels_match,
     merge_patch,
     now_timestamp,
@@ -632,16 +635,24 @@ class FakeKubernetes:
                 new["metadata"][key] = old["metadata"][key]
             return self._record(ns, "MODIFIED", old, new)
 
-    def list(self, ns: str, labels: str = "", name: str | None = None) -> dict[str, Any]:
-        """Pods of ``ns`` matching the label selector ``labels`` (and called ``name``)."""
+    def list(
+        self,
+        ns: str,
+        labels: str = "",
+        name: str | None = None,
+        fields: FieldSelector | None = None,
+    ) -> dict[str, Any]:
+        """Pods of ``ns`` matching the label selector ``labels`` and the field selector
+        ``fields`` (and called ``name``); ``ns`` "" is every namespace."""
         selector = parse_label_selector(labels)
         with self._cond:
             items = [
                 copy.deepcopy(p)
                 for (n, pod_name), p in sorted(self._pods.items())
-                if n == ns
+                if ns in ("", n)
                 and name in (None, pod_name)
                 and labels_match(selector, p["metadata"].get("labels") or {})
+                and fields_match(fields or [], p)
             ]
             rv = str(self._rv)
         for item in items:  # items of a typed list carry no kind/apiVersion
@@ -876,7 +887,7 @@ class FakeKubernetes:
 
     def watch(self, handler: Handler, ns: str, query: dict[str, str]) -> None:
         selector = parse_label_selector(query.get("labelSelector", ""))
-        by_name = parse_field_selector(query.get("fieldSelector", ""))
+        fields = parse_field_selector(query.get("fieldSelector", ""))
         rv = query.get("resourceVersion", "")
         now = time.monotonic()
         end = now + min(float(query.get("timeoutSeconds") or "inf"), self.watch_timeout_s)
@@ -887,8 +898,8 @@ class FakeKubernetes:
         def visible(pod: dict | None) -> bool:
             return (
                 pod is not None
-                and pod["metadata"]["namespace"] == ns
-                and by_name in (None, pod["metadata"]["name"])
+                and ns in ("", pod["metadata"]["namespace"])
+                and fields_match(fields, pod)
                 and labels_match(selector, pod["metadata"].get("labels") or {})
             )
 

@@ -137,17 +137,42 @@ def parse_label_selector(text: str) -> list[tuple[str, str, set[str]]]:
     return out
 
 
-def parse_field_selector(text: str) -> str | None:
-    """The pod name of a ``metadata.name=NAME`` field selector (None: no selector); other
-    field selectors are refused, as this fake does not implement them."""
-    if not text:
-        return None
-    m = re.fullmatch(r"metadata\.name==?([a-z0-9.-]+)", text)
-    if not m:
-        raise ApiError(
-            400, "BadRequest", f"fieldSelector {text!r}: only metadata.name=NAME is implemented"
-        )
-    return m[1]
+# The pod fields a field selector may name, as kube-apiserver's pod registry allows them (a
+# subset: those the stand-in keeps), each with where it lives in the pod.
+POD_FIELDS = {
+    "metadata.name": ("metadata", "name"),
+    "metadata.namespace": ("metadata", "namespace"),
+    "spec.nodeName": ("spec", "nodeName"),
+    "spec.restartPolicy": ("spec", "restartPolicy"),
+    "spec.schedulerName": ("spec", "schedulerName"),
+    "spec.serviceAccountName": ("spec", "serviceAccountName"),
+    "status.phase": ("status", "phase"),
+    "status.podIP": ("status", "podIP"),
+    "status.nominatedNodeName": ("status", "nominatedNodeName"),
+}
+FieldSelector = list[tuple[str, bool, str]]  # (field, equal, value): all must hold
+
+
+def parse_field_selector(text: str) -> FieldSelector:
+    """A pod field selector's requirements (``a=b``, ``a==b``, ``a!=b``, comma-separated);
+    a field not in :data:`POD_FIELDS` is refused as kube-apiserver refuses it (400)."""
+    out: FieldSelector = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        m = re.fullmatch(r"([A-Za-z.]+)\s*(!=|==|=)\s*(.*)", part)
+        if not m:
+            raise ApiError(400, "BadRequest", f'invalid selector: "{part}"')
+        if m[1] not in POD_FIELDS:
+            raise ApiError(400, "BadRequest", f'field label not supported: "{m[1]}"')
+        out.append((m[1], m[2] != "!=", m[3]))
+    return out
+
+
+def fields_match(selector: FieldSelector, pod: dict[str, Any]) -> bool:
+    for name, equal, value in selector:
+        part, key = POD_FIELDS[name]
+        if (((pod.get(part) or {}).get(key) or "") == value) != equal:
+            return False
+    return True
 
 
 def labels_match(selector: list[tuple[str, str, set[str]]], labels: dict[str, str]) -> bool:
@@ -241,6 +266,28 @@ class Server(ThreadingHTTPServer):
                     pass
 
 
+class _TableEvents:
+    """A watch's events with each pod as a one-row Table (``kubectl get -w``): the columns in
+    the first event only, as kube-apiserver sends them."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.first = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handler, name)
+
+    def write_chunk(self, event: dict[str, Any]) -> None:
+        obj = event.get("object") or {}
+        if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+            table = pod_table([obj], obj.get("metadata", {}).get("resourceVersion", ""))
+            if not self.first:
+                table["columnDefinitions"] = []
+            self.first = False
+            event = {**event, "object": table}
+        self.handler.write_chunk(event)
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body go out as separate small writes
@@ -308,20 +355,21 @@ class Handler(BaseHTTPRequestHandler):
                 and not call.subresource
             ):
                 return self._dispatch_object(method, call, query, raw)
-            if call.group or call.resource != "pods" or not call.namespace:
+            every_namespace = not call.namespace and method == "GET" and not call.name
+            if call.group or call.resource != "pods" or not (call.namespace or every_namespace):
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             ns, name, sub = call.namespace, call.name or None, call.subresource
-            by_name = parse_field_selector(query.get("fieldSelector", ""))
+            fields = parse_field_selector(query.get("fieldSelector", ""))
             body = json.loads(raw) if raw else None
+            table = wants_table(self.headers.get("Accept", ""))
             if method == "GET" and name is None and query.get("watch", "").lower() in ("true", "1"):
                 try:
-                    return fake.watch(self, ns, query)
+                    return fake.watch(_TableEvents(self) if table else self, ns, query)
                 except OSError:  # the client went away mid-stream
                     self.close_connection = True
                     return
-            table = wants_table(self.headers.get("Accept", ""))
             if method == "GET" and name is None:
-                listed = fake.list(ns, query.get("labelSelector", ""), by_name)
+                listed = fake.list(ns, query.get("labelSelector", ""), fields=fields)
                 if table:
                     rv = listed["metadata"].get("resourceVersion", "")
                     return self._send(200, pod_table(listed["items"], rv))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -134,3 +135,48 @@ def test_kubectl_delete_pod_graceful_and_forced(cluster: TestCluster) -> None:
     wait_for(lambda: not cluster.api.list(cluster.namespace)["items"], 30, 0.1, "pods gone")
     missing = run_kubectl(cluster, "delete", "pod", "slow-0")
     assert missing.returncode == 1 and "NotFound" in missing.stderr
+
+
+def test_kubectl_get_watch_prints_rows_as_pods_change(cluster: TestCluster) -> None:
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    watcher = subprocess.Popen(
+        [kubectl(), "get", "pods", "-w"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(1.0)  # kubectl lists, then watches
+        cluster.api.create(cluster.namespace, python_pod("quick", "print('done')"))
+        wait_for(
+            lambda: cluster.api.pod("quick")["status"].get("phase") == "Succeeded",
+            30,
+            0.1,
+            "the pod ran",
+        )
+        time.sleep(1.0)
+    finally:
+        watcher.terminate()
+        out, err = watcher.communicate(timeout=10)
+    lines = out.splitlines()
+    assert lines[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"], (out, err)
+    statuses = [line.split()[2] for line in lines[1:] if line.startswith("quick")]
+    assert statuses[0] == "Pending" and statuses[-1] in ("Completed", "Succeeded"), out
+    assert sum(line.startswith("NAME") for line in lines) == 1  # one header
+
+
+def test_kubectl_field_selectors_and_describe_node(cluster: TestCluster) -> None:
+    cluster.api.create(cluster.namespace, pending_pod("waiting"))
+    pending = run_kubectl(cluster, "get", "pods", "--field-selector", "status.phase=Pending")
+    assert "waiting" in pending.stdout
+    running = run_kubectl(cluster, "get", "pods", "--field-selector=status.phase=Running")
+    assert "No resources found" in running.stderr
+    everywhere = run_kubectl(cluster, "get", "pods", "-A", "--field-selector=spec.nodeName=")
+    assert "waiting" in everywhere.stdout  # not scheduled: no node name
+    refused = run_kubectl(cluster, "get", "pods", "--field-selector", "spec.priority=1")
+    assert refused.returncode == 1
+    assert 'field label not supported: "spec.priority"' in refused.stderr
+    node = run_kubectl(cluster, "describe", "node", "node-1")
+    assert node.returncode == 0, node.stderr
+    assert "Name:               node-1" in node.stdout

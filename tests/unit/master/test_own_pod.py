@@ -116,7 +116,7 @@ def test_a_watch_started_on_a_pod_already_terminating_fires_at_once(
         watch.stop()
 
 
-def test_the_fake_serves_the_name_field_selector_and_refuses_others(
+def test_the_fake_serves_pod_field_selectors_and_refuses_unknown_fields(
     k8s: tuple[FakeKubernetes, client.Configuration],
 ) -> None:
     fake, configuration = k8s
@@ -126,6 +126,12 @@ def test_the_fake_serves_the_name_field_selector_and_refuses_others(
         core = client.CoreV1Api(api)
         listed = core.list_namespaced_pod(NS, field_selector="metadata.name=master").items
         assert [p.metadata.name for p in listed] == ["master"]
+        fake.set_phase("worker-0", "Running")
+        running = core.list_namespaced_pod(NS, field_selector="status.phase=Running").items
+        assert [p.metadata.name for p in running] == ["worker-0"]
+        others = core.list_namespaced_pod(NS, field_selector="metadata.name!=master").items
+        assert [p.metadata.name for p in others] == ["worker-0"]
         with pytest.raises(client.ApiException) as refused:
-            core.list_namespaced_pod(NS, field_selector="status.phase=Running")
-        assert refused.value.status == 400 and "metadata.name=NAME" in str(refused.value.body)
+            core.list_namespaced_pod(NS, field_selector="spec.priority=3")
+        assert refused.value.status == 400
+        assert 'field label not supported: \\"spec.priority\\"' in str(refused.value.body)
