@@ -324,6 +324,25 @@ class FakeKubernetes:
             self._cond.notify_all()
             return copy.deepcopy(new)
 
+    def patch_object(
+        self, resource: str, ns: str, name: str, body: Any, content_type: str
+    ) -> dict[str, Any]:
+        """PATCH of a stored object (``kubectl cordon`` patches a node): a merge or strategic
+        merge patch, applied as a replacement; JSON patch and server-side apply answer 415."""
+        if "merge-patch" not in content_type or not isinstance(body, dict):
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format "
+                f"- accepted media types include: application/merge-patch+json, "
+                f"application/strategic-merge-patch+json (got {content_type!r})",
+            )
+        with self._cond:
+            old = self.get_object(resource, ns, name)
+            new = merge_patch(old, body, strategic="strategic" in content_type)
+            new["metadata"]["name"] = name
+            return self.replace_object(resource, ns, new)
+
     def delete_object(self, resource: str, ns: str, name: str) -> dict[str, Any]:
         with self._cond:
             if (resource, ns, name) not in self._objects:

@@ -479,6 +479,10 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, fake.get_object(resource, ns, name))
         if method == "PUT" and name:
             return self._send(200, fake.replace_object(resource, ns, json.loads(raw or b"{}")))
+        if method == "PATCH" and name:
+            ctype = self.headers.get("Content-Type", "")
+            body = json.loads(raw or b"{}")
+            return self._send(200, fake.patch_object(resource, ns, name, body, ctype))
         if method == "DELETE" and name:
             return self._send(200, fake.delete_object(resource, ns, name))
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {resource}")

@@ -180,3 +180,32 @@ def test_kubectl_field_selectors_and_describe_node(cluster: TestCluster) -> None
     node = run_kubectl(cluster, "describe", "node", "node-1")
     assert node.returncode == 0, node.stderr
     assert "Name:               node-1" in node.stdout
+
+
+def test_kubectl_cordon_and_drain_evict_through_the_eviction_api(cluster: TestCluster) -> None:
+    cluster.add_node("node-2", cpu="2", memory="4Gi")
+    sleeper = "import time\nwhile True:\n    time.sleep(0.1)\n"
+    cordoned = run_kubectl(cluster, "cordon", "node-2")  # the pods go to node-1
+    assert cordoned.returncode == 0 and "node/node-2 cordoned" in cordoned.stdout
+    for name in ("bare-0", "bare-1"):
+        cluster.api.create(cluster.namespace, python_pod(name, sleeper))
+    wait_for(
+        lambda: all(
+            cluster.api.pod(n)["spec"].get("nodeName") == "node-1" for n in ("bare-0", "bare-1")
+        ),
+        30,
+        0.1,
+        "bound to node-1",
+    )
+    assert run_kubectl(cluster, "uncordon", "node-2").returncode == 0
+    # kubectl's own rule: bare pods (no controller) need --force
+    refused = run_kubectl(cluster, "drain", "node-1", "--timeout=20s")
+    assert refused.returncode == 1
+    assert "cannot delete Pods that declare no controller" in refused.stderr
+    drained = run_kubectl(cluster, "drain", "node-1", "--force", "--timeout=60s")
+    assert drained.returncode == 0, drained.stderr
+    assert "node/node-1 drained" in drained.stdout
+    assert "pod/bare-0 evicted" in drained.stdout and "pod/bare-1 evicted" in drained.stdout
+    assert cluster.api.list(cluster.namespace)["items"] == []
+    node = cluster.api.get_object("nodes", "", "node-1")
+    assert node["spec"]["unschedulable"] is True
