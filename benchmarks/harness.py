@@ -76,6 +76,13 @@ def parse_options(
     return args
 
 
+def apply_quick(args: argparse.Namespace, settings: Mapping[str, Any]) -> None:
+    """``--quick``: a suite's smoke-run settings (option name -> value) over its options."""
+    if args.quick:
+        for key, value in settings.items():
+            setattr(args, key, value)
+
+
 def check_policies(
     parser: argparse.ArgumentParser, policies: Sequence[str], known: Sequence[str]
 ) -> None:

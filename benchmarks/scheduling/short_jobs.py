@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import (
+    apply_quick,
     check_policies,
     comma_list,
     export_checkout_to_children,
@@ -111,9 +112,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The options, checked, with ``--quick`` applied."""
     parser = build_parser()
     args = parse_options(parser, argv)
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
+    apply_quick(args, QUICK)
     check_policies(parser, args.policies, POLICIES)
     if not 1 <= args.long_min < args.slots:
         parser.error("need 1 <= --long-min < --slots (the long job has opportunistic workers)")

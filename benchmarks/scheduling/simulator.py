@@ -188,6 +188,7 @@ class _JobState:
     attained: float = 0.0  # GPU-seconds its ready workers held, up to attained_at
     attained_at: float = 0.0
     ladder_version: int = 0  # invalidates stale ladder wake-ups
+    ladder_wake_at: float | None = None  # the pending wake-up
     moves: int = 0
     stopped_at: float | None = None  # tiresias: preempted whole (or arrived) and waiting since
     restarting: bool = False  # tiresias: its next start pays restart_s
@@ -513,13 +514,17 @@ class Simulation:
             wake.append(self.now + max(self.ladder.starvation_s - below_min_for_s, _EPS))
         elif d.level > 0 and self.tiresias and state.stopped_at is not None:
             wake.append(state.stopped_at + self.ladder.starvation_s)
-        state.ladder_version += 1
-        if wake:
-            self._push(max(min(wake), self.now + _EPS), "ladder", state, state.ladder_version)
+        at = max(min(wake), self.now + _EPS) if wake else None
+        if at != state.ladder_wake_at:  # a reconcile that changes nothing pushes nothing
+            state.ladder_version += 1
+            state.ladder_wake_at = at
+            if at is not None:
+                self._push(at, "ladder", state, state.ladder_version)
         return d.move
 
     def _on_ladder(self, state: _JobState, version: int) -> None:
         if version == state.ladder_version and state.finished_at is None:
+            state.ladder_wake_at = None
             if self.tiresias:  # the scheduler's order changes; no pod is re-created
                 waited = 0.0 if state.stopped_at is None else self.now - state.stopped_at
                 self._ladder_step(state, waited)

@@ -36,7 +36,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import check_policies, comma_list, parse_options, suite_parser, write_result
+from benchmarks.harness import (
+    apply_quick,
+    check_policies,
+    comma_list,
+    parse_options,
+    suite_parser,
+    write_result,
+)
 from benchmarks.scheduling.cluster_jobs import result_out
 from benchmarks.scheduling.seeds import describe, parse_seeds
 from benchmarks.scheduling.simulator import (
@@ -87,9 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parse_options(parser, argv)
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
+    apply_quick(args, QUICK)
     check_policies(parser, args.policies, ALL_POLICIES)
     if min(args.load) <= 0 or min(args.gpus) < 1:
         parser.error("--load must be > 0 and --gpus >= 1")

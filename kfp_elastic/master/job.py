@@ -784,9 +784,5 @@ class ElasticJob:
             failures=failures,
             cost=cost_of(stats.usage, self.prices, at=time.time()),
             ladder_level=None if self._ladder is None else self._ladder.level,
-            attained_gpu_seconds=(
-                0.0
-                if self._ladder is None
-                else round(self._ladder.attained_gpu_s(stats.usage.slot_seconds(at=time.time())), 3)
-            ),
+            attained_gpu_seconds=0.0 if self._ladder is None else round(self._ladder.attained, 3),
         )

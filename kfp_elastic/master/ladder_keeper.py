@@ -53,6 +53,7 @@ class LadderKeeper:
         self.append = append
         self.state = LadderState()
         self.last: LevelDecision | None = None
+        self.attained: float = 0.0  # GPU-seconds at the last reconcile (the metrics show it)
         self._held_back: int | None = None  # the due level last logged as rate limited
 
     @property
@@ -102,6 +103,7 @@ class LadderKeeper:
         new level's class)."""
         decision = decide_level(self.policy, self.state, attained_gpu_s, below_min_for_s, now)
         self.last = decision
+        self.attained = attained_gpu_s
         if decision.move:
             self._move(launcher, decision, attained_gpu_s)
         elif decision.action == LadderAction.RATE_LIMITED:
