@@ -421,7 +421,10 @@ class ElasticJob:
                         if live:
                             why += "; " + self._lingering(live)
                         return self._finish("succeeded", why, observer)
-                self._launch(decision)
+                if not budget.exceeded:
+                    # While the count waits for the failing rank's own account, nothing new
+                    # starts: a replacement would join a round that fails again and counts.
+                    self._launch(decision)
                 self._delete(decision.delete, now)
             except LauncherForbidden as error:  # RBAC: no retry can help; say what to grant
                 return self._finish("failed", str(error), observer)
