@@ -68,6 +68,7 @@ from kfp_elastic.master.timeline import (
     MasterRecovered,
     MasterStarted,
     MasterSteppedDown,
+    ModelDefChecked,
     WorkerCompleted,
     WorkerLaunched,
     WorkerLost,
@@ -232,6 +233,8 @@ class ElasticJob:
                 return JobResult("refused", refusal)
             if self.prepare is not None:
                 self._deferred = self.prepare(self.state)
+                if self._deferred is not None:
+                    self._deferred.when_done(self._wake.set)  # a failure ends the job at once
             if not self.state.acquire(stop=self._stop, on_lost=self._wake.set):
                 return JobResult("stepped_down", "stopped while waiting for the leadership")
             return self._run_as_leader()
@@ -369,13 +372,23 @@ class ElasticJob:
             try:
                 if self._forbidden is not None:
                     raise self._forbidden
-                if self._deferred is not None:
-                    failure = self._deferred.failure()
+                if self._deferred is not None and self._deferred.done:
+                    deferred, self._deferred = self._deferred, None
+                    failure = deferred.failure()
+                    state.append_event(
+                        ModelDefChecked(
+                            passed=failure is None,
+                            seconds=round(deferred.seconds or 0.0, 3),
+                            message=failure or "",
+                        )
+                    )
                     if failure:
                         return self._finish("failed", failure, observer)
-                    if self._deferred.done:
-                        log.info("model definition checked run=%s", spec.run_id)
-                        self._deferred = None
+                    log.info(
+                        "model definition checked run=%s seconds=%.2f",
+                        spec.run_id,
+                        deferred.seconds or 0.0,
+                    )
                 observer.observe()
                 now = time.monotonic()
                 done = observer.complete or any(

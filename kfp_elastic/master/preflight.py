@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,11 +267,20 @@ def check(spec: JobSpec, side: WorkerSide, defer_entry: bool = False) -> Deferre
 class DeferredCheck:
     """A check that runs on a thread while the job starts (the model definition's load):
     :meth:`failure` is None while it runs and when it passed, else the message the job fails
-    with."""
+    with; :attr:`seconds` is how long it ran (None while it runs).
+
+    The thread only waits: the load itself is a subprocess (``run_entry_check``), so importing
+    torch and the user's code takes neither this process's GIL nor its import lock from the
+    master, which creates the worker pods meanwhile, and a model definition that crashes its
+    interpreter or leaves threads behind does it in a process of its own."""
 
     def __init__(self, run: Callable[[], list[str]]) -> None:
         self._problems: list[str] | None = None
         self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+        self.seconds: float | None = None
+        began = time.monotonic()
 
         def target() -> None:
             try:
@@ -278,7 +288,12 @@ class DeferredCheck:
             except Exception as error:  # noqa: BLE001 - the check itself broke: say so
                 self._problems = [f"the model definition's check broke: {error!r}"]
             finally:
-                self._done.set()
+                self.seconds = time.monotonic() - began
+                with self._lock:
+                    self._done.set()
+                    callbacks = list(self._callbacks)
+                for callback in callbacks:
+                    callback()
 
         self._thread = threading.Thread(target=target, daemon=True, name="model-def-check")
         self._thread.start()
@@ -289,6 +304,16 @@ class DeferredCheck:
 
     def wait(self, timeout_s: float | None = None) -> bool:
         return self._done.wait(timeout_s)
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the check's thread) once the check has ended; at once if it
+        has already (the master wakes its loop with it: a failure ends the job within
+        seconds)."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
 
     def failure(self) -> str | None:
         if not self._done.is_set() or not self._problems:

@@ -47,6 +47,7 @@ class EventKind(str, enum.Enum):
     JOB_DONE = "job_done"
     JOB_FAILED = "job_failed"
     LADDER_MOVED = "ladder_moved"
+    MODEL_DEF_CHECKED = "model_def_checked"
     # Not in etcd: the elastic_train component's own record of a fault it injected.
     FAULT_INJECTED = "fault_injected"
 
@@ -240,6 +241,19 @@ class LadderMoved(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ModelDefChecked(Event):
+    """The check of the model definition (``master/preflight.py``: loaded as a worker loads it,
+    its dataset's samples) ended; it runs while the first worker pods are created, so on the
+    timeline it comes after their ``worker_launched`` events when it is the slower. A failed
+    check is followed by ``job_failed`` with the same message."""
+
+    kind = EventKind.MODEL_DEF_CHECKED
+    passed: bool = True
+    seconds: float = 0.0  # how long the check ran
+    message: str = ""  # what failed (empty when it passed)
+
+
+@dataclass(frozen=True, kw_only=True)
 class UnknownEvent(Event):
     """A kind this reader does not know (a newer master wrote it): its fields are in ``extra``."""
 
@@ -273,6 +287,7 @@ EVENT_TYPES: dict[EventKind, type[Event]] = {
         JobFailed,
         FaultInjected,
         LadderMoved,
+        ModelDefChecked,
     )
 }
 #: The events that end a job.

@@ -61,3 +61,8 @@ def test_admission_quick(tmp_path: Path) -> None:
     assert a["resubmissions_s"][0] >= b["end_s"]
     assert a["end_s"] > b["end_s"]
     assert set(result["goals"]["evict"]) >= {"b_first_step_pass", "a_no_step_lost_pass"}
+    # B's own start, read from its master's timeline and its master pod's processes
+    starts = result["policies"]["evict"]["starts"]
+    assert starts["model_def_check_passed"] is True
+    assert starts["pods_after_master_s"] is not None and starts["first_pod_launched_s"] > 0
+    assert result["alone"] is None  # --quick skips B's run alone

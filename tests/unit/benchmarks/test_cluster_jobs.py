@@ -5,6 +5,7 @@ plans, measured costs and goals."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -31,6 +32,12 @@ from benchmarks.scheduling.cluster_jobs import (
 )
 from benchmarks.scheduling.occupancy import Sample
 from kfp_elastic.master.pod_spec_checks import COMPONENT_LABEL, RUN_ID_LABEL
+from kfp_elastic.master.timeline import (
+    MasterRecovered,
+    MasterStarted,
+    ModelDefChecked,
+    WorkerLaunched,
+)
 
 
 def line(t: float, step: int, world: int, pid: int, rank: int = 0) -> str:
@@ -188,6 +195,72 @@ def test_admission_plans() -> None:
     assert [(p.name, p.min_workers, p.max_workers) for p in elastic] == [("A", 2, 8), ("B", 2, 8)]
     assert elastic[1].after_first_step and elastic[1].submit_s == 20.0
     assert [p.min_workers for p in admission.plans("evict", 8, 2, 20.0)] == [8, 8]
+
+
+def test_b_alone_is_elastics_b_on_an_empty_cluster_a_few_epochs_long() -> None:
+    size = job_size("cifar10", 8, 1024, 150.0)
+    alone = admission.alone_plan(8, 2, size)
+    beside = admission.plans("elastic", 8, 2, 20.0)[1]
+    assert (alone.name, alone.min_workers, alone.max_workers) == ("B", 2, 8)
+    assert (beside.min_workers, beside.max_workers) == (2, 8)
+    assert alone.submit_s == 0.0 and not alone.after_first_step
+    assert alone.size is not None and alone.size.epochs == admission.ALONE_EPOCHS < size.epochs
+    assert alone.size.per_worker_batch == size.per_worker_batch
+
+
+def test_a_jobs_own_start_from_its_timeline() -> None:
+    # submitted at 1000.0; its master pod's first process at 1000.5; the check ends after the
+    # three first pods (a fourth, attempt 1, replaces one later)
+    events = [
+        MasterStarted(t=1001.2, seq=1),
+        WorkerLaunched(t=1001.4, seq=2, name="w-0-0", index=0, attempt=0),
+        WorkerLaunched(t=1001.5, seq=3, name="w-1-0", index=1, attempt=0),
+        WorkerLaunched(t=1001.6, seq=4, name="w-2-0", index=2, attempt=0),
+        ModelDefChecked(t=1002.9, seq=5, passed=True, seconds=2.1),
+        WorkerLaunched(t=1010.0, seq=6, name="w-1-1", index=1, attempt=1),
+        MasterRecovered(t=1020.0, seq=7),
+    ]
+    out = admission.start_analysis(events, 1000.5, 1000.0)
+    assert out == {
+        "master_pod_started_s": 0.5,
+        "master_started_event_s": 1.2,
+        "first_pod_launched_s": 1.4,
+        "pods_after_master_s": 0.9,
+        "model_def_check_s": 2.1,
+        "model_def_check_passed": True,
+        "check_ended_after_pods": True,
+    }
+    # a check that ended before the first pods were launched: seen in the timeline's order
+    early = [events[0], replace(events[4], seq=2)] + [
+        replace(e, seq=e.seq + 1) for e in events[1:4]
+    ]
+    assert admission.start_analysis(early, 1000.5, 1000.0)["check_ended_after_pods"] is False
+    # nothing known: no master pod seen, no events
+    blank = admission.start_analysis([], None, 1000.0)
+    assert blank["pods_after_master_s"] is None and blank["check_ended_after_pods"] is None
+
+
+def test_admission_goals_against_b_alone_from_the_same_run() -> None:
+    def run(first: float, after_master: float | None) -> dict:
+        starts = {"pods_after_master_s": after_master}
+        return {"admission": {"b_first_step_s": first, "a_steps_lost": 0}, "starts": starts}
+
+    alone = run(8.0, 1.2)
+    verdict = admission.goals({"elastic": run(9.5, 1.4), "gang": run(150.0, 1.6)}, alone)
+    assert verdict["alone"] == {
+        "b_first_step_s": 8.0,
+        "b_pods_after_master_s": 1.2,
+        "b_pods_after_master_pass": True,
+    }
+    elastic = verdict["elastic"]
+    assert elastic["b_beside_a_minus_alone_s"] == 1.5
+    assert elastic["b_beside_a_within_alone_pass"] is True
+    assert elastic["b_pods_after_master_pass"] is True
+    assert verdict["gang"]["b_pods_after_master_pass"] is False
+    assert "b_beside_a_within_alone_pass" not in verdict["gang"]  # B alone is elastic's B
+    late = admission.goals({"elastic": run(10.5, None)}, alone)["elastic"]
+    assert late["b_beside_a_within_alone_pass"] is False
+    assert late["b_pods_after_master_pass"] is False  # not measured is no pass
 
 
 def test_admission_analysis_of_an_elastic_run() -> None:

@@ -29,7 +29,9 @@ from kfp_elastic.master.preflight import PreflightError, ladder_classes_problem
 from kfp_elastic.master.state import MasterState
 from kfp_elastic.master.timeline import (
     JobDone,
+    JobFailed,
     LadderMoved,
+    ModelDefChecked,
     WorkerLaunched,
     WorkerLost,
     of_type,
@@ -423,19 +425,21 @@ def test_a_ladder_the_cluster_cannot_honour_is_refused_before_any_worker(
     assert pods(k8s) == {}
 
 
-def test_worker_pods_are_created_while_the_model_definition_is_checked_and_deleted_if_it_fails(
-    k8s: FakeKubernetes, etcd: EmbeddedEtcd, run_id: str, tmp_path: Path
-) -> None:
-    """The check loads the model definition (seconds: torch) while the master creates the
-    pods; its failure fails the job with its message and deletes them."""
-    gate = tmp_path / "gate"
-    model = tmp_path / "broken_model.py"
-    model.write_text(
+def gated_model_def(path: Path, gate: Path, body: str) -> Path:
+    """A model definition whose import waits until ``gate`` exists, then runs ``body``: the
+    check's load stays in progress as long as the test wants."""
+    path.write_text(
         "import pathlib, time\n"
         f"while not pathlib.Path({str(gate)!r}).exists():\n"
-        "    time.sleep(0.05)\n"
-        "raise RuntimeError('broken on purpose')\n"
+        "    time.sleep(0.05)\n" + body
     )
+    return path
+
+
+def run_checked_job(
+    run_id: str, etcd: EmbeddedEtcd, model: Path, tmp_path: Path
+) -> tuple[ElasticJob, threading.Thread, list[JobResult], Any]:
+    """The job as the host runs it: its checks (``prestart_checks``) as its ``prepare``."""
     _, spec, _ = k8s_job(run_id, etcd, model=str(model), snap=str(tmp_path / "snap"))
     launch = plan(spec, files_here=True)
     client = connect(spec.etcd)
@@ -448,6 +452,19 @@ def test_worker_pods_are_created_while_the_model_definition_is_checked_and_delet
     results: list[JobResult] = []
     thread = threading.Thread(target=lambda: results.append(job.run()))
     thread.start()
+    return job, thread, results, client
+
+
+def test_worker_pods_are_created_while_the_model_definition_is_checked_and_deleted_if_it_fails(
+    k8s: FakeKubernetes, etcd: EmbeddedEtcd, run_id: str, tmp_path: Path
+) -> None:
+    """The check loads the model definition (seconds: torch) while the master creates the
+    pods; its failure fails the job with its message and deletes them."""
+    gate = tmp_path / "gate"
+    model = gated_model_def(
+        tmp_path / "broken_model.py", gate, "raise RuntimeError('broken on purpose')\n"
+    )
+    job, thread, results, client = run_checked_job(run_id, etcd, model, tmp_path)
     try:
         # the pods exist while the check still waits at the gate
         wait_for(lambda: len(pods(k8s)) == 3, 30, 0.05, "pods created during the check")
@@ -458,6 +475,49 @@ def test_worker_pods_are_created_while_the_model_definition_is_checked_and_delet
         assert "broken on purpose" in results[0].message
         assert "model_def" in results[0].message
         wait_for(lambda: not pods(k8s), 30, 0.05, "the pods deleted")
+        events = read_timeline(client, f"/kfp-elastic/{run_id}")
+        (checked,) = of_type(events, ModelDefChecked)
+        (failed,) = of_type(events, JobFailed)
+        assert not checked.passed and "broken on purpose" in checked.message
+        assert failed.message == checked.message and checked.seq < failed.seq
+        # no second attempt at the pods once the check failed
+        assert len(of_type(events, WorkerLaunched)) == 3
+    finally:
+        gate.write_text("")
+        job.request_stop(cancel=True)
+        thread.join(30)
+        client.close()
+
+
+def test_a_good_model_definition_is_checked_after_the_pods_are_created_and_the_job_goes_on(
+    k8s: FakeKubernetes, etcd: EmbeddedEtcd, run_id: str, tmp_path: Path
+) -> None:
+    """Ordering on the timeline: every first worker pod is launched before the check's end."""
+    gate = tmp_path / "gate"
+    body = (
+        "def model():\n    return None\n"
+        "def loss(model, batch):\n    return 0.0\n"
+        "def dataset(split):\n    return list(range(16))\n"
+    )
+    model = gated_model_def(tmp_path / "good_model.py", gate, body)
+    job, thread, results, client = run_checked_job(run_id, etcd, model, tmp_path)
+    try:
+        wait_for(lambda: len(pods(k8s)) == 3, 30, 0.05, "pods created during the check")
+        gate.write_text("")
+        prefix = f"/kfp-elastic/{run_id}"
+        wait_for(
+            lambda: of_type(read_timeline(client, prefix), ModelDefChecked),
+            60,
+            0.1,
+            "the check's end on the timeline",
+        )
+        events = read_timeline(client, prefix)
+        (checked,) = of_type(events, ModelDefChecked)
+        launched = of_type(events, WorkerLaunched)
+        assert checked.passed and checked.message == "" and checked.seconds > 0
+        assert len(launched) == 3 and max(e.seq for e in launched) < checked.seq
+        assert not results and not of_type(events, JobFailed)  # the job goes on
+        assert len(pods(k8s)) == 3
     finally:
         gate.write_text("")
         job.request_stop(cancel=True)

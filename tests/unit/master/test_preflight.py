@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from kfp_elastic.job_spec import (
 )
 from kfp_elastic.master.host import make_launcher, plan, prestart_checks
 from kfp_elastic.master.preflight import (
+    DeferredCheck,
     PreflightError,
     WorkerSide,
     check,
@@ -311,3 +313,29 @@ def test_the_check_entry_result_is_json(tmp_path: Path) -> None:
         timeout=120,
     )
     assert json.loads(result.read_text()) == {"samples": DIGITS_TRAIN, "sharded": False}
+
+
+def test_a_deferred_check_reports_its_failure_and_calls_back_once_it_ends() -> None:
+    release = threading.Event()
+    called: list[str] = []
+    check = DeferredCheck(lambda: ["model_def (--model-def) m.py: broken"] * release.wait(30))
+    check.when_done(lambda: called.append("first"))
+    assert not check.done and check.failure() is None and check.seconds is None
+    release.set()
+    assert check.wait(30)
+    check._thread.join(30)  # the callbacks run on the check's thread, after done
+    assert called == ["first"]
+    assert "the job cannot start:" in (check.failure() or "") and "broken" in check.failure()
+    assert check.seconds is not None and check.seconds >= 0
+    check.when_done(lambda: called.append("late"))  # already ended: called at once
+    assert called == ["first", "late"]
+
+
+def test_a_deferred_check_that_raises_fails_the_job_with_what_it_raised() -> None:
+    def broken() -> list[str]:
+        raise OSError("no such interpreter")
+
+    check = DeferredCheck(broken)
+    assert check.wait(30)
+    assert "the model definition's check broke" in (check.failure() or "")
+    assert "no such interpreter" in (check.failure() or "")
