@@ -48,6 +48,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from kfp_elastic.testing.api_events import new_event
 from kfp_elastic.testing.api_rules import (
     User,
     authorized,
@@ -113,6 +114,7 @@ class FakeKubernetes:
         watch_timeout_s: float = WATCH_TIMEOUT_S,
         compaction_s: float | None = None,
         bookmark_s: float = BOOKMARK_S,
+        max_events: int = 2000,
     ) -> None:
         """``kubelet=False``: deleted scheduled pods stay Terminating until a kubelet (a test
         hook or :mod:`kfp_elastic.testing.cluster.kubelet`) finishes them. ``tls``: (certificate,
@@ -135,6 +137,9 @@ class FakeKubernetes:
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
         # every other kind: (resource, namespace or "", name) -> object
         self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._events: deque[tuple[str, str]] = deque()  # recorded events, oldest first
+        self.max_events = max_events
+        self._last_event_ns = 0
         # (resourceVersion, namespace, type, old, new, time.monotonic() when recorded)
         self._history: deque[tuple[int, str, str, dict | None, dict, float]] = deque()
         self._max_history = history
@@ -284,15 +289,20 @@ class FakeKubernetes:
                 raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
             return self._with_status(resource, copy.deepcopy(self._objects[(resource, ns, name)]))
 
-    def list_objects(self, resource: str, ns: str, labels: str = "") -> dict[str, Any]:
+    def list_objects(
+        self, resource: str, ns: str, labels: str = "", fields: FieldSelector | None = None
+    ) -> dict[str, Any]:
+        """The objects of ``resource`` in ``ns`` ("": every namespace, or a cluster-scoped
+        kind) matching the label selector ``labels`` and the field selector ``fields``."""
         selector = parse_label_selector(labels)
         with self._cond:
             items = [
                 self._with_status(resource, copy.deepcopy(obj))
                 for (r, n, _), obj in sorted(self._objects.items())
                 if r == resource
-                and n == ns
+                and ns in ("", n)
                 and labels_match(selector, obj["metadata"].get("labels") or {})
+                and fields_match(fields or [], obj)
             ]
             rv = str(self._rv)
         kind, api_version = OBJECT_KINDS[resource]
@@ -352,6 +362,54 @@ class FakeKubernetes:
             self._cond.notify_all()
             self._collect_dependents(obj["metadata"]["uid"])
             return copy.deepcopy(obj)
+
+    def record_event(
+        self,
+        involved: dict[str, Any],
+        reason: str,
+        message: str,
+        *,
+        component: str,
+        event_type: str = "Normal",
+        host: str = "",
+        field_path: str = "",
+    ) -> None:
+        """A component's event recorder: store a core/v1 Event about ``involved`` (a pod or
+        node as stored). The oldest are dropped beyond ``max_events`` (kube-apiserver keeps
+        events for an hour, ``--event-ttl``)."""
+        event = new_event(
+            involved,
+            reason,
+            message,
+            component=component,
+            now=now_timestamp(),
+            now_ns=self._event_ns(),
+            event_type=event_type,
+            host=host,
+            field_path=field_path,
+        )
+        meta = event["metadata"]
+        with self._cond:
+            self.create_object("events", meta["namespace"], event)
+            self._events.append((meta["namespace"], meta["name"]))
+            while len(self._events) > self.max_events:
+                ns, name = self._events.popleft()
+                if ("events", ns, name) in self._objects:
+                    self.delete_object("events", ns, name)
+
+    def _event_ns(self) -> int:
+        """Now in Unix nanoseconds, later than every event's before."""
+        with self._cond:
+            self._last_event_ns = max(time.time_ns(), self._last_event_ns + 1)
+            return self._last_event_ns
+
+    def events(self, name: str | None = None, ns: str = "") -> list[dict[str, Any]]:
+        """The stored events (about the object called ``name``), oldest first."""
+        listed = self.list_objects("events", ns)["items"]
+        return sorted(
+            (e for e in listed if name in (None, e["involvedObject"].get("name"))),
+            key=lambda e: int(e["metadata"]["resourceVersion"]),
+        )
 
     # -- RBAC: who a token is, what it may do ---------------------------------------------
 
