@@ -14,7 +14,8 @@ history; they end at ``timeoutSeconds`` or the server's own limit and get BOOKMA
 ask. A watch-list request (``sendInitialEvents=true``, what kubectl's waits send) gets the
 current objects as ADDED, then the BOOKMARK annotated ``k8s.io/initial-events-end``.
 ``pods/log`` serves what the test cluster's kubelets captured (``tailLines``, ``follow``);
-discovery and the pods' Table (``kubectl get``) come from ``api_discovery`` and ``api_tables``.
+discovery and the Tables of every kind (``kubectl get``) come from ``api_discovery`` and
+``api_tables``.
 
 Requests are authenticated (service-account tokens it issued; none or an admin token is the
 harness) and authorized by RBAC from the stored Roles and bindings (403 Forbidden); the eviction
@@ -22,14 +23,17 @@ subresource honours PodDisruptionBudgets (429). The decisions are in ``api_rules
 
 Besides pods it stores PriorityClasses (``spec.priority`` and ``preemptionPolicy`` resolved on pod
 create; the DefaultTolerationSeconds admission adds 300 s not-ready/unreachable tolerations to
-pods without their own), ConfigMaps, Secrets, Nodes, RBAC objects, PodDisruptionBudgets and
-StatefulSets (create/get/list/replace/delete, no watch), and garbage-collects: removing any
-object deletes the pods and objects whose ownerReferences name its uid. With ``tls`` it serves
+pods without their own), ConfigMaps, Secrets, Nodes, RBAC objects, PodDisruptionBudgets,
+StatefulSets and Events (create/get/list/replace/patch/delete, field selectors per kind
+(``api_wire.SELECTABLE_FIELDS``), no watch: a watch of them is refused 405), and
+garbage-collects: removing any object deletes the pods and objects whose ownerReferences name
+its uid. With ``tls`` it serves
 HTTPS (what ``load_incluster_config()`` demands). Scheduling gates: a pod created with
 ``spec.schedulingGates`` gets ``PodScheduled=False``, reason ``SchedulingGated``; a patch may
 remove gates, never add one (422). ``pod_mutators`` stand for mutating admission webhooks. Test
 hooks play scheduler, kubelet and node lifecycle by hand; ``testing/cluster/`` plays them for
-real.
+real; they record their Events with :meth:`FakeKubernetes.record_event` (also readable as
+``events.k8s.io/v1``).
 """
 
 from __future__ import annotations
@@ -139,6 +143,8 @@ class FakeKubernetes:
         self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._events: deque[tuple[str, str]] = deque()  # recorded events, oldest first
         self.max_events = max_events
+        # resourceVersions spent on Events: no controller acts on them, so they wake none
+        self._event_writes = 0
         self._last_event_ns = 0
         # (resourceVersion, namespace, type, old, new, time.monotonic() when recorded)
         self._history: deque[tuple[int, str, str, dict | None, dict, float]] = deque()
@@ -241,12 +247,14 @@ class FakeKubernetes:
                 self.delete_object(resource, ns, name)
 
     def wait_for_change(self, seen: int, timeout: float) -> int:
-        """Block until anything (pods or other objects) changed after resourceVersion ``seen``
-        or ``timeout`` passed; the current resourceVersion. What the scheduler and kubelets of
-        the test cluster wait on instead of watching over HTTP."""
+        """Block until anything (pods or other objects, Events aside) changed after the change
+        count ``seen`` or ``timeout`` passed; the current change count (0 at first). What the
+        scheduler and kubelets of the test cluster wait on instead of watching over HTTP."""
         with self._cond:
-            self._cond.wait_for(lambda: self._rv > seen or self._stopping, timeout)
-            return self._rv
+            self._cond.wait_for(
+                lambda: self._rv - self._event_writes > seen or self._stopping, timeout
+            )
+            return self._rv - self._event_writes
 
     def pods_snapshot(self) -> list[dict[str, Any]]:
         """Copies of every pod in every namespace."""
@@ -298,9 +306,10 @@ class FakeKubernetes:
         with self._cond:
             items = [
                 self._with_status(resource, copy.deepcopy(obj))
-                for (r, n, _), obj in sorted(self._objects.items())
-                if r == resource
-                and ns in ("", n)
+                for (_, n, _), obj in sorted(
+                    (key, obj) for key, obj in self._objects.items() if key[0] == resource
+                )
+                if ns in ("", n)
                 and labels_match(selector, obj["metadata"].get("labels") or {})
                 and fields_match(fields or [], obj)
             ]
@@ -390,12 +399,14 @@ class FakeKubernetes:
         )
         meta = event["metadata"]
         with self._cond:
+            before = self._rv
             self.create_object("events", meta["namespace"], event)
             self._events.append((meta["namespace"], meta["name"]))
             while len(self._events) > self.max_events:
                 ns, name = self._events.popleft()
                 if ("events", ns, name) in self._objects:
                     self.delete_object("events", ns, name)
+            self._event_writes += self._rv - before
 
     def _event_ns(self) -> int:
         """Now in Unix nanoseconds, later than every event's before."""
@@ -499,8 +510,12 @@ class FakeKubernetes:
             pod = self._get(ns, name)
             budgets = [
                 (obj["metadata"]["name"], self._budget_status(obj))
-                for (r, _, _), obj in sorted(self._objects.items())
-                if r == "poddisruptionbudgets" and selects(obj, pod)
+                for (r, _, _), obj in sorted(
+                    (key, obj)
+                    for key, obj in self._objects.items()
+                    if key[0] == "poddisruptionbudgets"
+                )
+                if selects(obj, pod)
             ]
             decision = eviction_decision(pod, budgets)
             if not decision.delete:

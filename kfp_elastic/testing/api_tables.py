@@ -31,15 +31,35 @@ def wants_table(accept: str) -> bool:
 
 
 def age(timestamp: str | None, now: datetime | None = None) -> str:
-    """kubectl's short age: ``42s``, ``5m``, ``3h``, ``2d`` (``<unknown>`` without a time)."""
+    """kubectl's age of a timestamp (apimachinery's ``duration.HumanDuration``): ``42s``,
+    ``2m5s``, ``15m``, ``3h20m``, ``20h``, ``2d3h``, ``30d``, ``<unknown>`` without a time."""
     if not timestamp:
         return "<unknown>"
     since = datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
     seconds = max(0, int(((now or datetime.now(timezone.utc)) - since).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= 2 * size or (unit == "m" and seconds >= 120):
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
+    minutes, hours = seconds // 60, seconds // 3600
+    days, years = hours // 24, hours // (24 * 365)
+
+    def pair(big: int, big_unit: str, small: int, small_unit: str) -> str:
+        return f"{big}{big_unit}" + (f"{small}{small_unit}" if small else "")
+
+    if seconds < 120:
+        return f"{seconds}s"
+    if minutes < 10:
+        return pair(minutes, "m", seconds % 60, "s")
+    if minutes < 180:
+        return f"{minutes}m"
+    if hours < 8:
+        return pair(hours, "h", minutes % 60, "m")
+    if hours < 48:
+        return f"{hours}h"
+    if hours < 24 * 8:
+        return pair(days, "d", hours % 24, "h")
+    if hours < 24 * 365 * 2:
+        return f"{days}d"
+    if hours < 24 * 365 * 8:
+        return pair(years, "y", days % 365, "d")
+    return f"{years}y"
 
 
 def pod_status(pod: Obj) -> str:

@@ -60,6 +60,11 @@ class TestCluster:
     unless given; tests pass ``FAST_NODE_LIFECYCLE``). On exit every pod process is killed,
     every thread joined and the server closed; :meth:`leftover_processes` says whether any
     escaped.
+
+    ``kubectl`` works against it: the cluster writes its admin's kubeconfig to
+    ``<root>/kubeconfig`` (:attr:`kubeconfig`); the scheduler, kubelets and node controllers
+    record Events (``kubectl get events``, ``kubectl describe``). What kubectl can and cannot
+    do here: ``docs/testing.md``, "kubectl against the test cluster".
     """
 
     __test__ = False  # not a pytest test class
