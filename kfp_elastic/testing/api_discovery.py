@@ -24,7 +24,7 @@ VERSION = {
     "compiler": "python",
     "platform": "linux/amd64",
 }
-_OBJECT_VERBS = ["create", "delete", "get", "list", "patch", "update"]
+_OBJECT_VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 _POD_VERBS = ["create", "delete", "get", "list", "patch", "watch"]
 _SHORT_NAMES = {
     "pods": ["po"],

@@ -24,8 +24,8 @@ subresource honours PodDisruptionBudgets (429). The decisions are in ``api_rules
 Besides pods it stores PriorityClasses (``spec.priority`` and ``preemptionPolicy`` resolved on pod
 create; the DefaultTolerationSeconds admission adds 300 s not-ready/unreachable tolerations to
 pods without their own), ConfigMaps, Secrets, Nodes, RBAC objects, PodDisruptionBudgets,
-StatefulSets and Events (create/get/list/replace/patch/delete, field selectors per kind
-(``api_wire.SELECTABLE_FIELDS``), no watch: a watch of them is refused 405), and
+StatefulSets and Events (create/get/list/watch/replace/patch/delete, field selectors per kind
+(``api_wire.SELECTABLE_FIELDS``); their watches keep a history of their own), and
 garbage-collects: removing any object deletes the pods and objects whose ownerReferences name
 its uid. With ``tls`` it serves
 HTTPS (what ``load_incluster_config()`` demands). Scheduling gates: a pod created with
@@ -155,6 +155,9 @@ class FakeKubernetes:
         self._admin_tokens = set(admin_tokens)
         self._tokens: dict[str, tuple[str, str]] = {}  # token -> (namespace, service account)
         self._floor = self._rv  # watches from a resourceVersion below this get 410
+        # the same for every other kind's changes (each entry's objects carry their kind)
+        self._object_history: deque[tuple[int, str, str, dict | None, dict, float]] = deque()
+        self._object_floor = self._rv
         self._streams: set[_Stream] = set()
         self._held = self._stopping = False
         self._ips = itertools.count(10)
@@ -228,6 +231,18 @@ class FakeKubernetes:
         horizon = time.monotonic() - self.compaction_s
         while self._history and self._history[0][5] < horizon:
             self._floor = self._history.popleft()[0]
+        while self._object_history and self._object_history[0][5] < horizon:
+            self._object_floor = self._object_history.popleft()[0]
+
+    def _record_object(self, ns: str, kind: str, old: dict | None, new: dict) -> None:
+        """Keep a change of a non-pod object for its watches (lock held, ``new`` already has
+        the current resourceVersion)."""
+        self._object_history.append(
+            (self._rv, ns, kind, copy.deepcopy(old), copy.deepcopy(new), time.monotonic())
+        )
+        while len(self._object_history) > self._max_history:
+            self._object_floor = self._object_history.popleft()[0]
+        self._expire_history()
 
     def _collect_dependents(self, owner_uid: str) -> None:
         """The garbage collector (background propagation): the owner is gone, so delete every
@@ -288,6 +303,7 @@ class FakeKubernetes:
             self._rv += 1
             meta["resourceVersion"] = str(self._rv)
             self._objects[(resource, ns, name)] = obj
+            self._record_object(ns, "ADDED", None, obj)
             self._cond.notify_all()
             return copy.deepcopy(obj)
 
@@ -340,6 +356,7 @@ class FakeKubernetes:
             self._rv += 1
             new["metadata"]["resourceVersion"] = str(self._rv)
             self._objects[(resource, ns, name)] = new
+            self._record_object(ns, "MODIFIED", old, new)
             self._cond.notify_all()
             return copy.deepcopy(new)
 
@@ -368,6 +385,8 @@ class FakeKubernetes:
                 raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
             obj = self._objects.pop((resource, ns, name))
             self._rv += 1
+            obj["metadata"]["resourceVersion"] = str(self._rv)
+            self._record_object(ns, "DELETED", obj, obj)
             self._cond.notify_all()
             self._collect_dependents(obj["metadata"]["uid"])
             return copy.deepcopy(obj)
@@ -938,7 +957,8 @@ class FakeKubernetes:
         reconnect from a resourceVersion older than now get 410 Gone."""
         with self._cond:
             self._history.clear()
-            self._floor = self._rv
+            self._object_history.clear()
+            self._floor = self._object_floor = self._rv
         self.close_watches()
 
     def close_watches(self) -> None:
@@ -977,9 +997,20 @@ class FakeKubernetes:
 
     # -- watch ---------------------------------------------------------------------------
 
-    def watch(self, handler: Handler, ns: str, query: dict[str, str]) -> None:
+    def watch(
+        self, handler: Handler, ns: str, query: dict[str, str], resource: str = "pods"
+    ) -> None:
+        """Stream the changes of ``resource`` (pods, or another stored kind) in ``ns`` ("":
+        every namespace) as watch events, from ``query``'s resourceVersion."""
+        pods = resource == "pods"
+        kind, api_version = ("Pod", "v1") if pods else OBJECT_KINDS[resource]
+        history = self._history if pods else self._object_history
+
+        def floor() -> int:
+            return self._floor if pods else self._object_floor
+
         selector = parse_label_selector(query.get("labelSelector", ""))
-        fields = parse_field_selector(query.get("fieldSelector", ""))
+        fields = parse_field_selector(query.get("fieldSelector", ""), resource)
         rv = query.get("resourceVersion", "")
         now = time.monotonic()
         end = now + min(float(query.get("timeoutSeconds") or "inf"), self.watch_timeout_s)
@@ -987,12 +1018,13 @@ class FakeKubernetes:
         next_bookmark = now + self.bookmark_s if bookmarks else math.inf
         stream = _Stream()
 
-        def visible(pod: dict | None) -> bool:
+        def visible(obj: dict | None) -> bool:
             return (
-                pod is not None
-                and ns in ("", pod["metadata"]["namespace"])
-                and fields_match(fields, pod)
-                and labels_match(selector, pod["metadata"].get("labels") or {})
+                obj is not None
+                and obj.get("kind", kind) == kind
+                and ns in ("", obj["metadata"].get("namespace", ""))
+                and fields_match(fields, obj)
+                and labels_match(selector, obj["metadata"].get("labels") or {})
             )
 
         with self._cond:
@@ -1003,9 +1035,18 @@ class FakeKubernetes:
             initial = query.get("sendInitialEvents", "").lower() in ("true", "1")
             if rv in ("", "0") or initial:  # synthetic ADDED for the current state
                 cursor = self._rv
-                backlog = [("ADDED", copy.deepcopy(p)) for p in self._pods.values() if visible(p)]
+                current = (
+                    list(self._pods.values())
+                    if pods
+                    else [
+                        self._with_status(resource, copy.deepcopy(obj))
+                        for (r, _, _), obj in sorted(self._objects.items())
+                        if r == resource
+                    ]
+                )
+                backlog = [("ADDED", copy.deepcopy(o)) for o in current if visible(o)]
                 if initial and bookmarks:  # a watch-list client: its initial list ends here
-                    end_of_list = _bookmark(cursor)
+                    end_of_list = _bookmark(cursor, kind, api_version)
                     end_of_list["metadata"]["annotations"] = {"k8s.io/initial-events-end": "true"}
                     backlog.append(("BOOKMARK", end_of_list))
             elif not rv.isdigit():
@@ -1017,13 +1058,13 @@ class FakeKubernetes:
         handler.start_stream()
         try:
             while True:
-                for kind, obj in backlog:
-                    handler.write_chunk({"type": kind, "object": obj})
+                for event_type, obj in backlog:
+                    handler.write_chunk({"type": event_type, "object": obj})
                 backlog = []
                 with self._cond:
                     while True:
                         self._expire_history()
-                        expired = cursor < self._floor
+                        expired = cursor < floor()
                         t = time.monotonic()
                         cut = stream.closed or self._stopping  # no goodbye: dropped at once
                         timed_out = t >= end
@@ -1032,16 +1073,16 @@ class FakeKubernetes:
                             or cut
                             or timed_out
                             or t >= next_bookmark
-                            or (self._history and self._history[-1][0] > cursor)
+                            or (history and history[-1][0] > cursor)
                         ):
                             break
                         self._cond.wait(max(0.0, min(end, next_bookmark) - t))
-                    floor = self._floor
-                    for ev_rv, _, kind, old, new, _ in [] if expired or cut else self._history:
+                    floor_rv = floor()
+                    for ev_rv, _, change, old, new, _ in [] if expired or cut else history:
                         if ev_rv <= cursor:
                             continue
                         cursor = ev_rv
-                        was, now = visible(old), visible(new) and kind != "DELETED"
+                        was, now = visible(old), visible(new) and change != "DELETED"
                         if now:
                             backlog.append(("MODIFIED" if was else "ADDED", new))
                         elif was:  # deleted, or changed so that it left the selection
@@ -1050,19 +1091,19 @@ class FakeKubernetes:
                         # Every event up to the current resourceVersion is in the backlog, so
                         # resuming from it misses none; one comes just before a timeout too.
                         cursor = max(cursor, self._rv)
-                        backlog.append(("BOOKMARK", _bookmark(cursor)))
+                        backlog.append(("BOOKMARK", _bookmark(cursor, kind, api_version)))
                         next_bookmark = t + self.bookmark_s
                 if expired:  # what the real server sends: HTTP 200, then one ERROR event
                     status = ApiError(
-                        410, "Expired", f"too old resource version: {cursor} ({floor + 1})"
+                        410, "Expired", f"too old resource version: {cursor} ({floor_rv + 1})"
                     ).status
                     handler.write_chunk({"type": "ERROR", "object": status})
                     return
                 if cut:
                     return
                 if timed_out:
-                    for kind, obj in backlog:
-                        handler.write_chunk({"type": kind, "object": obj})
+                    for event_type, obj in backlog:
+                        handler.write_chunk({"type": event_type, "object": obj})
                     return
         finally:
             with self._cond:
@@ -1074,11 +1115,11 @@ class _Stream:
     closed = False
 
 
-def _bookmark(resource_version: int) -> dict[str, Any]:
+def _bookmark(resource_version: int, kind: str = "Pod", api_version: str = "v1") -> dict[str, Any]:
     """A BOOKMARK event's object: only the kind and the resourceVersion to resume from."""
     return {
-        "kind": "Pod",
-        "apiVersion": "v1",
+        "kind": kind,
+        "apiVersion": api_version,
         "metadata": {"resourceVersion": str(resource_version)},
     }
 

@@ -299,11 +299,12 @@ class Server(ThreadingHTTPServer):
 
 
 class _TableEvents:
-    """A watch's events with each pod as a one-row Table (``kubectl get -w``): the columns in
-    the first event only, as kube-apiserver sends them."""
+    """A watch's events with each object as a one-row Table (``kubectl get -w``): the columns
+    in the first event only, as kube-apiserver sends them."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, resource: str = "pods") -> None:
         self.handler = handler
+        self.resource = resource
         self.first = True
 
     def __getattr__(self, name: str) -> Any:
@@ -312,7 +313,8 @@ class _TableEvents:
     def write_chunk(self, event: dict[str, Any]) -> None:
         obj = event.get("object") or {}
         if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-            table = pod_table([obj], obj.get("metadata", {}).get("resourceVersion", ""))
+            rv = obj.get("metadata", {}).get("resourceVersion", "")
+            table = object_table(self.resource, [obj], rv)
             if not self.first:
                 table["columnDefinitions"] = []
             self.first = False
@@ -511,20 +513,23 @@ class Handler(BaseHTTPRequestHandler):
         fake = self.server.fake
         resource, ns, name = call.resource, call.namespace, call.name or None
         table = wants_table(self.headers.get("Accept", ""))
-        if method == "GET" and query.get("watch", "").lower() in ("true", "1"):
-            # discovery lists no watch verb for these kinds: refused as a real server refuses
-            # a verb a resource does not support
+        watching = query.get("watch", "").lower() in ("true", "1")
+        if events_v1 and (method != "GET" or watching):
+            # discovery lists get and list only: refused as a real server refuses a verb a
+            # resource does not support
             raise ApiError(
                 405,
                 "MethodNotAllowed",
                 "the server does not allow this method on the requested resource",
             )
-        if events_v1 and method != "GET":
-            raise ApiError(
-                405,
-                "MethodNotAllowed",
-                "the server does not allow this method on the requested resource",
-            )
+        if method == "GET" and name is None and watching:
+            try:
+                return fake.watch(
+                    _TableEvents(self, resource) if table else self, ns, query, resource
+                )
+            except OSError:  # the client went away mid-stream
+                self.close_connection = True
+                return
         if method == "GET" and name is None:
             fields = parse_field_selector(query.get("fieldSelector", ""), resource)
             listed = fake.list_objects(resource, ns, query.get("labelSelector", ""), fields)

@@ -113,8 +113,8 @@ def test_kubectl_refuses_what_the_stand_in_does_not_serve(cluster: TestCluster) 
     refused = run_kubectl(cluster, "get", "nodes", "--field-selector", "spec.providerID=x")
     assert refused.returncode == 1
     assert 'field label not supported: "spec.providerID"' in refused.stderr
-    watch = run_kubectl(cluster, "get", "nodes", "-w", "--request-timeout=20s")
-    assert watch.returncode == 1 and "(MethodNotAllowed)" in watch.stderr
+    watch = run_kubectl(cluster, "get", "events.v1.events.k8s.io", "-w", "--request-timeout=20s")
+    assert watch.returncode == 1 and "(MethodNotAllowed)" in watch.stderr  # get and list only
     explain = run_kubectl(cluster, "explain", "pods")  # no OpenAPI documents
     assert explain.returncode == 1 and "(NotFound)" in explain.stderr
     raw = run_kubectl(cluster, "get", "--raw", "/openapi/v2")
@@ -295,3 +295,40 @@ def test_kubectl_events_describe_pod_and_json(cluster: TestCluster) -> None:
         cluster, "get", "pods", "-A", "--field-selector", "metadata.namespace=default"
     )
     assert "too-big" in by_namespace.stdout
+
+
+def test_kubectl_get_watch_of_nodes_and_events(cluster: TestCluster) -> None:
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    watchers = [
+        subprocess.Popen(
+            [kubectl(), "get", *args, "-w"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args in (["nodes"], ["events", "--field-selector=involvedObject.name=ran"])
+    ]
+    try:
+        time.sleep(1.0)  # kubectl lists, then watches
+        assert run_kubectl(cluster, "cordon", "node-1").returncode == 0
+        assert run_kubectl(cluster, "uncordon", "node-1").returncode == 0
+        cluster.api.create(cluster.namespace, python_pod("ran", "print('done')"))
+        wait_for(
+            lambda: cluster.api.pod("ran")["status"].get("phase") == "Succeeded",
+            30,
+            0.1,
+            "the pod ran",
+        )
+        time.sleep(1.0)
+    finally:
+        outputs = []
+        for watcher in watchers:
+            watcher.terminate()
+            outputs.append(watcher.communicate(timeout=10))
+    (nodes, nodes_err), (events, events_err) = outputs
+    statuses = [line.split()[1] for line in nodes.splitlines()[1:]]
+    assert statuses == ["Ready", "Ready,SchedulingDisabled", "Ready"], (nodes, nodes_err)
+    lines = events.splitlines()
+    assert lines[0].split() == ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"], events_err
+    assert [line.split()[2] for line in lines[1:]] == ["Scheduled", "Pulled", "Created", "Started"]
