@@ -1,10 +1,10 @@
 """The fake API server's discovery documents, pure: what ``kubectl`` (and any client-go client)
 reads before anything else — ``/version``, ``/api``, ``/api/v1``, ``/apis`` and
 ``/apis/{group}/{version}`` — built from the kinds the server stores (pods and
-``api_wire.OBJECT_KINDS``, passed in), in the shapes of the Kubernetes API reference
-(``VersionInfo``, ``APIVersions``, ``APIGroupList``, ``APIResourceList``). Aggregated
-discovery (``apidiscovery.k8s.io/v2``) is not served: the documents are plain JSON, which
-clients take as a server without it.
+``api_wire.OBJECT_KINDS``, passed in; Events also as ``events.k8s.io/v1``), in the shapes of
+the Kubernetes API reference (``VersionInfo``, ``APIVersions``, ``APIGroupList``,
+``APIResourceList``). Aggregated discovery (``apidiscovery.k8s.io/v2``) is not served: the
+documents are plain JSON, which clients take as a server without it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ VERSION = {
     "compiler": "python",
     "platform": "linux/amd64",
 }
-_OBJECT_VERBS = ["create", "delete", "get", "list", "update"]
+_OBJECT_VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 _POD_VERBS = ["create", "delete", "get", "list", "patch", "watch"]
 _SHORT_NAMES = {
     "pods": ["po"],
@@ -33,6 +33,7 @@ _SHORT_NAMES = {
     "priorityclasses": ["pc"],
     "poddisruptionbudgets": ["pdb"],
     "statefulsets": ["sts"],
+    "events": ["ev"],
 }
 
 
@@ -53,6 +54,17 @@ def _resources(
         if resource in _SHORT_NAMES:
             entry["shortNames"] = _SHORT_NAMES[resource]
         out.setdefault(group_version, []).append(entry)
+    if "events" in kinds:  # the same Events, read through the newer API (get and list)
+        out.setdefault("events.k8s.io/v1", []).append(
+            {
+                "name": "events",
+                "singularName": "event",
+                "namespaced": True,
+                "kind": "Event",
+                "verbs": ["get", "list"],
+                "shortNames": ["ev"],
+            }
+        )
     pods = out["v1"]
     pods.append(
         {

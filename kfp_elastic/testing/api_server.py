@@ -14,7 +14,8 @@ history; they end at ``timeoutSeconds`` or the server's own limit and get BOOKMA
 ask. A watch-list request (``sendInitialEvents=true``, what kubectl's waits send) gets the
 current objects as ADDED, then the BOOKMARK annotated ``k8s.io/initial-events-end``.
 ``pods/log`` serves what the test cluster's kubelets captured (``tailLines``, ``follow``);
-discovery and the pods' Table (``kubectl get``) come from ``api_discovery`` and ``api_tables``.
+discovery and the Tables of every kind (``kubectl get``) come from ``api_discovery`` and
+``api_tables``.
 
 Requests are authenticated (service-account tokens it issued; none or an admin token is the
 harness) and authorized by RBAC from the stored Roles and bindings (403 Forbidden); the eviction
@@ -22,14 +23,17 @@ subresource honours PodDisruptionBudgets (429). The decisions are in ``api_rules
 
 Besides pods it stores PriorityClasses (``spec.priority`` and ``preemptionPolicy`` resolved on pod
 create; the DefaultTolerationSeconds admission adds 300 s not-ready/unreachable tolerations to
-pods without their own), ConfigMaps, Secrets, Nodes, RBAC objects, PodDisruptionBudgets and
-StatefulSets (create/get/list/replace/delete, no watch), and garbage-collects: removing any
-object deletes the pods and objects whose ownerReferences name its uid. With ``tls`` it serves
+pods without their own), ConfigMaps, Secrets, Nodes, RBAC objects, PodDisruptionBudgets,
+StatefulSets and Events (create/get/list/watch/replace/patch/delete, field selectors per kind
+(``api_wire.SELECTABLE_FIELDS``); their watches keep a history of their own), and
+garbage-collects: removing any object deletes the pods and objects whose ownerReferences name
+its uid. With ``tls`` it serves
 HTTPS (what ``load_incluster_config()`` demands). Scheduling gates: a pod created with
 ``spec.schedulingGates`` gets ``PodScheduled=False``, reason ``SchedulingGated``; a patch may
 remove gates, never add one (422). ``pod_mutators`` stand for mutating admission webhooks. Test
 hooks play scheduler, kubelet and node lifecycle by hand; ``testing/cluster/`` plays them for
-real.
+real; they record their Events with :meth:`FakeKubernetes.record_event` (also readable as
+``events.k8s.io/v1``).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from kfp_elastic.testing.api_events import new_event
 from kfp_elastic.testing.api_rules import (
     User,
     authorized,
@@ -113,6 +118,7 @@ class FakeKubernetes:
         watch_timeout_s: float = WATCH_TIMEOUT_S,
         compaction_s: float | None = None,
         bookmark_s: float = BOOKMARK_S,
+        max_events: int = 2000,
     ) -> None:
         """``kubelet=False``: deleted scheduled pods stay Terminating until a kubelet (a test
         hook or :mod:`kfp_elastic.testing.cluster.kubelet`) finishes them. ``tls``: (certificate,
@@ -135,6 +141,11 @@ class FakeKubernetes:
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
         # every other kind: (resource, namespace or "", name) -> object
         self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._events: deque[tuple[str, str]] = deque()  # recorded events, oldest first
+        self.max_events = max_events
+        # resourceVersions spent on Events: no controller acts on them, so they wake none
+        self._event_writes = 0
+        self._last_event_ns = 0
         # (resourceVersion, namespace, type, old, new, time.monotonic() when recorded)
         self._history: deque[tuple[int, str, str, dict | None, dict, float]] = deque()
         self._max_history = history
@@ -144,6 +155,9 @@ class FakeKubernetes:
         self._admin_tokens = set(admin_tokens)
         self._tokens: dict[str, tuple[str, str]] = {}  # token -> (namespace, service account)
         self._floor = self._rv  # watches from a resourceVersion below this get 410
+        # the same for every other kind's changes (each entry's objects carry their kind)
+        self._object_history: deque[tuple[int, str, str, dict | None, dict, float]] = deque()
+        self._object_floor = self._rv
         self._streams: set[_Stream] = set()
         self._held = self._stopping = False
         self._ips = itertools.count(10)
@@ -217,6 +231,18 @@ class FakeKubernetes:
         horizon = time.monotonic() - self.compaction_s
         while self._history and self._history[0][5] < horizon:
             self._floor = self._history.popleft()[0]
+        while self._object_history and self._object_history[0][5] < horizon:
+            self._object_floor = self._object_history.popleft()[0]
+
+    def _record_object(self, ns: str, kind: str, old: dict | None, new: dict) -> None:
+        """Keep a change of a non-pod object for its watches (lock held, ``new`` already has
+        the current resourceVersion)."""
+        self._object_history.append(
+            (self._rv, ns, kind, copy.deepcopy(old), copy.deepcopy(new), time.monotonic())
+        )
+        while len(self._object_history) > self._max_history:
+            self._object_floor = self._object_history.popleft()[0]
+        self._expire_history()
 
     def _collect_dependents(self, owner_uid: str) -> None:
         """The garbage collector (background propagation): the owner is gone, so delete every
@@ -236,12 +262,14 @@ class FakeKubernetes:
                 self.delete_object(resource, ns, name)
 
     def wait_for_change(self, seen: int, timeout: float) -> int:
-        """Block until anything (pods or other objects) changed after resourceVersion ``seen``
-        or ``timeout`` passed; the current resourceVersion. What the scheduler and kubelets of
-        the test cluster wait on instead of watching over HTTP."""
+        """Block until anything (pods or other objects, Events aside) changed after the change
+        count ``seen`` or ``timeout`` passed; the current change count (0 at first). What the
+        scheduler and kubelets of the test cluster wait on instead of watching over HTTP."""
         with self._cond:
-            self._cond.wait_for(lambda: self._rv > seen or self._stopping, timeout)
-            return self._rv
+            self._cond.wait_for(
+                lambda: self._rv - self._event_writes > seen or self._stopping, timeout
+            )
+            return self._rv - self._event_writes
 
     def pods_snapshot(self) -> list[dict[str, Any]]:
         """Copies of every pod in every namespace."""
@@ -275,6 +303,7 @@ class FakeKubernetes:
             self._rv += 1
             meta["resourceVersion"] = str(self._rv)
             self._objects[(resource, ns, name)] = obj
+            self._record_object(ns, "ADDED", None, obj)
             self._cond.notify_all()
             return copy.deepcopy(obj)
 
@@ -284,15 +313,21 @@ class FakeKubernetes:
                 raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
             return self._with_status(resource, copy.deepcopy(self._objects[(resource, ns, name)]))
 
-    def list_objects(self, resource: str, ns: str, labels: str = "") -> dict[str, Any]:
+    def list_objects(
+        self, resource: str, ns: str, labels: str = "", fields: FieldSelector | None = None
+    ) -> dict[str, Any]:
+        """The objects of ``resource`` in ``ns`` ("": every namespace, or a cluster-scoped
+        kind) matching the label selector ``labels`` and the field selector ``fields``."""
         selector = parse_label_selector(labels)
         with self._cond:
             items = [
                 self._with_status(resource, copy.deepcopy(obj))
-                for (r, n, _), obj in sorted(self._objects.items())
-                if r == resource
-                and n == ns
+                for (_, n, _), obj in sorted(
+                    (key, obj) for key, obj in self._objects.items() if key[0] == resource
+                )
+                if ns in ("", n)
                 and labels_match(selector, obj["metadata"].get("labels") or {})
+                and fields_match(fields or [], obj)
             ]
             rv = str(self._rv)
         kind, api_version = OBJECT_KINDS[resource]
@@ -321,6 +356,7 @@ class FakeKubernetes:
             self._rv += 1
             new["metadata"]["resourceVersion"] = str(self._rv)
             self._objects[(resource, ns, name)] = new
+            self._record_object(ns, "MODIFIED", old, new)
             self._cond.notify_all()
             return copy.deepcopy(new)
 
@@ -349,9 +385,61 @@ class FakeKubernetes:
                 raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
             obj = self._objects.pop((resource, ns, name))
             self._rv += 1
+            obj["metadata"]["resourceVersion"] = str(self._rv)
+            self._record_object(ns, "DELETED", obj, obj)
             self._cond.notify_all()
             self._collect_dependents(obj["metadata"]["uid"])
             return copy.deepcopy(obj)
+
+    def record_event(
+        self,
+        involved: dict[str, Any],
+        reason: str,
+        message: str,
+        *,
+        component: str,
+        event_type: str = "Normal",
+        host: str = "",
+        field_path: str = "",
+    ) -> None:
+        """A component's event recorder: store a core/v1 Event about ``involved`` (a pod or
+        node as stored). The oldest are dropped beyond ``max_events`` (kube-apiserver keeps
+        events for an hour, ``--event-ttl``)."""
+        event = new_event(
+            involved,
+            reason,
+            message,
+            component=component,
+            now=now_timestamp(),
+            now_ns=self._event_ns(),
+            event_type=event_type,
+            host=host,
+            field_path=field_path,
+        )
+        meta = event["metadata"]
+        with self._cond:
+            before = self._rv
+            self.create_object("events", meta["namespace"], event)
+            self._events.append((meta["namespace"], meta["name"]))
+            while len(self._events) > self.max_events:
+                ns, name = self._events.popleft()
+                if ("events", ns, name) in self._objects:
+                    self.delete_object("events", ns, name)
+            self._event_writes += self._rv - before
+
+    def _event_ns(self) -> int:
+        """Now in Unix nanoseconds, later than every event's before."""
+        with self._cond:
+            self._last_event_ns = max(time.time_ns(), self._last_event_ns + 1)
+            return self._last_event_ns
+
+    def events(self, name: str | None = None, ns: str = "") -> list[dict[str, Any]]:
+        """The stored events (about the object called ``name``), oldest first."""
+        listed = self.list_objects("events", ns)["items"]
+        return sorted(
+            (e for e in listed if name in (None, e["involvedObject"].get("name"))),
+            key=lambda e: int(e["metadata"]["resourceVersion"]),
+        )
 
     # -- RBAC: who a token is, what it may do ---------------------------------------------
 
@@ -441,8 +529,12 @@ class FakeKubernetes:
             pod = self._get(ns, name)
             budgets = [
                 (obj["metadata"]["name"], self._budget_status(obj))
-                for (r, _, _), obj in sorted(self._objects.items())
-                if r == "poddisruptionbudgets" and selects(obj, pod)
+                for (r, _, _), obj in sorted(
+                    (key, obj)
+                    for key, obj in self._objects.items()
+                    if key[0] == "poddisruptionbudgets"
+                )
+                if selects(obj, pod)
             ]
             decision = eviction_decision(pod, budgets)
             if not decision.delete:
@@ -865,7 +957,8 @@ class FakeKubernetes:
         reconnect from a resourceVersion older than now get 410 Gone."""
         with self._cond:
             self._history.clear()
-            self._floor = self._rv
+            self._object_history.clear()
+            self._floor = self._object_floor = self._rv
         self.close_watches()
 
     def close_watches(self) -> None:
@@ -904,9 +997,20 @@ class FakeKubernetes:
 
     # -- watch ---------------------------------------------------------------------------
 
-    def watch(self, handler: Handler, ns: str, query: dict[str, str]) -> None:
+    def watch(
+        self, handler: Handler, ns: str, query: dict[str, str], resource: str = "pods"
+    ) -> None:
+        """Stream the changes of ``resource`` (pods, or another stored kind) in ``ns`` ("":
+        every namespace) as watch events, from ``query``'s resourceVersion."""
+        pods = resource == "pods"
+        kind, api_version = ("Pod", "v1") if pods else OBJECT_KINDS[resource]
+        history = self._history if pods else self._object_history
+
+        def floor() -> int:
+            return self._floor if pods else self._object_floor
+
         selector = parse_label_selector(query.get("labelSelector", ""))
-        fields = parse_field_selector(query.get("fieldSelector", ""))
+        fields = parse_field_selector(query.get("fieldSelector", ""), resource)
         rv = query.get("resourceVersion", "")
         now = time.monotonic()
         end = now + min(float(query.get("timeoutSeconds") or "inf"), self.watch_timeout_s)
@@ -914,12 +1018,13 @@ class FakeKubernetes:
         next_bookmark = now + self.bookmark_s if bookmarks else math.inf
         stream = _Stream()
 
-        def visible(pod: dict | None) -> bool:
+        def visible(obj: dict | None) -> bool:
             return (
-                pod is not None
-                and ns in ("", pod["metadata"]["namespace"])
-                and fields_match(fields, pod)
-                and labels_match(selector, pod["metadata"].get("labels") or {})
+                obj is not None
+                and obj.get("kind", kind) == kind
+                and ns in ("", obj["metadata"].get("namespace", ""))
+                and fields_match(fields, obj)
+                and labels_match(selector, obj["metadata"].get("labels") or {})
             )
 
         with self._cond:
@@ -930,9 +1035,18 @@ class FakeKubernetes:
             initial = query.get("sendInitialEvents", "").lower() in ("true", "1")
             if rv in ("", "0") or initial:  # synthetic ADDED for the current state
                 cursor = self._rv
-                backlog = [("ADDED", copy.deepcopy(p)) for p in self._pods.values() if visible(p)]
+                current = (
+                    list(self._pods.values())
+                    if pods
+                    else [
+                        self._with_status(resource, copy.deepcopy(obj))
+                        for (r, _, _), obj in sorted(self._objects.items())
+                        if r == resource
+                    ]
+                )
+                backlog = [("ADDED", copy.deepcopy(o)) for o in current if visible(o)]
                 if initial and bookmarks:  # a watch-list client: its initial list ends here
-                    end_of_list = _bookmark(cursor)
+                    end_of_list = _bookmark(cursor, kind, api_version)
                     end_of_list["metadata"]["annotations"] = {"k8s.io/initial-events-end": "true"}
                     backlog.append(("BOOKMARK", end_of_list))
             elif not rv.isdigit():
@@ -944,13 +1058,13 @@ class FakeKubernetes:
         handler.start_stream()
         try:
             while True:
-                for kind, obj in backlog:
-                    handler.write_chunk({"type": kind, "object": obj})
+                for event_type, obj in backlog:
+                    handler.write_chunk({"type": event_type, "object": obj})
                 backlog = []
                 with self._cond:
                     while True:
                         self._expire_history()
-                        expired = cursor < self._floor
+                        expired = cursor < floor()
                         t = time.monotonic()
                         cut = stream.closed or self._stopping  # no goodbye: dropped at once
                         timed_out = t >= end
@@ -959,16 +1073,16 @@ class FakeKubernetes:
                             or cut
                             or timed_out
                             or t >= next_bookmark
-                            or (self._history and self._history[-1][0] > cursor)
+                            or (history and history[-1][0] > cursor)
                         ):
                             break
                         self._cond.wait(max(0.0, min(end, next_bookmark) - t))
-                    floor = self._floor
-                    for ev_rv, _, kind, old, new, _ in [] if expired or cut else self._history:
+                    floor_rv = floor()
+                    for ev_rv, _, change, old, new, _ in [] if expired or cut else history:
                         if ev_rv <= cursor:
                             continue
                         cursor = ev_rv
-                        was, now = visible(old), visible(new) and kind != "DELETED"
+                        was, now = visible(old), visible(new) and change != "DELETED"
                         if now:
                             backlog.append(("MODIFIED" if was else "ADDED", new))
                         elif was:  # deleted, or changed so that it left the selection
@@ -977,19 +1091,19 @@ class FakeKubernetes:
                         # Every event up to the current resourceVersion is in the backlog, so
                         # resuming from it misses none; one comes just before a timeout too.
                         cursor = max(cursor, self._rv)
-                        backlog.append(("BOOKMARK", _bookmark(cursor)))
+                        backlog.append(("BOOKMARK", _bookmark(cursor, kind, api_version)))
                         next_bookmark = t + self.bookmark_s
                 if expired:  # what the real server sends: HTTP 200, then one ERROR event
                     status = ApiError(
-                        410, "Expired", f"too old resource version: {cursor} ({floor + 1})"
+                        410, "Expired", f"too old resource version: {cursor} ({floor_rv + 1})"
                     ).status
                     handler.write_chunk({"type": "ERROR", "object": status})
                     return
                 if cut:
                     return
                 if timed_out:
-                    for kind, obj in backlog:
-                        handler.write_chunk({"type": kind, "object": obj})
+                    for event_type, obj in backlog:
+                        handler.write_chunk({"type": event_type, "object": obj})
                     return
         finally:
             with self._cond:
@@ -1001,11 +1115,11 @@ class _Stream:
     closed = False
 
 
-def _bookmark(resource_version: int) -> dict[str, Any]:
+def _bookmark(resource_version: int, kind: str = "Pod", api_version: str = "v1") -> dict[str, Any]:
     """A BOOKMARK event's object: only the kind and the resourceVersion to resume from."""
     return {
-        "kind": "Pod",
-        "apiVersion": "v1",
+        "kind": kind,
+        "apiVersion": api_version,
         "metadata": {"resourceVersion": str(resource_version)},
     }
 

@@ -19,7 +19,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from kfp_elastic.testing.api_discovery import discovery
+from kfp_elastic.testing.api_events import to_events_v1, to_events_v1_list
 from kfp_elastic.testing.api_tables import pod_table, wants_table
+from kfp_elastic.testing.api_tables import table as object_table
 
 # resource (the URL's plural) -> (kind, apiVersion) of the kinds other than Pod. StatefulSets
 # are stored only (no controller runs them): a PodDisruptionBudget reads their replicas.
@@ -34,6 +36,7 @@ OBJECT_KINDS = {
     "clusterrolebindings": ("ClusterRoleBinding", "rbac.authorization.k8s.io/v1"),
     "poddisruptionbudgets": ("PodDisruptionBudget", "policy/v1"),
     "statefulsets": ("StatefulSet", "apps/v1"),
+    "events": ("Event", "v1"),
 }
 CLUSTER_SCOPED = {"priorityclasses", "nodes", "clusterroles", "clusterrolebindings"}
 
@@ -137,11 +140,15 @@ def parse_label_selector(text: str) -> list[tuple[str, str, set[str]]]:
     return out
 
 
-# The pod fields a field selector may name, as kube-apiserver's pod registry allows them (a
-# subset: those the stand-in keeps), each with where it lives in the pod.
-POD_FIELDS = {
+# The fields a field selector may name, per resource, as kube-apiserver's registries allow them
+# (for pods a subset: the fields the stand-in keeps), each with where it lives in the object;
+# every kind allows metadata.name and metadata.namespace.
+_COMMON_FIELDS: dict[str, tuple[str, ...]] = {
     "metadata.name": ("metadata", "name"),
     "metadata.namespace": ("metadata", "namespace"),
+}
+POD_FIELDS: dict[str, tuple[str, ...]] = {
+    **_COMMON_FIELDS,
     "spec.nodeName": ("spec", "nodeName"),
     "spec.restartPolicy": ("spec", "restartPolicy"),
     "spec.schedulerName": ("spec", "schedulerName"),
@@ -150,29 +157,54 @@ POD_FIELDS = {
     "status.podIP": ("status", "podIP"),
     "status.nominatedNodeName": ("status", "nominatedNodeName"),
 }
-FieldSelector = list[tuple[str, bool, str]]  # (field, equal, value): all must hold
+SELECTABLE_FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
+    "pods": POD_FIELDS,
+    "nodes": {**_COMMON_FIELDS, "spec.unschedulable": ("spec", "unschedulable")},
+    "secrets": {**_COMMON_FIELDS, "type": ("type",)},
+    "events": {
+        **_COMMON_FIELDS,
+        **{
+            f"involvedObject.{key}": ("involvedObject", key)
+            for key in ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion")
+        },
+        "involvedObject.fieldPath": ("involvedObject", "fieldPath"),
+        "reason": ("reason",),
+        "reportingComponent": ("reportingComponent",),
+        "source": ("source", "component"),
+        "type": ("type",),
+    },
+}
+FieldSelector = list[tuple[tuple[str, ...], bool, str]]  # (path, equal, value): all must hold
 
 
-def parse_field_selector(text: str) -> FieldSelector:
-    """A pod field selector's requirements (``a=b``, ``a==b``, ``a!=b``, comma-separated);
-    a field not in :data:`POD_FIELDS` is refused as kube-apiserver refuses it (400)."""
+def parse_field_selector(text: str, resource: str = "pods") -> FieldSelector:
+    """A field selector's requirements on ``resource`` (``a=b``, ``a==b``, ``a!=b``,
+    comma-separated); a field its registry does not allow (:data:`SELECTABLE_FIELDS`) is
+    refused as kube-apiserver refuses it (400)."""
+    allowed = SELECTABLE_FIELDS.get(resource, _COMMON_FIELDS)
     out: FieldSelector = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         m = re.fullmatch(r"([A-Za-z.]+)\s*(!=|==|=)\s*(.*)", part)
         if not m:
             raise ApiError(400, "BadRequest", f'invalid selector: "{part}"')
-        if m[1] not in POD_FIELDS:
+        if m[1] not in allowed:
             raise ApiError(400, "BadRequest", f'field label not supported: "{m[1]}"')
-        out.append((m[1], m[2] != "!=", m[3]))
+        out.append((allowed[m[1]], m[2] != "!=", m[3]))
     return out
 
 
-def fields_match(selector: FieldSelector, pod: dict[str, Any]) -> bool:
-    for name, equal, value in selector:
-        part, key = POD_FIELDS[name]
-        if (((pod.get(part) or {}).get(key) or "") == value) != equal:
-            return False
-    return True
+def _field_value(obj: Any, path: tuple[str, ...]) -> str:
+    for key in path:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    if isinstance(obj, bool):  # the registries format booleans with strconv.FormatBool
+        return "true" if obj else "false"
+    if obj is None and path == ("spec", "unschedulable"):
+        return "false"
+    return "" if obj is None else str(obj)
+
+
+def fields_match(selector: FieldSelector, obj: dict[str, Any]) -> bool:
+    return all((_field_value(obj, path) == value) == equal for path, equal, value in selector)
 
 
 def labels_match(selector: list[tuple[str, str, set[str]]], labels: dict[str, str]) -> bool:
@@ -267,11 +299,12 @@ class Server(ThreadingHTTPServer):
 
 
 class _TableEvents:
-    """A watch's events with each pod as a one-row Table (``kubectl get -w``): the columns in
-    the first event only, as kube-apiserver sends them."""
+    """A watch's events with each object as a one-row Table (``kubectl get -w``): the columns
+    in the first event only, as kube-apiserver sends them."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, resource: str = "pods") -> None:
         self.handler = handler
+        self.resource = resource
         self.first = True
 
     def __getattr__(self, name: str) -> Any:
@@ -280,7 +313,8 @@ class _TableEvents:
     def write_chunk(self, event: dict[str, Any]) -> None:
         obj = event.get("object") or {}
         if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-            table = pod_table([obj], obj.get("metadata", {}).get("resourceVersion", ""))
+            rv = obj.get("metadata", {}).get("resourceVersion", "")
+            table = object_table(self.resource, [obj], rv)
             if not self.first:
                 table["columnDefinitions"] = []
             self.first = False
@@ -348,14 +382,19 @@ class Handler(BaseHTTPRequestHandler):
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             fake.authorize(user, call)
             kind = OBJECT_KINDS.get(call.resource, ("", ""))
+            every_namespace = not call.namespace and method == "GET" and not call.name
+            events_v1 = (call.group, call.resource) == ("events.k8s.io", "events")
             if (
                 call.resource != "pods"
-                and kind[1].rpartition("/")[0] == call.group
-                and (call.resource in CLUSTER_SCOPED) == (not call.namespace)
+                and (kind[1].rpartition("/")[0] == call.group or events_v1)
+                and (
+                    not call.namespace
+                    if call.resource in CLUSTER_SCOPED
+                    else call.namespace or every_namespace
+                )
                 and not call.subresource
             ):
-                return self._dispatch_object(method, call, query, raw)
-            every_namespace = not call.namespace and method == "GET" and not call.name
+                return self._dispatch_object(method, call, query, raw, events_v1)
             if call.group or call.resource != "pods" or not (call.namespace or every_namespace):
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             ns, name, sub = call.namespace, call.name or None, call.subresource
@@ -467,16 +506,45 @@ class Handler(BaseHTTPRequestHandler):
         self.end_stream()
 
     def _dispatch_object(
-        self, method: str, call: ApiCall, query: dict[str, str], raw: bytes
+        self, method: str, call: ApiCall, query: dict[str, str], raw: bytes, events_v1: bool
     ) -> None:
+        """A stored object of a kind other than Pod; ``events_v1``: an Event read through
+        ``events.k8s.io/v1`` (get and list only)."""
         fake = self.server.fake
         resource, ns, name = call.resource, call.namespace, call.name or None
+        table = wants_table(self.headers.get("Accept", ""))
+        watching = query.get("watch", "").lower() in ("true", "1")
+        if events_v1 and (method != "GET" or watching):
+            # discovery lists get and list only: refused as a real server refuses a verb a
+            # resource does not support
+            raise ApiError(
+                405,
+                "MethodNotAllowed",
+                "the server does not allow this method on the requested resource",
+            )
+        if method == "GET" and name is None and watching:
+            try:
+                return fake.watch(
+                    _TableEvents(self, resource) if table else self, ns, query, resource
+                )
+            except OSError:  # the client went away mid-stream
+                self.close_connection = True
+                return
         if method == "GET" and name is None:
-            return self._send(200, fake.list_objects(resource, ns, query.get("labelSelector", "")))
+            fields = parse_field_selector(query.get("fieldSelector", ""), resource)
+            listed = fake.list_objects(resource, ns, query.get("labelSelector", ""), fields)
+            if table:
+                rv = listed["metadata"]["resourceVersion"]
+                return self._send(200, object_table(resource, listed["items"], rv))
+            return self._send(200, to_events_v1_list(listed) if events_v1 else listed)
         if method == "POST" and name is None:
             return self._send(201, fake.create_object(resource, ns, json.loads(raw or b"{}")))
         if method == "GET" and name:
-            return self._send(200, fake.get_object(resource, ns, name))
+            obj = fake.get_object(resource, ns, name)
+            if table:
+                rv = obj["metadata"].get("resourceVersion", "")
+                return self._send(200, object_table(resource, [obj], rv))
+            return self._send(200, to_events_v1(obj) if events_v1 else obj)
         if method == "PUT" and name:
             return self._send(200, fake.replace_object(resource, ns, json.loads(raw or b"{}")))
         if method == "PATCH" and name:

@@ -3,6 +3,7 @@ the server as a real API server prints it (a Table for pods)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -75,9 +76,52 @@ def test_kubectl_get_prints_pods_as_a_real_server_does(cluster: TestCluster) -> 
 
 def test_kubectl_get_nodes_and_priorityclasses(cluster: TestCluster) -> None:
     nodes = run_kubectl(cluster, "get", "nodes")
-    assert nodes.returncode == 0 and "node-1" in nodes.stdout
-    classes = run_kubectl(cluster, "get", "priorityclasses", "-o", "name")
-    assert "priorityclass.scheduling.k8s.io/kfp-elastic-worker-level-0" in classes.stdout
+    assert nodes.returncode == 0, nodes.stderr
+    header, row = nodes.stdout.splitlines()
+    assert header.split() == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
+    assert row.split()[:3] == ["node-1", "Ready", "<none>"] and row.split()[4] == "v1.36.0"
+    wide = run_kubectl(cluster, "get", "node", "node-1", "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[5:] == [
+        "INTERNAL-IP",
+        "EXTERNAL-IP",
+        "OS-IMAGE",
+        "KERNEL-VERSION",
+        "CONTAINER-RUNTIME",
+    ]
+    assert "127.0.0.1" in wide[1] and "testcluster://1" in wide[1]
+    assert run_kubectl(cluster, "cordon", "node-1").returncode == 0
+    cordoned = run_kubectl(cluster, "get", "nodes", "--no-headers").stdout
+    assert cordoned.split()[1] == "Ready,SchedulingDisabled"
+    unschedulable = run_kubectl(cluster, "get", "nodes", "--field-selector=spec.unschedulable=true")
+    assert "node-1" in unschedulable.stdout
+    classes = run_kubectl(cluster, "get", "priorityclasses")
+    lines = classes.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "VALUE", "GLOBAL-DEFAULT", "AGE", "PREEMPTIONPOLICY"]
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert rows["kfp-elastic-worker-level-0"][1:3] == ["-2", "false"]
+    assert rows["kfp-elastic-worker-low"][4] == "Never"
+    named = run_kubectl(cluster, "get", "pc", "-o", "name")
+    assert "priorityclass.scheduling.k8s.io/kfp-elastic-worker-level-0" in named.stdout
+    roles = run_kubectl(cluster, "get", "roles").stdout.splitlines()
+    assert roles[0].split() == ["NAME", "CREATED", "AT"]  # a kind without a printer
+    bindings = run_kubectl(cluster, "get", "rolebindings", "-o", "wide").stdout.splitlines()
+    assert bindings[0].split() == ["NAME", "ROLE", "AGE", "USERS", "GROUPS", "SERVICEACCOUNTS"]
+    assert bindings[1].split()[1] == "Role/kfp-elastic-master"
+
+
+def test_kubectl_refuses_what_the_stand_in_does_not_serve(cluster: TestCluster) -> None:
+    refused = run_kubectl(cluster, "get", "nodes", "--field-selector", "spec.providerID=x")
+    assert refused.returncode == 1
+    assert 'field label not supported: "spec.providerID"' in refused.stderr
+    watch = run_kubectl(cluster, "get", "events.v1.events.k8s.io", "-w", "--request-timeout=20s")
+    assert watch.returncode == 1 and "(MethodNotAllowed)" in watch.stderr  # get and list only
+    explain = run_kubectl(cluster, "explain", "pods")  # no OpenAPI documents
+    assert explain.returncode == 1 and "(NotFound)" in explain.stderr
+    raw = run_kubectl(cluster, "get", "--raw", "/openapi/v2")
+    assert raw.returncode == 1 and "(NotFound)" in raw.stderr
+    leases = run_kubectl(cluster, "get", "leases", "-A")
+    assert leases.returncode == 1
+    assert "doesn't have a resource type" in leases.stderr
 
 
 def python_pod(name: str, code: str) -> dict:
@@ -209,3 +253,82 @@ def test_kubectl_cordon_and_drain_evict_through_the_eviction_api(cluster: TestCl
     assert cluster.api.list(cluster.namespace)["items"] == []
     node = cluster.api.get_object("nodes", "", "node-1")
     assert node["spec"]["unschedulable"] is True
+
+
+def test_kubectl_events_describe_pod_and_json(cluster: TestCluster) -> None:
+    sleeper = "import time\nwhile True:\n    time.sleep(0.1)\n"
+    cluster.api.create(cluster.namespace, python_pod("watched", sleeper))
+    cluster.api.create(cluster.namespace, pending_pod("too-big"))
+    wait_for(
+        lambda: cluster.api.pod("watched")["status"].get("phase") == "Running", 30, 0.1, "running"
+    )
+    wait_for(lambda: cluster.api.events("too-big"), 30, 0.1, "FailedScheduling recorded")
+    described = run_kubectl(cluster, "describe", "pod", "watched")
+    assert described.returncode == 0, described.stderr
+    events = described.stdout.split("Events:")[1].splitlines()
+    assert events[1].split() == ["Type", "Reason", "Age", "From", "Message"]
+    reasons = [line.split()[1] for line in events[3:] if line.strip()]
+    assert reasons == ["Scheduled", "Pulled", "Created", "Started"]
+    assert "Successfully assigned default/watched to node-1" in described.stdout
+    assert "spec.containers{main}: Started container main" in described.stdout
+    pending = run_kubectl(cluster, "describe", "pod", "too-big").stdout
+    assert "Warning  FailedScheduling" in pending and "0/1 nodes are available" in pending
+    assert run_kubectl(cluster, "delete", "pod", "watched").returncode == 0
+    listed = run_kubectl(cluster, "get", "events")
+    lines = listed.stdout.splitlines()
+    assert lines[0].split() == ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
+    assert any(line.split()[1:4] == ["Normal", "Killing", "pod/watched"] for line in lines)
+    assert any(line.split()[1:4] == ["Normal", "Starting", "node/node-1"] for line in lines)
+    selected = run_kubectl(
+        cluster, "get", "events", "--field-selector", "involvedObject.name=watched,reason=Killing"
+    )
+    assert [line.split()[2] for line in selected.stdout.splitlines()[1:]] == ["Killing"]
+    newer = run_kubectl(cluster, "get", "events.v1.events.k8s.io", "-o", "json")
+    assert newer.returncode == 0, newer.stderr
+    items = json.loads(newer.stdout)["items"]
+    assert {"apiVersion": "events.k8s.io/v1", "reason": "Killing"}.items() <= next(
+        i for i in items if i["reason"] == "Killing"
+    ).items()
+    as_json = json.loads(run_kubectl(cluster, "get", "pod", "too-big", "-o", "json").stdout)
+    assert as_json["kind"] == "Pod" and as_json["status"]["phase"] == "Pending"
+    by_namespace = run_kubectl(
+        cluster, "get", "pods", "-A", "--field-selector", "metadata.namespace=default"
+    )
+    assert "too-big" in by_namespace.stdout
+
+
+def test_kubectl_get_watch_of_nodes_and_events(cluster: TestCluster) -> None:
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    watchers = [
+        subprocess.Popen(
+            [kubectl(), "get", *args, "-w"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args in (["nodes"], ["events", "--field-selector=involvedObject.name=ran"])
+    ]
+    try:
+        time.sleep(1.0)  # kubectl lists, then watches
+        assert run_kubectl(cluster, "cordon", "node-1").returncode == 0
+        assert run_kubectl(cluster, "uncordon", "node-1").returncode == 0
+        cluster.api.create(cluster.namespace, python_pod("ran", "print('done')"))
+        wait_for(
+            lambda: cluster.api.pod("ran")["status"].get("phase") == "Succeeded",
+            30,
+            0.1,
+            "the pod ran",
+        )
+        time.sleep(1.0)
+    finally:
+        outputs = []
+        for watcher in watchers:
+            watcher.terminate()
+            outputs.append(watcher.communicate(timeout=10))
+    (nodes, nodes_err), (events, events_err) = outputs
+    statuses = [line.split()[1] for line in nodes.splitlines()[1:]]
+    assert statuses == ["Ready", "Ready,SchedulingDisabled", "Ready"], (nodes, nodes_err)
+    lines = events.splitlines()
+    assert lines[0].split() == ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"], events_err
+    assert [line.split()[2] for line in lines[1:]] == ["Scheduled", "Pulled", "Created", "Started"]

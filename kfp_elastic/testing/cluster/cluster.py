@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import platform
 import uuid
 from pathlib import Path
 from typing import Any
@@ -11,14 +12,33 @@ import yaml
 
 from kfp_elastic.components.common import run_pids
 from kfp_elastic.etcd.pki import generate_test_pki
+from kfp_elastic.testing.api_discovery import VERSION
+from kfp_elastic.testing.api_events import KUBELET
 from kfp_elastic.testing.api_server import FakeKubernetes
-from kfp_elastic.testing.api_wire import CLUSTER_SCOPED, OBJECT_KINDS, ApiError
+from kfp_elastic.testing.api_wire import CLUSTER_SCOPED, OBJECT_KINDS, ApiError, now_timestamp
 from kfp_elastic.testing.cluster.kubelet import CLUSTER_ENV, ClusterAccess, Kubelet
 from kfp_elastic.testing.cluster.kueue import Kueue, KueueQueue
 from kfp_elastic.testing.cluster.node_lifecycle import NodeLifecycle, NodeLifecycleSettings
 from kfp_elastic.testing.cluster.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
+
+# What a node's kubelet reports of itself (``kubectl get nodes -o wide``, ``describe node``):
+# the API server's version, the machine the pods' processes run on.
+NODE_INFO = {
+    "kubeletVersion": VERSION["gitVersion"].partition("-")[0],
+    "kubeProxyVersion": "",
+    "osImage": f"{platform.system()} (test cluster: pods are host processes)",
+    "kernelVersion": platform.release(),
+    "containerRuntimeVersion": "testcluster://1",
+    "operatingSystem": platform.system().lower(),
+    "architecture": {"x86_64": "amd64", "aarch64": "arm64"}.get(
+        platform.machine(), platform.machine()
+    ),
+    "machineID": "",
+    "systemUUID": "",
+    "bootID": "",
+}
 
 # The master's ServiceAccount, Role and RoleBinding as the manifests install them.
 MASTER_RBAC: list[dict[str, Any]] = [
@@ -40,6 +60,11 @@ class TestCluster:
     unless given; tests pass ``FAST_NODE_LIFECYCLE``). On exit every pod process is killed,
     every thread joined and the server closed; :meth:`leftover_processes` says whether any
     escaped.
+
+    ``kubectl`` works against it: the cluster writes its admin's kubeconfig to
+    ``<root>/kubeconfig`` (:attr:`kubeconfig`); the scheduler, kubelets and node controllers
+    record Events (``kubectl get events``, ``kubectl describe``). What kubectl can and cannot
+    do here: ``docs/testing.md``, "kubectl against the test cluster".
     """
 
     __test__ = False  # not a pytest test class
@@ -176,13 +201,27 @@ class TestCluster:
             for key, value in capacity.items()
         }
         resources.setdefault("pods", "110")
+        now = now_timestamp()
         return {
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
             "status": {
                 "capacity": resources,
                 "allocatable": resources,
-                "conditions": [{"type": "Ready", "status": "True"}],
-                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "kubelet is posting ready status",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+                "addresses": [
+                    {"type": "InternalIP", "address": "127.0.0.1"},
+                    {"type": "Hostname", "address": name},
+                ],
+                "nodeInfo": NODE_INFO,
             },
         }
 
@@ -195,7 +234,12 @@ class TestCluster:
         self.kubelets[name] = Kubelet(
             self.api, name, self.root, self.access, start_delay_s=start_delay_s
         )
-        self.api.create_object("nodes", "", self._node(name, capacity))
+        node = self.api.create_object("nodes", "", self._node(name, capacity))
+        for reason, message in (
+            ("Starting", "Starting kubelet."),
+            ("NodeReady", f"Node {name} status is now: NodeReady"),
+        ):
+            self.api.record_event(node, reason, message, component=KUBELET, host=name)
         log.info(
             "event=node_added node=%s capacity=%s start_delay_s=%s", name, capacity, start_delay_s
         )

@@ -11,6 +11,8 @@ main process only (the process the kubelet started: PID 1 of the container), the
 everything the pod started once ``terminationGracePeriodSeconds`` passed; once the main processes
 have ended, every process they left behind is SIGKILLed at once, as a container's PID namespace
 ends with its init (per pod here, not per container); output goes to one log file per container.
+It records the kubelet's events on the pods (``Pulling``/``Pulled``, ``Created``, ``Started``,
+``Killing``, ``Failed`` for a container it cannot configure).
 
 Mounts: a process cannot see a host directory at a container path such as /etc/etcd-tls, so the
 kubelet rewrites every mountPath it finds (at a path boundary) in ``command``, ``args``,
@@ -53,6 +55,7 @@ from typing import Any, TextIO
 
 from kfp_elastic.components.common import run_pids
 from kfp_elastic.processes import sigkill_tagged
+from kfp_elastic.testing.api_events import KUBELET, container_path
 from kfp_elastic.testing.api_server import FakeKubernetes
 from kfp_elastic.testing.api_wire import ApiError, now_timestamp
 from kfp_elastic.testing.cluster.controller import ControlLoop
@@ -332,6 +335,8 @@ class Kubelet:
             if meta.get("deletionTimestamp") and not running.terminating:
                 running.terminating = True
                 running.grace_s = float(meta.get("deletionGracePeriodSeconds", 30))
+                for c in running.containers:
+                    self._event(pod, "Killing", f"Stopping container {c.name}", c.name)
                 self._sigterm(running)
             if running.terminating and not running.exited():
                 assert running.sigterm_at is not None
@@ -381,6 +386,8 @@ class Kubelet:
                     ],
                 },
             )
+            for c in spec["containers"]:
+                self._event(pod, "Pulling", f'Pulling image "{c["image"]}"', c["name"])
             log.info(
                 "event=pod_container_creating pod=%s/%s node=%s start_delay_s=%s",
                 meta["namespace"],
@@ -446,6 +453,8 @@ class Kubelet:
                     ]
                 },
             )
+            for c in spec["containers"]:
+                self._event(pod, "Failed", f"Error: {exc}", c["name"], "Warning")
             log.info("event=pod_config_error pod=%s/%s error=%r", ns, name, str(exc))
             return
         containers = []
@@ -474,6 +483,16 @@ class Kubelet:
             containers.append(_Container(cname, process, log_file, now_timestamp()))
         running = _RunningPod((ns, name), uid, containers)
         self._pods[uid] = running
+        for container in spec["containers"]:
+            cname, image = container["name"], container["image"]
+            pulled = (
+                f'Successfully pulled image "{image}"'
+                if self.start_delay_s > 0
+                else f'Container image "{image}" already present on machine'
+            )
+            self._event(pod, "Pulled", pulled, cname)
+            self._event(pod, "Created", f"Created container: {cname}", cname)
+            self._event(pod, "Started", f"Started container {cname}", cname)
         now = now_timestamp()
         self._api(
             self.api.update_status,
@@ -619,6 +638,25 @@ class Kubelet:
         for c in running.containers:
             c.log.close()
         self._pods.pop(running.uid, None)
+
+    def _event(
+        self,
+        pod: dict[str, Any],
+        reason: str,
+        message: str,
+        container: str,
+        event_type: str = "Normal",
+    ) -> None:
+        """The kubelet's event about a container of ``pod`` (``kubectl describe pod``)."""
+        self.api.record_event(
+            {"kind": "Pod", "apiVersion": "v1", **pod},
+            reason,
+            message,
+            component=KUBELET,
+            event_type=event_type,
+            host=self.node,
+            field_path=container_path(container),
+        )
 
     def _api(self, action: Callable[..., Any], *args: Any) -> None:
         try:

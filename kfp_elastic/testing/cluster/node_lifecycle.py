@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kfp_elastic.testing.api_events import NODE_CONTROLLER, TAINT_EVICTION
 from kfp_elastic.testing.api_server import FakeKubernetes
 from kfp_elastic.testing.api_wire import ApiError, now_timestamp
 from kfp_elastic.testing.cluster.scheduler import tolerates
@@ -150,9 +151,25 @@ class NodeLifecycle:
         kept = [t for t in spec.get("taints") or [] if t.get("key") != UNREACHABLE_TAINT]
         spec["taints"] = kept + unreachable_taints(now_timestamp())
         try:
-            self.api.replace_object("nodes", "", node)
+            stored = self.api.replace_object("nodes", "", node)
         except ApiError:
             return  # the node went meanwhile
+        # node-lifecycle-controller's events: on the node, and on each pod it marks not ready
+        self.api.record_event(
+            stored,
+            "NodeNotReady",
+            f"Node {name} status is now: NodeNotReady",
+            component=NODE_CONTROLLER,
+        )
+        for pod in self.api.pods_snapshot():
+            if pod["spec"].get("nodeName") == name:
+                self.api.record_event(
+                    pod,
+                    "NodeNotReady",
+                    "Node is not ready",
+                    component=NODE_CONTROLLER,
+                    event_type="Warning",
+                )
         log.info("event=node_unreachable node=%s grace_s=%s", name, self.settings.monitor_grace_s)
 
     def _evict_due(self, name: str, node: dict[str, Any], now: float) -> None:
@@ -174,6 +191,12 @@ class NodeLifecycle:
                 self.api.lose_node(meta["name"], ns=meta["namespace"])
             except ApiError:
                 continue  # deleted meanwhile
+            self.api.record_event(
+                pod,
+                "TaintManagerEviction",
+                f"Marking for deletion Pod {meta['namespace']}/{meta['name']}",
+                component=TAINT_EVICTION,
+            )
             log.info(
                 "event=pod_evicted_by_taint_manager pod=%s/%s node=%s after_s=%.1f",
                 meta["namespace"],

@@ -3,7 +3,8 @@ their resource requests and whose taints they tolerate, marks the others
 ``PodScheduled=False``/``Unschedulable``, and preempts lower-priority pods the way
 kube-scheduler does (``DisruptionTarget``, then a graceful delete the kubelet carries out),
 keeping the room it freed for the pod it nominated. Gated pods keep the ``SchedulingGated``
-condition the API server gave them at creation.
+condition the API server gave them at creation. It records kube-scheduler's events on the pods
+(``Scheduled``, ``FailedScheduling``, ``Preempted``).
 
 :func:`plan` is the pure decision over a snapshot of nodes and pods; :class:`Scheduler` runs it
 whenever anything in the API server changed and applies what it decided.
@@ -282,7 +283,10 @@ class Scheduler:
         by_key = {_key(p): p for p in pods}
         decided = plan(nodes, pods, labels, taints)
         for (ns, name), node in decided.binds:
-            self._apply(self.api.bind, ns, name, node)
+            if self._apply(self.api.bind, ns, name, node):
+                self._event(
+                    by_key[(ns, name)], "Scheduled", f"Successfully assigned {ns}/{name} to {node}"
+                )
             log.info("event=pod_bound pod=%s/%s node=%s", ns, name, node)
         nominated = dict(decided.nominated)
         for (ns, name), message in decided.unschedulable:
@@ -295,18 +299,41 @@ class Scheduler:
                 node
             ):
                 continue  # nothing new to say: no write, so no change to wake anyone
-            self._apply(self.api.mark_unschedulable, ns, name, message, node)
+            if self._apply(self.api.mark_unschedulable, ns, name, message, node):
+                self._event(by_key[(ns, name)], "FailedScheduling", message, "Warning")
             log.info("event=pod_unschedulable pod=%s/%s nominated=%s", ns, name, node)
         for ns, name in decided.victims:
             log.info("event=pod_preempted pod=%s/%s", ns, name)
-            self._apply(self.api.preempt, name, ns=ns)
+            victim = by_key[(ns, name)]
+            where = victim["spec"].get("nodeName", "")
+            preemptor = next(
+                (by_key[key] for key, node in decided.nominated if node == where), None
+            )
+            if self._apply(self.api.preempt, name, ns=ns):
+                uid = "" if preemptor is None else preemptor["metadata"]["uid"]
+                self._event(victim, "Preempted", f"Preempted by pod {uid} on node {where}")
+
+    def _event(
+        self, pod: dict[str, Any], reason: str, message: str, event_type: str = "Normal"
+    ) -> None:
+        """kube-scheduler's event about ``pod`` (``kubectl describe pod`` shows it)."""
+        self.api.record_event(
+            {"kind": "Pod", "apiVersion": "v1", **pod},
+            reason,
+            message,
+            component=SCHEDULER_NAME,
+            event_type=event_type,
+        )
 
     @staticmethod
-    def _apply(action: Any, *args: Any, **kwargs: Any) -> None:
+    def _apply(action: Any, *args: Any, **kwargs: Any) -> bool:
+        """Whether the write went through."""
         try:
             action(*args, **kwargs)
         except ApiError as exc:  # the pod changed or went since the snapshot: next pass
             log.info("event=schedule_skipped reason=%s", exc.status["reason"])
+            return False
+        return True
 
     def stop(self) -> None:
         self._loop.stop()
