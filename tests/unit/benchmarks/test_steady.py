@@ -133,6 +133,7 @@ def test_the_summary_holds_the_ratios_and_goals() -> None:
             "mean_jct_s": jct,
             "p99_jct_s": jct * 3,
             "mean_pending_s": jct / 10,
+            "ideal_mean_jct_s": 40.0,
             "utilization": 0.9,
             "idle_while_waiting": 0.0,
         }
@@ -147,6 +148,7 @@ def test_the_summary_holds_the_ratios_and_goals() -> None:
     assert ratios["jct_vs_tiresias"]["mean"] == pytest.approx(0.8333, abs=1e-3)
     assert summary["goals"]["jct_vs_gang_le_0.6"] and summary["goals"]["jct_vs_tiresias_le_0.85"]
     assert not summary["goals"]["pending_vs_gang_le_0.2"]
+    assert summary["ideal_jct_vs_gang"]["mean"] == 0.4  # no policy gets below 40 / 100
 
 
 def test_quick_run_writes_every_configuration(tmp_path: Path) -> None:
