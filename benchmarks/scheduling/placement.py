@@ -14,7 +14,10 @@ change its answer, leaving the answer the same:
 - **bound pods** are passed only where ``plan`` may choose them as victims: on each node the
   first ``k`` that an included preempting pod outranks (lowest priority first), ``k`` the number
   of included pods that must preempt (a one-GPU pod on a full node evicts one pod); the others'
-  GPUs are taken off their node's capacity, which is all ``plan`` uses them for.
+  GPUs are taken off their node's capacity, which is all ``plan`` uses them for. Terminating
+  pods (a victim's graceful stop) are always passed: a preemptor that they make room for waits
+  for them (``plan`` nominates it) instead of evicting another pod, so each terminating pod
+  counts as one more pending preemptor that can have an outcome.
 
 ``tests/unit/benchmarks/test_scheduling.py`` checks that the reduced and the full snapshot give
 the same binds and victims.
@@ -48,6 +51,9 @@ class SimPod:
     owner: Any = None  # the simulator's job
     index: int = 0  # worker index in its job
     running: bool = False  # in its job's training world
+    # a deleted pod still holding its GPU during its graceful stop: plan counts it as
+    # terminating (a preemptor waits for it instead of choosing another victim)
+    terminating: bool = False
     manifest: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -64,6 +70,8 @@ class SimPod:
             },
             "status": {"phase": "Pending"},
         }
+        if self.terminating:
+            self.manifest["metadata"]["deletionTimestamp"] = "stopping"
 
     def bind(self, node: str) -> None:
         self.node = node
@@ -138,9 +146,12 @@ def schedule(
     if reduce:
         free = sum(nodes.values()) - len(bound)
         top = max((p.priority for p in ordered[free:] if p.preempting), default=None)
-        evictable = [p for p in bound if top is not None and p.priority < top]
-        ordered = relevant_pending(ordered, free, len(evictable))
-        passed_bound = candidate_victims(bound, ordered[free:])
+        terminating = [p for p in bound if p.terminating]
+        evictable = [p for p in bound if top is not None and p.priority < top and not p.terminating]
+        ordered = relevant_pending(ordered, free, len(evictable) + len(terminating))
+        passed_bound = (
+            candidate_victims([p for p in bound if not p.terminating], ordered[free:]) + terminating
+        )
         passed = set(map(id, passed_bound))
         for pod in bound:
             if id(pod) not in passed:

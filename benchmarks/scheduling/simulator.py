@@ -43,7 +43,9 @@ batch), ``speed(w) = gpus × step(gpus) / step(w)`` (``benchmarks/scheduling/thr
 whose workers changed runs ``kfp_elastic.master.scaling.decide`` (ask for MAX, replace what was
 preempted; ``max_wait_s`` infinite: a queued job waits); then the scheduler's ``plan``
 (:mod:`benchmarks.scheduling.placement`) binds pending pods and picks victims; victims leave at
-once (their grace period is not modelled), which may let the preemptors bind on the next pass.
+once with ``stop_s`` 0, which may let the preemptors bind on the next pass; with ``stop_s`` > 0
+each victim is terminating for that long, and a preemptor waits for it (nominated) rather than
+evicting another pod.
 
 **A job trains** on its ready workers once there are at least MIN of them (the rendezvous waits
 for MIN): at world ``w`` with ``w >= MIN``, none below.
@@ -190,6 +192,7 @@ class _JobState:
     ladder_version: int = 0  # invalidates stale ladder wake-ups
     ladder_wake_at: float | None = None  # the pending wake-up
     moves: int = 0
+    moved: list[tuple[float, int]] = field(default_factory=list)  # (time, new level) per move
     stopped_at: float | None = None  # tiresias: preempted whole (or arrived) and waiting since
     restarting: bool = False  # tiresias: its next start pays restart_s
 
@@ -375,7 +378,7 @@ class Simulation:
             state.stopped_at = self.now
             self.queue.append(state)
             if self.tiresias:
-                self._ladder_step(state, 0.0)  # its starvation wake-up
+                self._ladder_step(state, state.stopped_at)  # its starvation wake-up
         else:
             self._mark(state)  # its master starts now
 
@@ -473,11 +476,14 @@ class Simulation:
 
     def _stopping(self, pod: SimPod) -> None:
         """A bound worker leaving: its GPU stays held for its graceful stop (``stop_s``) by a
-        stand-in no one can preempt."""
+        terminating stand-in (no one preempts it; a preemptor it makes room for waits for it,
+        as kube-scheduler's nominated pod does, instead of choosing another victim)."""
         if self.costs.stop_s <= 0 or pod.node is None:
             return
         self.versions += 1
-        stand_in = SimPod(f"{pod.name}-stopping", STOPPING_PRIORITY, False, self.versions)
+        stand_in = SimPod(
+            f"{pod.name}-stopping", STOPPING_PRIORITY, False, self.versions, terminating=True
+        )
         stand_in.bind(pod.node)
         self._bind(stand_in)
         self._push(self.now + self.costs.stop_s, "release", stand_in)
@@ -492,28 +498,29 @@ class Simulation:
         state.attained += state.world * max(0.0, self.now - state.attained_at)
         state.attained_at = self.now
 
-    def _ladder_step(self, state: _JobState, below_min_for_s: float) -> bool:
-        """``decide_level`` for the job now (the product's rule); whether it moved. Schedules
-        the next time the rule could move it: its next threshold at its present world, the end
-        of a rate limit, its starvation time."""
+    def _ladder_step(self, state: _JobState, below_since: float | None) -> bool:
+        """``decide_level`` for the job now (the product's rule), ``below_since`` the time it
+        went below its MIN (tiresias: stopped), None while it is served; whether it moved.
+        Schedules the next time the rule could move it: its next threshold at its present
+        world, the end of a rate limit, its starvation time."""
         assert self.ladder is not None
         self._attain(state)
+        below_min_for_s = 0.0 if below_since is None else self.now - below_since
         d = decide_level(self.ladder, state.ladder, state.attained, below_min_for_s, self.now)
         state.ladder = d.state
         if d.move:
             state.moves += 1
+            state.moved.append((self.now, d.level))
         wake = []
         if d.action == LadderAction.RATE_LIMITED and d.move_allowed_at is not None:
             wake.append(d.move_allowed_at)
         to_go = d.service_to_demotion_gpu_s
         # a due move held back wakes at the end of the limit, not at its (reached) threshold
         held_back = d.action == LadderAction.RATE_LIMITED
-        if to_go is not None and state.world > 0 and below_min_for_s <= 0 and not held_back:
+        if to_go is not None and state.world > 0 and below_since is None and not held_back:
             wake.append(self.now + max(to_go, _EPS) / state.world)
-        if d.level > 0 and below_min_for_s > 0:
-            wake.append(self.now + max(self.ladder.starvation_s - below_min_for_s, _EPS))
-        elif d.level > 0 and self.tiresias and state.stopped_at is not None:
-            wake.append(state.stopped_at + self.ladder.starvation_s)
+        if d.level > 0 and below_since is not None:
+            wake.append(below_since + self.ladder.starvation_s)
         at = max(min(wake), self.now + _EPS) if wake else None
         if at != state.ladder_wake_at:  # a reconcile that changes nothing pushes nothing
             state.ladder_version += 1
@@ -526,10 +533,18 @@ class Simulation:
         if version == state.ladder_version and state.finished_at is None:
             state.ladder_wake_at = None
             if self.tiresias:  # the scheduler's order changes; no pod is re-created
-                waited = 0.0 if state.stopped_at is None else self.now - state.stopped_at
-                self._ladder_step(state, waited)
+                self._ladder_step(state, state.stopped_at)
             else:
                 self._mark(state)
+
+    def _ladder_move(self, state: _JobState) -> None:
+        """elastic-ladder: the rule for the job now; a move re-creates its guaranteed workers
+        of another level (each stopped gracefully; ``decide`` replaces them)."""
+        if self._ladder_step(state, state.below_min_since):
+            level = self._guaranteed_priority(state)
+            for pod in list(state.pods.values()):
+                if pod.index < state.policy.min_workers and pod.priority != level:
+                    self._evict(pod, Reason.DELETED)
 
     def _guaranteed_priority(self, state: _JobState) -> int:
         if self.ladder is None or self.tiresias:
@@ -550,15 +565,11 @@ class Simulation:
         """One reconcile of the job's master: the ladder's step (a move re-creates the
         guaranteed workers of another level, each stopped gracefully), ``decide``, then create
         the pods it launches."""
-        if self.ladder is not None and not self.tiresias:
-            since = state.below_min_since
-            if self._ladder_step(state, 0.0 if since is None else self.now - since):
-                level = self._guaranteed_priority(state)
-                for pod in list(state.pods.values()):
-                    if pod.index < state.policy.min_workers and pod.priority != level:
-                        self._evict(pod, Reason.DELETED)
+        laddered = self.ladder is not None and not self.tiresias
+        if laddered:
+            self._ladder_move(state)
         elif self.tiresias:  # admitted: its next threshold at its present world
-            self._ladder_step(state, 0.0)
+            self._ladder_step(state, None)
         decision = decide(
             state.policy,
             self._statuses(state),
@@ -566,7 +577,12 @@ class Simulation:
             state.below_min_since,
             self.now,
         )
+        changed = decision.below_min_since != state.below_min_since
         state.below_min_since = decision.below_min_since
+        if laddered and changed:
+            # it went below MIN (its starvation time) or reached it (its next threshold) in
+            # this reconcile: the rule again, for the wake-up that goes with it
+            self._ladder_move(state)
         state.recorded.update(o.name for o in decision.ended)
         state.ended = [s for s in state.ended if s.name not in state.recorded]
         for index in decision.launch:
@@ -654,7 +670,7 @@ class Simulation:
         state.stopped_at = self.now
         self.admitted.pop(id(state), None)
         self._reschedule(state)  # no finish while stopped
-        self._ladder_step(state, 0.0)  # its starvation wake-up
+        self._ladder_step(state, state.stopped_at)  # its starvation wake-up
 
     def _reconcile(self) -> None:
         for _ in range(10_000):

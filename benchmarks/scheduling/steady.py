@@ -153,6 +153,9 @@ def run_one(
         "mean_jct_s": statistics.fmean(jct),
         "p99_jct_s": percentile(jct, 99),
         "mean_pending_s": statistics.fmean(pending),
+        # every measured job started at its submission, at its own size, never stopped: no
+        # policy whose jobs grow at most to their request does better
+        "ideal_mean_jct_s": statistics.fmean(j.work / j.gpus for j in measured),
         "utilization": sim.held_s / span,
         "idle_while_waiting": sim.idle_waiting_s / span,
         "preemptions": result.preemptions,
@@ -188,6 +191,14 @@ def summarize(runs: Sequence[Mapping[str, Any]], policies: Sequence[str]) -> dic
             for key in ("mean_jct_s", "p99_jct_s", "mean_pending_s", "utilization")
             + ("idle_while_waiting",)
         }
+    # the lowest mean JCT ratio to gang any policy can reach here (jobs at most their request)
+    if "gang" in policies:
+        out["ideal_jct_vs_gang"] = describe(
+            [
+                r["by_policy"]["gang"]["ideal_mean_jct_s"] / r["by_policy"]["gang"]["mean_jct_s"]
+                for r in runs
+            ]
+        )
     for policy in ("elastic", "elastic-ladder"):
         per_seed = [ratios(r["by_policy"], policy) for r in runs if policy in r["by_policy"]]
         names = {n for ratio in per_seed for n in ratio}
@@ -257,6 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "ladder_jct_vs_tiresias": _mean(c, "jct_vs_tiresias"),
             "ladder_pending_vs_gang": _mean(c, "pending_vs_gang"),
             "ladder_p99_vs_gang": _mean(c, "p99_vs_gang"),
+            "ideal_jct_vs_gang": c.get("ideal_jct_vs_gang", {}).get("mean"),
         }
         for c in configs
     }

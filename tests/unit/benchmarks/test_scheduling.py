@@ -189,35 +189,31 @@ def test_a_bad_trace_gets_a_clear_error(tmp_path: Path) -> None:
 
 def test_the_reduced_snapshot_gives_plan_s_own_answer() -> None:
     """The adapter hands ``plan`` only what can change its answer: the same binds and victims
-    as the whole snapshot, over random clusters."""
+    as the whole snapshot, over random clusters with the ladder's levels and pods stopping."""
     rng = random.Random(7)
-    for _ in range(80):
+    levels = [-2, -3, -4, GUARANTEED_PRIORITY]  # guaranteed workers: the ladder's or not
+    for _ in range(120):
         nodes = nodes_of(rng.randint(4, 40), rng.choice([1, 4, 8]))
         version = 0
         bound, pending = [], []
+
+        def pod(prefix: str, chance: float) -> SimPod:
+            nonlocal version
+            version += 1
+            guaranteed = rng.random() < chance
+            priority = rng.choice(levels) if guaranteed else OPPORTUNISTIC_PRIORITY
+            return SimPod(f"{prefix}{version}", priority, guaranteed, version)
+
         for node, gpus in nodes.items():
             for _ in range(rng.choice([gpus, gpus, rng.randint(0, gpus)])):  # mostly full
-                version += 1
-                guaranteed = rng.random() < 0.4
-                pod = SimPod(
-                    f"b{version}",
-                    GUARANTEED_PRIORITY if guaranteed else OPPORTUNISTIC_PRIORITY,
-                    guaranteed,
-                    version,
-                )
-                pod.bind(node)
-                bound.append(pod)
-        for _ in range(rng.randint(0, 30)):
-            version += 1
-            guaranteed = rng.random() < 0.3
-            pending.append(
-                SimPod(
-                    f"p{version}",
-                    GUARANTEED_PRIORITY if guaranteed else OPPORTUNISTIC_PRIORITY,
-                    guaranteed,
-                    version,
-                )
-            )
+                if rng.random() < 0.1:  # a victim in its graceful stop
+                    version += 1
+                    one = SimPod(f"t{version}", 10**9, False, version, terminating=True)
+                else:
+                    one = pod("b", 0.4)
+                one.bind(node)
+                bound.append(one)
+        pending = [pod("p", 0.3) for _ in range(rng.randint(0, 30))]
         rng.shuffle(pending)
         full = schedule(nodes, bound, pending, reduce=False)
         reduced = schedule(nodes, bound, pending)

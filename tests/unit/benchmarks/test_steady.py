@@ -65,6 +65,48 @@ def test_a_victims_graceful_stop_holds_its_gpu() -> None:
     assert stopping["s0"] == pytest.approx(free["s0"] + 3.0)
 
 
+def test_a_preemptor_waits_for_its_victims_stop_instead_of_taking_more() -> None:
+    # Each short job's workers need exactly the GPUs of the victims chosen for them: while the
+    # victims stop, the preemptors wait for those GPUs and evict nothing else.
+    free, stopping = run("elastic"), run("elastic", costs=Costs(stop_s=3.0))
+    assert stopping.result.preemptions == free.result.preemptions == 6
+
+
+def test_a_demotion_held_back_by_the_rate_limit_is_made_when_it_ends() -> None:
+    # The long job's service passes 1000 GPU-seconds at about 130 s; with moves at least
+    # 700 s apart (counted from its start) it stays at level 0 until 700 s, so the fourth
+    # short job (at 615 s) preempts it only then.
+    slow = LadderPolicy(DEFAULT_LADDER_PRIORITY_CLASSES, (1000.0, 20000.0), 3000.0, 700.0)
+    sim = Simulation(LONG_AND_SHORT, 8, "elastic-ladder", NO_STOP, min_workers=2, ladder=slow)
+    sim.run()
+    assert 700 <= starts(sim)["s3"] < 720
+    assert sim.jobs[0].moves == 1
+
+
+def starving(starvation_s: float) -> Simulation:
+    """A (8 GPUs, MIN 8) passes both thresholds (1000 and 3000 GPU-seconds: level 2 at about
+    385 s); B (the same size, level 0) arrives at 400 s and takes every GPU, is demoted to
+    level 1 at about 530 s, and reaches level 2 only at about 785 s."""
+    ladder = LadderPolicy(DEFAULT_LADDER_PRIORITY_CLASSES, (1000.0, 3000.0), starvation_s, 60.0)
+    jobs = [Job("a", 0, 8, 8 * 2000), Job("b", 400, 8, 8 * 2000)]
+    sim = Simulation(jobs, 8, "elastic-ladder", NO_STOP, min_workers=8, ladder=ladder)
+    sim.run()
+    return sim
+
+
+def test_a_starving_job_goes_back_to_level_0() -> None:
+    promoted, starved = starving(300.0), starving(1e5)
+    # A, below its MIN from 400 s, goes back to level 0 after 300 s and preempts B (level 1)
+    a_moves = promoted.jobs[0].moved
+    assert [level for _, level in a_moves[:3]] == [1, 2, 0]
+    assert a_moves[2][0] == pytest.approx(700.0, abs=1.0)
+    # without the promotion A waits at level 2 until B's own demotion to level 2 re-creates
+    # B's workers behind A's older pending ones
+    assert [level for _, level in starved.jobs[0].moved] == [1, 2]
+    assert starved.preemptions == 8  # B takes A's 8 GPUs once
+    assert promoted.preemptions > 8  # and A's promoted workers take them back
+
+
 def test_arrivals_offer_the_load_asked() -> None:
     pool = [TraceJob(f"t{i}", 0, 60.0 * (1 + i % 5), 1 + i % 3) for i in range(50)]
     mean = steady.mean_gpu_seconds(pool)
@@ -91,6 +133,7 @@ def test_the_summary_holds_the_ratios_and_goals() -> None:
             "mean_jct_s": jct,
             "p99_jct_s": jct * 3,
             "mean_pending_s": jct / 10,
+            "ideal_mean_jct_s": 40.0,
             "utilization": 0.9,
             "idle_while_waiting": 0.0,
         }
@@ -105,6 +148,7 @@ def test_the_summary_holds_the_ratios_and_goals() -> None:
     assert ratios["jct_vs_tiresias"]["mean"] == pytest.approx(0.8333, abs=1e-3)
     assert summary["goals"]["jct_vs_gang_le_0.6"] and summary["goals"]["jct_vs_tiresias_le_0.85"]
     assert not summary["goals"]["pending_vs_gang_le_0.2"]
+    assert summary["ideal_jct_vs_gang"]["mean"] == 0.4  # no policy gets below 40 / 100
 
 
 def test_quick_run_writes_every_configuration(tmp_path: Path) -> None:
