@@ -65,13 +65,23 @@ def start_agents(
     return agents
 
 
-def world_reached(events: Path, world: int, after: float = 0.0):
-    return wait_for_events(
-        events,
-        lambda ev: first_step_with_world(ev, world, after),
-        FORM_TIMEOUT,
-        what=f"a step of world {world}",
-    )
+def world_reached(group: AgentGroup, events: Path, world: int, after: float = 0.0):
+    """The first step of a ``world``-process world; on a timeout the error says how far the job
+    got (its worlds, whether it finished first) and ends with the agents' logs."""
+    try:
+        return wait_for_events(
+            events,
+            lambda ev: first_step_with_world(ev, world, after),
+            FORM_TIMEOUT,
+            what=f"a step of world {world}",
+        )
+    except TimeoutError as error:
+        seen = read_events(events)
+        worlds = sorted({e.get("world_size") for e in seen if e.get("event") == "step"} - {None})
+        done = [e for e in seen if e.get("event") == "done"]
+        raise TimeoutError(
+            f"{error}; worlds trained: {worlds}; finished: {bool(done)}\n{group.logs()}"
+        ) from error
 
 
 def finished_ok(group: AgentGroup, agents: list[Agent], timeout: float = 120) -> None:
@@ -99,8 +109,8 @@ def test_a_lost_node_leaves_survivors_training(tmp_path: Path, etcd, victim: int
     # A hung host closes no connection: only its lease running out (lease_ttl) tells the others.
     conf = {"lease_ttl": 3} if how == "hang" else {}
     with AgentGroup(tmp_path) as group:
-        agents = start_agents(group, etcd, new_run_id(), events, 3, "2:3", steps=120, **conf)
-        world_reached(events, 3)
+        agents = start_agents(group, etcd, new_run_id(), events, 3, "2:3", steps=200, **conf)
+        world_reached(group, events, 3)
         lost_at = agents[victim].sigkill_tree() if how == "sigkill" else stop_tree(agents[victim])
         step = wait_for_events(
             events,
@@ -136,7 +146,7 @@ def test_a_peer_loss_does_not_spend_a_restart(tmp_path: Path, etcd) -> None:
             steps=150,
             agent_options={"max_restarts": 0, "monitor_interval": 2.0},
         )
-        world_reached(events, 3)
+        world_reached(group, events, 3)
         killed_at = agents[2].sigkill_tree()
         wait_for_events(
             events,
@@ -160,7 +170,7 @@ def test_a_node_joining_grows_the_world(tmp_path: Path, etcd) -> None:
     run_id = new_run_id()
     with AgentGroup(tmp_path) as group:
         agents = start_agents(group, etcd, run_id, events, 3, "2:4", steps=120)
-        world_reached(events, 3)
+        world_reached(group, events, 3)
         joined_at = time.time()
         agents += start_agents(group, etcd, run_id, events, 1, "2:4", steps=120)
         wait_for_events(
@@ -196,7 +206,7 @@ def test_sigterm_leaves_gracefully(tmp_path: Path, etcd) -> None:
             peer_probe="false",
             warm_start="false",
         )
-        world_reached(events, 3)
+        world_reached(group, events, 3)
         terminated_at = agents[2].sigterm()
         agents[2].wait(60)
         wait_for_events(

@@ -41,6 +41,8 @@ def tagged() -> Iterator[tuple[str, subprocess.Popen[str], int]]:
     assert child.stdout is not None
     grandchild = int(child.stdout.readline())
     try:
+        # Printed right after its fork: while it execs, /proc shows no environment for a moment.
+        wait_for(lambda: processes.has_env(grandchild, TAG, value), 10, what="the grandchild")
         yield value, child, grandchild
     finally:
         for pid in processes.pids_with_env(TAG, value) | {child.pid}:
