@@ -55,6 +55,13 @@ from benchmarks.scheduling.simulator import (
     percentile,
 )
 from benchmarks.scheduling.trace import DEFAULT_TRACE, Job, TraceJob, eligible, read_trace
+from kfp_elastic.job_spec import (
+    DEFAULT_LADDER_MIN_MOVE_INTERVAL_S,
+    DEFAULT_LADDER_PRIORITY_CLASSES,
+    DEFAULT_LADDER_STARVATION_S,
+    DEFAULT_LADDER_THRESHOLDS_GPU_H,
+)
+from kfp_elastic.master.ladder import LadderPolicy
 
 HOUR = 3600.0
 JCT_GOAL_GANG = 0.6  # elastic-ladder / gang mean JCT, at most
@@ -87,8 +94,42 @@ def build_parser() -> argparse.ArgumentParser:
         default="half",
         help="elastic jobs' MIN: one, half (ceil of half the request) or a number",
     )
+    parser.add_argument(
+        "--thresholds",
+        type=parse_thresholds,
+        action="append",
+        help="the ladder's thresholds in GPU-hours (comma-separated, increasing; one per level "
+        "but the last); repeat it to compare ladders in one run (default: the product's "
+        + ",".join(f"{h:g}" for h in DEFAULT_LADDER_THRESHOLDS_GPU_H)
+        + ")",
+    )
+    parser.add_argument(
+        "--starvation-s",
+        type=float,
+        default=DEFAULT_LADDER_STARVATION_S,
+        help="the ladder's starvation time (default: the product's %(default)g s)",
+    )
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     return parser
+
+
+def parse_thresholds(text: str) -> tuple[float, ...]:
+    """``"1,10"`` -> (1.0, 10.0) GPU-hours."""
+    return tuple(float(x) for x in comma_list(text))
+
+
+def ladder_of(thresholds_gpu_h: Sequence[float], starvation_s: float) -> LadderPolicy:
+    """The product's ladder rule with these thresholds: one level more than thresholds (the
+    product's class names while they last); ``ValueError`` as the product refuses a ladder."""
+    levels = len(thresholds_gpu_h) + 1
+    names = list(DEFAULT_LADDER_PRIORITY_CLASSES[:levels])
+    names += [f"kfp-elastic-worker-level-{k}" for k in range(len(names), levels)]
+    return LadderPolicy(
+        priority_classes=tuple(names),
+        thresholds_gpu_s=tuple(h * HOUR for h in thresholds_gpu_h),
+        starvation_s=starvation_s,
+        min_move_interval_s=min(DEFAULT_LADDER_MIN_MOVE_INTERVAL_S, starvation_s),
+    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -102,6 +143,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--warmup-h must be >= 0 and --window-h > 0")
     if args.cooldown_h is None:
         args.cooldown_h = args.window_h / 2
+    args.thresholds = args.thresholds or [DEFAULT_LADDER_THRESHOLDS_GPU_H]
+    try:
+        args.ladders = [ladder_of(t, args.starvation_s) for t in args.thresholds]
+    except ValueError as error:
+        parser.error(f"--thresholds/--starvation-s: {error}")
     if args.min_workers not in ("one", "half"):
         try:
             args.min_workers = int(args.min_workers)
@@ -138,9 +184,13 @@ def run_one(
     window: tuple[float, float],
     costs: Costs,
     min_workers: int | str,
+    ladder: LadderPolicy | None = None,
 ) -> dict[str, Any]:
-    """One policy over one arrival sequence: the window's metrics."""
-    sim = Simulation(jobs, gpus, policy, costs, min_workers=min_workers, window=window)
+    """One policy over one arrival sequence: the window's metrics (``ladder``: the ladder of
+    ``elastic-ladder`` and ``tiresias``, default the product's)."""
+    sim = Simulation(
+        jobs, gpus, policy, costs, min_workers=min_workers, window=window, ladder=ladder
+    )
     began = time.perf_counter()
     result = sim.run()
     measured = [j for j in jobs if window[0] <= j.submit_s < window[1]]
@@ -234,36 +284,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     hours = args.warmup_h + args.window_h + args.cooldown_h
     window = (args.warmup_h * HOUR, (args.warmup_h + args.window_h) * HOUR)
     configs = []
-    for gpus in args.gpus:
-        for load in args.load:
-            started = time.perf_counter()
-            runs = []
-            for seed in args.seeds:
-                jobs = arrivals(pool, gpus, load, hours, seed)
-                by_policy = {
-                    p: run_one(jobs, gpus, p, window, costs, args.min_workers)
-                    for p in args.policies
-                }
-                runs.append({"seed": seed, "arrivals": len(jobs), "by_policy": by_policy})
-            summary = summarize(runs, args.policies)
-            wall = time.perf_counter() - started
-            configs.append(
-                {"gpus": gpus, "load": load, "wall_s": round(wall, 1), **summary, "runs": runs}
-            )
-            ladder = summary["ratios"].get("elastic-ladder", {})
-            shown = ", ".join(
-                f"{name} {d['mean']:.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}]"
-                if d["ci95"]
-                else f"{name} {d['mean']:.3f}"
-                for name, d in ladder.items()
-            )
-            print(
-                f"{gpus} GPUs, load {load:g}: {statistics.fmean(r['arrivals'] for r in runs):.0f}"
-                f" jobs per seed, {wall:.0f} s; elastic-ladder: {shown}",
-                flush=True,
-            )
+    for thresholds, ladder in zip(args.thresholds, args.ladders, strict=True):
+        for gpus in args.gpus:
+            for load in args.load:
+                configs.append(
+                    run_config(args, pool, costs, hours, window, gpus, load, thresholds, ladder)
+                )
+    several = len(args.thresholds) > 1
     summary = {
-        f"{c['gpus']}gpu_load{c['load']:g}": {
+        config_key(c, several): {
             "ladder_jct_vs_gang": _mean(c, "jct_vs_gang"),
             "ladder_jct_vs_tiresias": _mean(c, "jct_vs_tiresias"),
             "ladder_pending_vs_gang": _mean(c, "pending_vs_gang"),
@@ -283,6 +312,61 @@ def main(argv: Sequence[str] | None = None) -> int:
     result_out(args, "steady")
     write_result("scheduling", args, began, True, summary, report)
     return 0
+
+
+def run_config(
+    args: argparse.Namespace,
+    pool: Sequence[TraceJob],
+    costs: Costs,
+    hours: float,
+    window: tuple[float, float],
+    gpus: int,
+    load: float,
+    thresholds: Sequence[float],
+    ladder: LadderPolicy,
+) -> dict[str, Any]:
+    """Every seed's arrivals at ``load`` on ``gpus`` under every policy; printed as it ends."""
+    started = time.perf_counter()
+    runs = []
+    for seed in args.seeds:
+        jobs = arrivals(pool, gpus, load, hours, seed)
+        by_policy = {
+            p: run_one(jobs, gpus, p, window, costs, args.min_workers, ladder)
+            for p in args.policies
+        }
+        runs.append({"seed": seed, "arrivals": len(jobs), "by_policy": by_policy})
+    summary = summarize(runs, args.policies)
+    wall = time.perf_counter() - started
+    ladder_ratios = summary["ratios"].get("elastic-ladder", {})
+    shown = ", ".join(
+        f"{name} {d['mean']:.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}]"
+        if d["ci95"]
+        else f"{name} {d['mean']:.3f}"
+        for name, d in ladder_ratios.items()
+    )
+    print(
+        f"{gpus} GPUs, load {load:g}, thresholds {','.join(f'{h:g}' for h in thresholds)} "
+        f"GPU-h: {statistics.fmean(r['arrivals'] for r in runs):.0f} jobs per seed, "
+        f"{wall:.0f} s; elastic-ladder: {shown}",
+        flush=True,
+    )
+    return {
+        "gpus": gpus,
+        "load": load,
+        "thresholds_gpu_h": list(thresholds),
+        "starvation_s": ladder.starvation_s,
+        "wall_s": round(wall, 1),
+        **summary,
+        "runs": runs,
+    }
+
+
+def config_key(config: Mapping[str, Any], with_thresholds: bool) -> str:
+    """``64gpu_load1.2`` (``_ladder1,10`` added when the run compares ladders)."""
+    key = f"{config['gpus']}gpu_load{config['load']:g}"
+    if with_thresholds:
+        key += "_ladder" + ",".join(f"{h:g}" for h in config["thresholds_gpu_h"])
+    return key
 
 
 def _mean(config: Mapping[str, Any], name: str) -> float | None:

@@ -162,3 +162,22 @@ def test_quick_run_writes_every_configuration(tmp_path: Path) -> None:
         config["ratios"]["elastic-ladder"]
     )
     assert len(config["runs"]) == 2 and result["costs"]["stop_s"] > 0
+
+
+def test_ladders_compared_in_one_run_each_get_their_configurations(tmp_path: Path) -> None:
+    out = tmp_path / "steady.json"
+    argv = ["--quick", "--out", str(out), "--policies", "gang,elastic-ladder"]
+    assert steady.main([*argv, "--thresholds", "1,10", "--thresholds", "0.5"]) == 0
+    result = json.loads(out.read_text())
+    assert [c["thresholds_gpu_h"] for c in result["configs"]] == [[1.0, 10.0], [0.5]]
+    assert set(result["summary"]) == {"16gpu_load1_ladder1,10", "16gpu_load1_ladder0.5"}
+
+
+def test_a_ladder_of_thresholds_is_the_products_rule_with_them() -> None:
+    two = steady.ladder_of((0.5,), 600.0)
+    assert two.priority_classes == DEFAULT_LADDER_PRIORITY_CLASSES[:2]
+    assert (two.thresholds_gpu_s, two.starvation_s) == ((1800.0,), 600.0)
+    four = steady.ladder_of((0.1, 1, 10), 60.0)
+    assert len(four.priority_classes) == 4 and four.min_move_interval_s == 60.0
+    with pytest.raises(SystemExit):  # refused as the product refuses it
+        steady.parse_args(["--thresholds", "10,1"])
