@@ -1,0 +1,132 @@
+"""A training job on the test cluster watched and disturbed by hand with kubectl.
+
+The compiled ``elastic-train`` task runs as the master pod (``training_run.TrainingRun``) with
+two workers on three one-worker nodes, while ``kubectl get pods -w`` watches. While it trains,
+``kubectl delete pod`` takes one worker (graceful: SIGTERM, a snapshot at the step the world
+agreed on) and ``kubectl drain`` evicts another through the eviction API (the worker pods declare
+no controller: the master is not their owner, so that deleting its pod leaves them running; drain
+refuses them without ``--force``, as it refuses every bare pod). The master replaces each lost
+worker, the job ends succeeded with no step lost and every sample of every epoch counted once,
+and what happened to which pod reads from the watch's rows and from ``kubectl get events``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kfp_elastic.master.timeline import Committed, WorkerLost
+from kfp_elastic.testing.cluster.chaos import commit_counts
+from kfp_elastic.testing.cluster.training_run import TrainingRun
+from tests.helpers import REPO_ROOT, kubectl_watch, run_kubectl
+
+NODE = {"cpu": "1", "memory": "8Gi"}  # one worker per node
+PARAMS = {
+    "model_def": "kfp_elastic.testing.model_defs.counting",  # 240 samples
+    "num_shards": 12,
+    "min_workers": 1,
+    "max_workers": 2,
+    # 15 steps an epoch at the base world of 2 (global batch 16)
+    "epochs": 6,
+    "batch_size": 8,
+    "snapshot_every": 3,
+    "step_time": 0.3,
+    "worker_cpu": "1",
+    "max_wait_s": 120.0,
+}
+
+
+def recovered(run: TrainingRun, gone: set[str], after: int) -> tuple[str, ...]:
+    """Until two workers that are not ``gone`` run and a world of two committed a step after
+    ``after``: the replacement took the lost worker's place. The running workers."""
+    run.wait_until(
+        lambda: len(set(run.running_workers()) - gone) == 2 and run.has_committed(after + 1, 2),
+        90,
+        f"two workers again (not {sorted(gone)}) and a commit of the world of two",
+    )
+    return tuple(sorted(run.running_workers()))
+
+
+def rows(out: str, pod: str) -> list[str]:
+    """The STATUS column of ``pod``'s rows in ``kubectl get pods -w`` output, in order."""
+    return [line.split()[2] for line in out.splitlines() if line.split()[:1] == [pod]]
+
+
+def test_a_job_watched_deleted_from_and_drained_with_kubectl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))  # pods import the counting model from here
+    nodes = {f"node-{i}": NODE for i in range(1, 4)}
+    with TrainingRun(tmp_path, PARAMS, nodes=nodes) as run:
+        with kubectl_watch(run.cluster, "pods") as watch:
+            run.start()
+            run.wait_committed(1, world=2, what="training with 2 workers")
+            first = set(run.running_workers())
+
+            # 1. kubectl delete pod: graceful, kubectl waits until the pod is gone
+            deleted = sorted(first)[0]
+            step = run.step()
+            out = run_kubectl(run.cluster, "delete", "pod", deleted)
+            assert out.returncode == 0 and f'pod "{deleted}" deleted' in out.stdout, out.stderr
+            second = recovered(run, {deleted}, step)
+
+            # 2. kubectl drain of another worker's node (not the master's)
+            master_node = run.core.read_namespaced_pod(run.master, run.ns).spec.node_name
+            workers = run.running_workers()
+            drained = next(w for w in sorted(first - {deleted}) if workers[w] != master_node)
+            node = workers[drained]
+            command = ["drain", node, "--ignore-daemonsets", "--delete-emptydir-data"]
+            refused = run_kubectl(run.cluster, *command, "--timeout=30s")
+            assert refused.returncode == 1, refused.stdout
+            assert "cannot delete Pods that declare no controller" in refused.stderr
+            assert f"{run.ns}/{drained}" in refused.stderr
+            step = run.step()
+            out = run_kubectl(run.cluster, *command, "--force", "--timeout=60s", timeout=90)
+            assert out.returncode == 0, out.stderr
+            assert f"pod/{drained} evicted" in out.stdout and f"node/{node} drained" in out.stdout
+            third = recovered(run, {deleted, drained}, step)
+            assert all(run.running_workers()[w] != node for w in third)  # cordoned
+
+            assert run.wait_done(180) == "Succeeded", run.log_tail()
+        replacements = (set(second) | set(third)) - first
+
+        # The job: complete, exactly once, no step lost, each loss as it happened
+        run.check_exactly_once()
+        timeline = run.timeline()
+        lost = [(e.name, e.cause) for e in timeline if isinstance(e, WorkerLost)]
+        assert lost == [(deleted, "deleted_externally"), (drained, "evicted")], lost
+        counts = commit_counts([e for e in timeline if isinstance(e, Committed)])
+        assert counts["steps_taken_back"] == 0, counts
+        metrics = run.metrics()
+        assert metrics["lost_steps"] == 0 and metrics["workers_lost"] == 2, metrics
+
+        # The watch: each lost worker Terminating, each replacement Pending then Running
+        for pod in (deleted, drained):
+            assert "Running" in rows(watch.out, pod) and "Terminating" in rows(watch.out, pod), (
+                pod,
+                watch.out,
+            )
+        assert len(replacements) == 2
+        for pod in replacements:
+            statuses = rows(watch.out, pod)
+            assert statuses[0] == "Pending" and "Running" in statuses, (pod, watch.out)
+
+        # The events: what happened to which pod, and to the drained node
+        listed = run_kubectl(run.cluster, "get", "events", "-A", "-o", "json")
+        assert listed.returncode == 0, listed.stderr
+        events = json.loads(listed.stdout)["items"]
+        print(_events_text(events))
+
+        run.wait_no_leftovers()
+    assert not run.cluster.leftover_processes()
+
+
+def _events_text(events: list[dict[str, Any]]) -> str:
+    return "\n".join(
+        f"{e['involvedObject']['kind']}/{e['involvedObject']['name']} {e['reason']}: "
+        f"{e['message']}"
+        for e in events
+    )
