@@ -64,20 +64,21 @@ def test_a_job_watched_deleted_from_and_drained_with_kubectl(
         with kubectl_watch(run.cluster, "pods") as watch:
             run.start()
             run.wait_committed(1, world=2, what="training with 2 workers")
-            first = set(run.running_workers())
+            first = run.running_workers()
+            # the node to drain holds a worker and not the master (a bare pod too: it would go)
+            master_node = run.core.read_namespaced_pod(run.master, run.ns).spec.node_name
+            drained = sorted(w for w, n in first.items() if n != master_node)[0]
+            node = first[drained]
+            deleted = sorted(set(first) - {drained})[0]
 
-            # 1. kubectl delete pod: graceful, kubectl waits until the pod is gone
-            deleted = sorted(first)[0]
+            # 1. kubectl delete pod: graceful; kubectl waits until the pod is gone
             step = run.step()
             out = run_kubectl(run.cluster, "delete", "pod", deleted)
             assert out.returncode == 0 and f'pod "{deleted}" deleted' in out.stdout, out.stderr
             second = recovered(run, {deleted}, step)
+            assert drained in second
 
-            # 2. kubectl drain of another worker's node (not the master's)
-            master_node = run.core.read_namespaced_pod(run.master, run.ns).spec.node_name
-            workers = run.running_workers()
-            drained = next(w for w in sorted(first - {deleted}) if workers[w] != master_node)
-            node = workers[drained]
+            # 2. kubectl drain: the workers declare no controller, so it wants --force
             command = ["drain", node, "--ignore-daemonsets", "--delete-emptydir-data"]
             refused = run_kubectl(run.cluster, *command, "--timeout=30s")
             assert refused.returncode == 1, refused.stdout
@@ -88,10 +89,14 @@ def test_a_job_watched_deleted_from_and_drained_with_kubectl(
             assert out.returncode == 0, out.stderr
             assert f"pod/{drained} evicted" in out.stdout and f"node/{node} drained" in out.stdout
             third = recovered(run, {deleted, drained}, step)
-            assert all(run.running_workers()[w] != node for w in third)  # cordoned
+            assert node not in {run.running_workers().get(w) for w in third}  # cordoned
+            print(f"drained at step {step}; the world of two again at {run.step()}")
 
             assert run.wait_done(180) == "Succeeded", run.log_tail()
-        replacements = (set(second) | set(third)) - first
+        uncordoned = run_kubectl(run.cluster, "uncordon", node)
+        assert uncordoned.returncode == 0, uncordoned.stderr
+        replacements = sorted((set(second) | set(third)) - set(first))
+        assert len(replacements) == 2, (first, second, third)
 
         # The job: complete, exactly once, no step lost, each loss as it happened
         run.check_exactly_once()
@@ -103,13 +108,11 @@ def test_a_job_watched_deleted_from_and_drained_with_kubectl(
         metrics = run.metrics()
         assert metrics["lost_steps"] == 0 and metrics["workers_lost"] == 2, metrics
 
-        # The watch: each lost worker Terminating, each replacement Pending then Running
+        # The watch: each lost worker Running, then Terminating; each replacement Pending,
+        # then Running
         for pod in (deleted, drained):
-            assert "Running" in rows(watch.out, pod) and "Terminating" in rows(watch.out, pod), (
-                pod,
-                watch.out,
-            )
-        assert len(replacements) == 2
+            statuses = rows(watch.out, pod)
+            assert "Terminating" in statuses[statuses.index("Running") :], (pod, watch.out)
         for pod in replacements:
             statuses = rows(watch.out, pod)
             assert statuses[0] == "Pending" and "Running" in statuses, (pod, watch.out)
@@ -117,16 +120,50 @@ def test_a_job_watched_deleted_from_and_drained_with_kubectl(
         # The events: what happened to which pod, and to the drained node
         listed = run_kubectl(run.cluster, "get", "events", "-A", "-o", "json")
         assert listed.returncode == 0, listed.stderr
-        events = json.loads(listed.stdout)["items"]
-        print(_events_text(events))
+        events = sorted(
+            json.loads(listed.stdout)["items"], key=lambda e: int(e["metadata"]["resourceVersion"])
+        )
+        text = _events_text(events)
+        started = ["Scheduled", "Pulled", "Created", "Started"]
+        for pod, on in ((deleted, first[deleted]), (drained, node)):
+            assert _reasons(events, pod) == [*started, "Killing"], text
+            killing = _one(events, pod, "Killing")
+            assert killing["message"] == "Stopping container worker", text
+            assert killing["source"] == {"component": "kubelet", "host": on}, text
+        cordon = _one(events, node, "NodeNotSchedulable")
+        assert cordon["message"] == f"Node {node} status is now: NodeNotSchedulable", text
+        assert cordon["involvedObject"]["kind"] == "Node", text
+        assert events.index(cordon) < events.index(_one(events, drained, "Killing")), text
+        assert _reasons(events, node)[-2:] == ["NodeNotSchedulable", "NodeSchedulable"], text
+        for pod in replacements:
+            assert _reasons(events, pod)[:4] == started, text
+            scheduled = _one(events, pod, "Scheduled")["message"]
+            assert scheduled.startswith(f"Successfully assigned {run.ns}/{pod} to "), text
+            assert not scheduled.endswith(f" to {node}"), text
+        # the same as kubectl prints it
+        table = run_kubectl(
+            run.cluster, "get", "events", "--field-selector", f"involvedObject.name={drained}"
+        ).stdout.splitlines()
+        assert table[-1].split()[1:5] == ["Normal", "Killing", f"pod/{drained}", "Stopping"]
 
         run.wait_no_leftovers()
     assert not run.cluster.leftover_processes()
 
 
+def _reasons(events: list[dict[str, Any]], name: str) -> list[str]:
+    """The reasons of the events about the object called ``name``, oldest first."""
+    return [e["reason"] for e in events if e["involvedObject"]["name"] == name]
+
+
+def _one(events: list[dict[str, Any]], name: str, reason: str) -> dict[str, Any]:
+    found = [e for e in events if e["involvedObject"]["name"] == name and e["reason"] == reason]
+    assert len(found) == 1, (name, reason, _events_text(events))
+    return found[0]
+
+
 def _events_text(events: list[dict[str, Any]]) -> str:
+    """The events in short, one a line (for failure messages)."""
     return "\n".join(
-        f"{e['involvedObject']['kind']}/{e['involvedObject']['name']} {e['reason']}: "
-        f"{e['message']}"
+        f"{e['involvedObject']['kind']}/{e['involvedObject']['name']} {e['reason']}: {e['message']}"
         for e in events
     )
