@@ -39,14 +39,23 @@ PARAMS = {
 }
 
 
-def recovered(run: TrainingRun, gone: set[str], after: int) -> tuple[str, ...]:
-    """Until two workers that are not ``gone`` run and a world of two committed a step after
-    ``after``: the replacement took the lost worker's place. The running workers."""
-    run.wait_until(
-        lambda: len(set(run.running_workers()) - gone) == 2 and run.has_committed(after + 1, 2),
-        90,
-        f"two workers again (not {sorted(gone)}) and a commit of the world of two",
-    )
+def recovered(run: TrainingRun, gone: set[str]) -> tuple[str, ...]:
+    """Until two workers that are not ``gone`` run, their agents are the latest rendezvous
+    round's participants and that round's world committed: the replacement took the lost
+    worker's place and trains. The running workers."""
+
+    def trains() -> bool:
+        workers = set(run.running_workers()) - gone
+        record, committed = run.round_record(), run.committed()
+        return bool(
+            len(workers) == 2
+            and record is not None
+            and committed is not None
+            and len(run.round_members(workers, record)) == 2
+            and (committed.round, committed.world_size) == (record.number, 2)
+        )
+
+    run.wait_until(trains, 90, f"a world of two workers, not {sorted(gone)}, committed")
     return tuple(sorted(run.running_workers()))
 
 
@@ -65,17 +74,17 @@ def test_a_job_watched_deleted_from_and_drained_with_kubectl(
             run.start()
             run.wait_committed(1, world=2, what="training with 2 workers")
             first = run.running_workers()
-            # the node to drain holds a worker and not the master (a bare pod too: it would go)
+            # the node to drain holds a worker and not the master (whose pod, bare too, --force
+            # would evict with it)
             master_node = run.core.read_namespaced_pod(run.master, run.ns).spec.node_name
             drained = sorted(w for w, n in first.items() if n != master_node)[0]
             node = first[drained]
             deleted = sorted(set(first) - {drained})[0]
 
             # 1. kubectl delete pod: graceful; kubectl waits until the pod is gone
-            step = run.step()
             out = run_kubectl(run.cluster, "delete", "pod", deleted)
             assert out.returncode == 0 and f'pod "{deleted}" deleted' in out.stdout, out.stderr
-            second = recovered(run, {deleted}, step)
+            second = recovered(run, {deleted})
             assert drained in second
 
             # 2. kubectl drain: the workers declare no controller, so it wants --force
@@ -88,7 +97,7 @@ def test_a_job_watched_deleted_from_and_drained_with_kubectl(
             out = run_kubectl(run.cluster, *command, "--force", "--timeout=60s", timeout=90)
             assert out.returncode == 0, out.stderr
             assert f"pod/{drained} evicted" in out.stdout and f"node/{node} drained" in out.stdout
-            third = recovered(run, {deleted, drained}, step)
+            third = recovered(run, {deleted, drained})
             assert node not in {run.running_workers().get(w) for w in third}  # cordoned
             print(f"drained at step {step}; the world of two again at {run.step()}")
 
@@ -103,7 +112,13 @@ def test_a_job_watched_deleted_from_and_drained_with_kubectl(
         timeline = run.timeline()
         lost = [(e.name, e.cause) for e in timeline if isinstance(e, WorkerLost)]
         assert lost == [(deleted, "deleted_externally"), (drained, "evicted")], lost
-        counts = commit_counts([e for e in timeline if isinstance(e, Committed)])
+        commits = [e for e in timeline if isinstance(e, Committed)]
+        # every world but the last stopped at a step it committed (SIGTERM -> an agreed stop ->
+        # a snapshot): the deletion, the eviction and the growth back to two cost no step
+        last_commit = {c.round: c for c in commits}
+        worlds = [last_commit[r] for r in sorted(last_commit)]
+        assert len(worlds) >= 3 and all(c.stopping for c in worlds[:-1]), worlds
+        counts = commit_counts(commits)
         assert counts["steps_taken_back"] == 0, counts
         metrics = run.metrics()
         assert metrics["lost_steps"] == 0 and metrics["workers_lost"] == 2, metrics
