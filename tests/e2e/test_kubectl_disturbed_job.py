@@ -21,7 +21,7 @@ import pytest
 from kfp_elastic.master.timeline import Committed, WorkerLost
 from kfp_elastic.testing.cluster.chaos import commit_counts
 from kfp_elastic.testing.cluster.training_run import TrainingRun
-from tests.helpers import REPO_ROOT, kubectl_watch, run_kubectl
+from tests.helpers import REPO_ROOT, kubectl_watch, run_kubectl, wait_for
 
 NODE = {"cpu": "1", "memory": "8Gi"}  # one worker per node
 PARAMS = {
@@ -104,6 +104,12 @@ def test_a_job_watched_deleted_from_and_drained_with_kubectl(
             assert run.wait_done(180) == "Succeeded", run.log_tail()
         uncordoned = run_kubectl(run.cluster, "uncordon", node)
         assert uncordoned.returncode == 0, uncordoned.stderr
+        wait_for(  # the kubelet records it once it sees the change
+            lambda: "NodeSchedulable" in _reasons(run.cluster.api.events(node, ns="default"), node),
+            10,
+            0.1,
+            "the uncordon's event",
+        )
         replacements = sorted((set(second) | set(third)) - set(first))
         assert len(replacements) == 2, (first, second, third)
 
