@@ -29,7 +29,9 @@ PARAMS = {
     "num_shards": 12,
     "min_workers": 1,
     "max_workers": 2,
-    # 15 steps an epoch at the base world of 2 (global batch 16)
+    # 15 steps an epoch at the base world of 2 (global batch 16); 90 steps in all, so that both
+    # disturbances and the replacements' starts (seconds each, the world of one training on
+    # meanwhile) fall inside the run on a loaded machine too
     "epochs": 6,
     "batch_size": 8,
     "snapshot_every": 3,
