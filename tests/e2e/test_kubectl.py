@@ -4,22 +4,13 @@ the server as a real API server prints it (a Table for pods)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 
 import pytest
 
 from kfp_elastic.testing.cluster import TestCluster
-from tests.helpers import kubectl, wait_for
-
-
-def run_kubectl(cluster: TestCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
-    return subprocess.run(
-        [kubectl(), *args], env=env, capture_output=True, text=True, timeout=60, check=False
-    )
+from tests.helpers import kubectl_watch, run_kubectl, wait_for
 
 
 def pending_pod(name: str) -> dict:
@@ -182,15 +173,7 @@ def test_kubectl_delete_pod_graceful_and_forced(cluster: TestCluster) -> None:
 
 
 def test_kubectl_get_watch_prints_rows_as_pods_change(cluster: TestCluster) -> None:
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
-    watcher = subprocess.Popen(
-        [kubectl(), "get", "pods", "-w"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with kubectl_watch(cluster, "pods") as watch:
         time.sleep(1.0)  # kubectl lists, then watches
         cluster.api.create(cluster.namespace, python_pod("quick", "print('done')"))
         wait_for(
@@ -200,9 +183,7 @@ def test_kubectl_get_watch_prints_rows_as_pods_change(cluster: TestCluster) -> N
             "the pod ran",
         )
         time.sleep(1.0)
-    finally:
-        watcher.terminate()
-        out, err = watcher.communicate(timeout=10)
+    out, err = watch.out, watch.err
     lines = out.splitlines()
     assert lines[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"], (out, err)
     statuses = [line.split()[2] for line in lines[1:] if line.startswith("quick")]
@@ -298,18 +279,12 @@ def test_kubectl_events_describe_pod_and_json(cluster: TestCluster) -> None:
 
 
 def test_kubectl_get_watch_of_nodes_and_events(cluster: TestCluster) -> None:
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
-    watchers = [
-        subprocess.Popen(
-            [kubectl(), "get", *args, "-w"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for args in (["nodes"], ["events", "--field-selector=involvedObject.name=ran"])
-    ]
-    try:
+    with (
+        kubectl_watch(cluster, "nodes") as nodes_watch,
+        kubectl_watch(
+            cluster, "events", "--field-selector=involvedObject.name=ran"
+        ) as events_watch,
+    ):
         time.sleep(1.0)  # kubectl lists, then watches
         assert run_kubectl(cluster, "cordon", "node-1").returncode == 0
         assert run_kubectl(cluster, "uncordon", "node-1").returncode == 0
@@ -321,12 +296,8 @@ def test_kubectl_get_watch_of_nodes_and_events(cluster: TestCluster) -> None:
             "the pod ran",
         )
         time.sleep(1.0)
-    finally:
-        outputs = []
-        for watcher in watchers:
-            watcher.terminate()
-            outputs.append(watcher.communicate(timeout=10))
-    (nodes, nodes_err), (events, events_err) = outputs
+    nodes, nodes_err = nodes_watch.out, nodes_watch.err
+    events, events_err = events_watch.out, events_watch.err
     statuses = [line.split()[1] for line in nodes.splitlines()[1:]]
     assert statuses == ["Ready", "Ready,SchedulingDisabled", "Ready"], (nodes, nodes_err)
     lines = events.splitlines()

@@ -12,7 +12,8 @@ everything the pod started once ``terminationGracePeriodSeconds`` passed; once t
 have ended, every process they left behind is SIGKILLed at once, as a container's PID namespace
 ends with its init (per pod here, not per container); output goes to one log file per container.
 It records the kubelet's events on the pods (``Pulling``/``Pulled``, ``Created``, ``Started``,
-``Killing``, ``Failed`` for a container it cannot configure).
+``Killing``, ``Failed`` for a container it cannot configure) and on its node
+(``NodeNotSchedulable`` once it is cordoned, ``NodeSchedulable`` once uncordoned).
 
 Mounts: a process cannot see a host directory at a container path such as /etc/etcd-tls, so the
 kubelet rewrites every mountPath it finds (at a path boundary) in ``command``, ``args``,
@@ -307,6 +308,7 @@ class Kubelet:
         self._pods: dict[str, _RunningPod] = {}  # by uid
         self._creating: dict[str, float] = {}  # uid -> when its containers may start
         self._silent_since: float | None = None  # powered off or hung at this monotonic time
+        self._unschedulable = False  # the node's spec.unschedulable as last seen
         self._loop = ControlLoop(api, f"kubelet-{node}", self.sync, wait_s=self.poll_s)
 
     def last_heartbeat(self) -> float:
@@ -315,6 +317,7 @@ class Kubelet:
         return time.monotonic() if self._silent_since is None else self._silent_since
 
     def sync(self) -> None:
+        self._record_schedulable()
         pods = [p for p in self.api.pods_snapshot() if p["spec"].get("nodeName") == self.node]
         present = {p["metadata"]["uid"] for p in pods}
         for uid in [u for u in self._pods if u not in present]:
@@ -657,6 +660,22 @@ class Kubelet:
             host=self.node,
             field_path=container_path(container),
         )
+
+    def _record_schedulable(self) -> None:
+        """``NodeNotSchedulable`` / ``NodeSchedulable`` on the node when its
+        ``spec.unschedulable`` changed (``kubectl cordon``, ``drain``, ``uncordon``), as the
+        kubelet's node status update records them."""
+        try:
+            node = self.api.get_object("nodes", "", self.node)
+        except ApiError:  # not created yet, or deleted
+            return
+        unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
+        if unschedulable == self._unschedulable:
+            return
+        self._unschedulable = unschedulable
+        reason = "NodeNotSchedulable" if unschedulable else "NodeSchedulable"
+        message = f"Node {self.node} status is now: {reason}"
+        self.api.record_event(node, reason, message, component=KUBELET, host=self.node)
 
     def _api(self, action: Callable[..., Any], *args: Any) -> None:
         try:
