@@ -412,6 +412,8 @@ class FakeKubernetes:
             old = self.get_object(resource, ns, name)
             new = patched(old, body, patch_type)
             _check_unchanged(resource, name, old, new)
+            if new == old:  # nothing to write: the resourceVersion stays (kubectl: no change)
+                return old
             return self.replace_object(resource, ns, new)
 
     def apply_object(
@@ -850,6 +852,8 @@ class FakeKubernetes:
                     )
             for key in ("name", "namespace", "uid", "creationTimestamp"):
                 new["metadata"][key] = old["metadata"][key]
+            if new == old:  # nothing to write: the resourceVersion stays (kubectl: no change)
+                return copy.deepcopy(old)
             return self._record(ns, "MODIFIED", old, new)
 
     def list(
