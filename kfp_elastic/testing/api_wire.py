@@ -282,6 +282,8 @@ def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
         elif strategic and key in _MERGED_SCALAR_LISTS and isinstance(value, list):
             old = list(out.get(key) or [])
             out[key] = old + [item for item in value if item not in old]
+        elif strategic and isinstance(value, dict) and value.get(_DIRECTIVE) == "delete":
+            out.pop(key, None)
         else:
             out[key] = merge_patch(out.get(key), value, strategic)
     for key, order in orders.items():
