@@ -18,13 +18,18 @@ discovery and the Tables of every kind (``kubectl get``) come from ``api_discove
 ``api_tables``.
 
 Requests are authenticated (service-account tokens it issued; none or an admin token is the
-harness) and authorized by RBAC from the stored Roles and bindings (403 Forbidden); the eviction
+harness), may impersonate (``Impersonate-User``, ``kubectl --as``) and are authorized by RBAC
+from the stored Roles and bindings (403 Forbidden), which also answers (Self)SubjectAccessReviews
+(``kubectl auth can-i``); the eviction
 subresource honours PodDisruptionBudgets (429). The decisions are in ``api_rules``.
 
 Besides pods it stores PriorityClasses (``spec.priority`` and ``preemptionPolicy`` resolved on pod
 create; the DefaultTolerationSeconds admission adds 300 s not-ready/unreachable tolerations to
 pods without their own), ConfigMaps, Secrets, Nodes, RBAC objects, PodDisruptionBudgets,
-StatefulSets and Events (create/get/list/watch/replace/patch/delete, field selectors per kind
+StatefulSets, ReplicaSets (with their ``scale`` subresource), Namespaces, ServiceAccounts (pod
+admission finds them), Services, NetworkPolicies and Events
+(create/get/list/watch/replace/delete; patches JSON, merge, strategic merge and server-side
+apply, ``api_wire.patched`` and ``server_side_apply``; field selectors per kind
 (``api_wire.SELECTABLE_FIELDS``); their watches keep a history of their own), and
 garbage-collects: removing any object deletes the pods and objects whose ownerReferences name
 its uid. With ``tls`` it serves
