@@ -5,10 +5,20 @@ reads before anything else — ``/version``, ``/api``, ``/api/v1``, ``/apis`` an
 the Kubernetes API reference (``VersionInfo``, ``APIVersions``, ``APIGroupList``,
 ``APIResourceList``). Aggregated discovery (``apidiscovery.k8s.io/v2``) is not served: the
 documents are plain JSON, which clients take as a server without it.
+
+OpenAPI v3 (``/openapi/v3`` and a document per group version) is served as far as clients act
+on it without schemas: every resource's paths with their operations, the
+``x-kubernetes-group-version-kind`` of each and the query parameters they take, so that
+``kubectl apply`` and ``create`` see that the server validates fields itself
+(``fieldValidation``) and leave validation to it. The documents have no schemas
+(``components.schemas`` is empty): ``kubectl explain`` finds nothing to explain, and kubectl
+computes strategic merge patches from its compiled-in types. OpenAPI v2 is not served.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -25,6 +35,12 @@ VERSION = {
     "platform": "linux/amd64",
 }
 _OBJECT_VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+# Kinds created through a POST that the API server answers at once and keeps nothing of: the
+# authorization.k8s.io reviews (``kubectl auth can-i``). resource -> (kind, apiVersion)
+REVIEW_KINDS = {
+    "selfsubjectaccessreviews": ("SelfSubjectAccessReview", "authorization.k8s.io/v1"),
+    "subjectaccessreviews": ("SubjectAccessReview", "authorization.k8s.io/v1"),
+}
 _POD_VERBS = ["create", "delete", "get", "list", "patch", "watch"]
 _SHORT_NAMES = {
     "pods": ["po"],
@@ -33,7 +49,12 @@ _SHORT_NAMES = {
     "priorityclasses": ["pc"],
     "poddisruptionbudgets": ["pdb"],
     "statefulsets": ["sts"],
+    "replicasets": ["rs"],
     "events": ["ev"],
+    "namespaces": ["ns"],
+    "serviceaccounts": ["sa"],
+    "services": ["svc"],
+    "networkpolicies": ["netpol"],
 }
 
 
@@ -63,6 +84,28 @@ def _resources(
                 "kind": "Event",
                 "verbs": ["get", "list"],
                 "shortNames": ["ev"],
+            }
+        )
+    for resource, (kind, group_version) in REVIEW_KINDS.items():
+        out.setdefault(group_version, []).append(
+            {
+                "name": resource,
+                "singularName": kind.lower(),
+                "namespaced": False,
+                "kind": kind,
+                "verbs": ["create"],
+            }
+        )
+    if "replicasets" in kinds:
+        out[kinds["replicasets"][1]].append(
+            {
+                "name": "replicasets/scale",
+                "singularName": "",
+                "namespaced": True,
+                "kind": "Scale",
+                "group": "autoscaling",
+                "version": "v1",
+                "verbs": ["get", "patch", "update"],
             }
         )
     pods = out["v1"]
@@ -96,6 +139,19 @@ def discovery(
     stores pods and ``object_kinds`` (resource -> (kind, apiVersion)), ``cluster_scoped``
     among them without a namespace."""
     resources = _resources(object_kinds, cluster_scoped)
+    if path == "/openapi/v3":
+        return {
+            "paths": {
+                _gv_path(gv): {"serverRelativeURL": f"/openapi/v3/{_gv_path(gv)}?hash={_hash(r)}"}
+                for gv, r in resources.items()
+            }
+        }
+    if path.startswith("/openapi/v3/"):
+        wanted = path.removeprefix("/openapi/v3/")
+        for gv, listed in resources.items():
+            if _gv_path(gv) == wanted:
+                return openapi_v3(gv, listed)
+        return None
     if path == "/version":
         return VERSION
     if path == "/api":
@@ -129,3 +185,53 @@ def discovery(
             "resources": resources[group_version],
         }
     return None
+
+
+def _gv_path(group_version: str) -> str:
+    return f"apis/{group_version}" if "/" in group_version else f"api/{group_version}"
+
+
+def _hash(listed: list[dict[str, Any]]) -> str:
+    return hashlib.sha512(json.dumps(listed, sort_keys=True).encode()).hexdigest()[:128].upper()
+
+
+# The query parameters of a write, as kube-apiserver's OpenAPI lists them.
+_WRITE_PARAMETERS = ("dryRun", "fieldManager", "fieldValidation", "pretty")
+_ACTIONS = {"create": ("post", False), "update": ("put", True), "patch": ("patch", True)}
+
+
+def openapi_v3(group_version: str, listed: list[dict[str, Any]]) -> dict[str, Any]:
+    """The OpenAPI v3 document of one group version, its paths only (no schemas): per resource
+    the collection and item paths with an operation per verb it serves, each naming its kind
+    (``x-kubernetes-group-version-kind``) and, for writes, the query parameters."""
+    group, _, version = group_version.rpartition("/")
+    paths: dict[str, dict[str, Any]] = {}
+    for entry in listed:
+        if "/" in entry["name"]:  # subresources: not described
+            continue
+        gvk = {"group": group, "version": version, "kind": entry["kind"]}
+        base = "/" + _gv_path(group_version)
+        if entry["namespaced"]:
+            base += "/namespaces/{namespace}"
+        collection, item = f"{base}/{entry['name']}", f"{base}/{entry['name']}/{{name}}"
+        for verb in entry["verbs"]:
+            method, on_item = _ACTIONS.get(verb, ("get" if verb in ("get", "list") else "", False))
+            if not method:
+                continue
+            on_item = on_item or verb == "get"
+            paths.setdefault(item if on_item else collection, {})[method] = {
+                "operationId": f"{verb}{entry['kind']}",
+                "x-kubernetes-action": verb,
+                "x-kubernetes-group-version-kind": gvk,
+                "parameters": [
+                    {"name": name, "in": "query", "schema": {"type": "string"}}
+                    for name in (_WRITE_PARAMETERS if verb in _ACTIONS else ("pretty",))
+                ],
+                "responses": {"200": {"description": "OK"}},
+            }
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": VERSION["gitVersion"]},
+        "paths": paths,
+        "components": {"schemas": {}},
+    }

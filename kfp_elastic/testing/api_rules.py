@@ -72,17 +72,52 @@ def subject_matches(subject: Obj, user: User, binding_namespace: str) -> bool:
     return False
 
 
-def authorized(user: User, call: ApiCall, objects: Mapping[tuple[str, str, str], Obj]) -> bool:
+# What the bootstrap ClusterRole system:basic-user (bound to every authenticated user) grants:
+# asking what one may do.
+BASIC_USER_RULE = {
+    "apiGroups": ["authorization.k8s.io"],
+    "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
+    "verbs": ["create"],
+}
+# The harness (no token, or an admin token) is the cluster's admin, as kube-apiserver's
+# bootstrap binding makes system:masters one.
+ADMIN_REASON = (
+    'RBAC: allowed by ClusterRoleBinding "cluster-admin" of ClusterRole "cluster-admin" '
+    'to Group "system:masters"'
+)
+
+
+def _subject_text(subject: Obj, binding_namespace: str) -> str:
+    name = subject.get("name", "")
+    if subject.get("kind") == "ServiceAccount":
+        name = f"{name}/{subject.get('namespace') or binding_namespace}"
+    return f'{subject.get("kind")} "{name}"'
+
+
+def granted_by(
+    user: User, call: ApiCall, objects: Mapping[tuple[str, str, str], Obj]
+) -> str | None:
     """RBAC's decision for ``call`` by ``user``, from the stored objects (``(resource,
-    namespace or "", name) -> object``): a ClusterRoleBinding grants its ClusterRole's rules
-    everywhere; a RoleBinding grants its Role's (or ClusterRole's) rules in its namespace only.
-    A binding whose role does not exist grants nothing."""
-    for (resource, ns, _), binding in objects.items():
+    namespace or "", name) -> object``): the reason it is allowed, as kube-apiserver's RBAC
+    authorizer words it (``RBAC: allowed by RoleBinding "b/ns" of Role "r" to ServiceAccount
+    "sa/ns"``), or None. A ClusterRoleBinding grants its ClusterRole's rules everywhere; a
+    RoleBinding grants its Role's (or ClusterRole's) rules in its namespace only. A binding
+    whose role does not exist grants nothing. Every authenticated user may create
+    SelfSubjectAccessReviews (``BASIC_USER_RULE``)."""
+    if rule_allows(BASIC_USER_RULE, call):
+        return (
+            'RBAC: allowed by ClusterRoleBinding "system:basic-user" of ClusterRole '
+            '"system:basic-user" to Group "system:authenticated"'
+        )
+    for (resource, ns, name), binding in sorted(objects.items()):
         if resource == "clusterrolebindings":
             pass
         elif resource != "rolebindings" or ns != call.namespace or not call.namespace:
             continue
-        if not any(subject_matches(s, user, ns) for s in binding.get("subjects") or []):
+        subject = next(
+            (s for s in binding.get("subjects") or [] if subject_matches(s, user, ns)), None
+        )
+        if subject is None:
             continue
         ref = binding.get("roleRef") or {}
         key = ("roles", ns, ref.get("name", ""))
@@ -92,8 +127,85 @@ def authorized(user: User, call: ApiCall, objects: Mapping[tuple[str, str, str],
             continue  # a ClusterRoleBinding can only refer to a ClusterRole
         role = objects.get(key)
         if role is not None and any(rule_allows(r, call) for r in role.get("rules") or []):
-            return True
-    return False
+            binding_kind = "ClusterRoleBinding" if ns == "" else "RoleBinding"
+            binding_name = name if ns == "" else f"{name}/{ns}"
+            return (
+                f'RBAC: allowed by {binding_kind} "{binding_name}" of {ref.get("kind")} '
+                f'"{ref.get("name")}" to {_subject_text(subject, ns)}'
+            )
+    return None
+
+
+def authorized(user: User, call: ApiCall, objects: Mapping[tuple[str, str, str], Obj]) -> bool:
+    """Whether RBAC allows ``call`` by ``user`` (:func:`granted_by`)."""
+    return granted_by(user, call, objects) is not None
+
+
+def impersonated(name: str, groups: Sequence[str]) -> User:
+    """Who a request acts as with ``Impersonate-User: name`` (and ``Impersonate-Group``s): a
+    service account's name (``system:serviceaccount:<ns>:<name>``) gets that account's groups
+    unless groups are given, as kube-apiserver's impersonation filter does; every user is in
+    ``system:authenticated``."""
+    parts = name.split(":")
+    if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"] and not groups:
+        return service_account_user(parts[2], parts[3])
+    return User(name, tuple(dict.fromkeys([*groups, "system:authenticated"])))
+
+
+def impersonation_calls(name: str, groups: Sequence[str]) -> list[ApiCall]:
+    """What RBAC must allow the impersonator: ``impersonate`` of the service account (in its
+    namespace) or the user, and of each group."""
+    parts = name.split(":")
+    if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"]:
+        calls = [ApiCall("impersonate", "", "serviceaccounts", namespace=parts[2], name=parts[3])]
+    else:
+        calls = [ApiCall("impersonate", "", "users", name=name)]
+    return calls + [ApiCall("impersonate", "", "groups", name=group) for group in groups]
+
+
+# The non-resource URLs every authenticated user may GET (system:discovery, system:basic-user).
+DISCOVERY_PATHS = (
+    "/api",
+    "/api/*",
+    "/apis",
+    "/apis/*",
+    "/healthz",
+    "/livez",
+    "/openapi",
+    "/openapi/*",
+    "/readyz",
+    "/version",
+    "/version/",
+)
+
+
+def access_review(
+    user: User | None, spec: Obj, objects: Mapping[tuple[str, str, str], Obj]
+) -> dict[str, Any]:
+    """A (Self)SubjectAccessReview's ``status`` for ``user`` (None: the admin): RBAC's answer
+    for ``spec.resourceAttributes`` (namespace, verb, group, resource, subresource, name) or
+    ``spec.nonResourceAttributes`` (path, verb: the discovery paths only). Denied carries no
+    reason, as RBAC gives none."""
+    attrs = spec.get("resourceAttributes")
+    if user is None:
+        return {"allowed": True, "reason": ADMIN_REASON}
+    if attrs is None:
+        other = spec.get("nonResourceAttributes") or {}
+        path, verb = other.get("path", ""), other.get("verb", "")
+        allowed = verb == "get" and any(
+            path == p or (p.endswith("*") and path.startswith(p[:-1])) for p in DISCOVERY_PATHS
+        )
+        return {"allowed": allowed}
+    call = ApiCall(
+        attrs.get("verb", ""),
+        attrs.get("group", ""),
+        attrs.get("resource", ""),
+        attrs.get("subresource", ""),
+        attrs.get("namespace", ""),
+        attrs.get("name", ""),
+    )
+    reason = granted_by(user, call, objects)
+    return {"allowed": True, "reason": reason} if reason else {"allowed": False}
 
 
 def forbidden_message(user: User, call: ApiCall) -> str:

@@ -18,13 +18,18 @@ discovery and the Tables of every kind (``kubectl get``) come from ``api_discove
 ``api_tables``.
 
 Requests are authenticated (service-account tokens it issued; none or an admin token is the
-harness) and authorized by RBAC from the stored Roles and bindings (403 Forbidden); the eviction
+harness), may impersonate (``Impersonate-User``, ``kubectl --as``) and are authorized by RBAC
+from the stored Roles and bindings (403 Forbidden), which also answers (Self)SubjectAccessReviews
+(``kubectl auth can-i``); the eviction
 subresource honours PodDisruptionBudgets (429). The decisions are in ``api_rules``.
 
 Besides pods it stores PriorityClasses (``spec.priority`` and ``preemptionPolicy`` resolved on pod
 create; the DefaultTolerationSeconds admission adds 300 s not-ready/unreachable tolerations to
 pods without their own), ConfigMaps, Secrets, Nodes, RBAC objects, PodDisruptionBudgets,
-StatefulSets and Events (create/get/list/watch/replace/patch/delete, field selectors per kind
+StatefulSets, ReplicaSets (with their ``scale`` subresource), Namespaces, ServiceAccounts (pod
+admission finds them), Services, NetworkPolicies and Events
+(create/get/list/watch/replace/delete; patches JSON, merge, strategic merge and server-side
+apply, ``api_wire.patched`` and ``server_side_apply``; field selectors per kind
 (``api_wire.SELECTABLE_FIELDS``); their watches keep a history of their own), and
 garbage-collects: removing any object deletes the pods and objects whose ownerReferences name
 its uid. With ``tls`` it serves
@@ -55,10 +60,13 @@ from typing import Any
 from kfp_elastic.testing.api_events import new_event
 from kfp_elastic.testing.api_rules import (
     User,
+    access_review,
     authorized,
     budget_status,
     eviction_decision,
     forbidden_message,
+    impersonated,
+    impersonation_calls,
     selects,
     service_account_user,
 )
@@ -75,6 +83,8 @@ from kfp_elastic.testing.api_wire import (
     now_timestamp,
     parse_field_selector,
     parse_label_selector,
+    patched,
+    server_side_apply,
 )
 
 log = logging.getLogger(__name__)
@@ -94,9 +104,13 @@ PRIORITY_CLASSES = {
     "system-cluster-critical": (2000000000, "PreemptLowerPriority"),
 }
 SERVICE_ACCOUNTS = {"default", "kfp-elastic-worker", "kfp-elastic-master"}
+# The namespaces every cluster has (the cluster's own is added); others are created by clients.
+NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 # kube-apiserver --default-not-ready-toleration-seconds / --default-unreachable-toleration-seconds
 DEFAULT_TOLERATION_SECONDS = 300
 NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+# The controller kinds whose replicas a PodDisruptionBudget counts: kind -> resource.
+_CONTROLLERS = {"StatefulSet": "statefulsets", "ReplicaSet": "replicasets"}
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -161,6 +175,7 @@ class FakeKubernetes:
         self._streams: set[_Stream] = set()
         self._held = self._stopping = False
         self._ips = itertools.count(10)
+        self._service_ips = itertools.count(10)
         for name, (value, policy) in (
             PRIORITY_CLASSES if priority_classes is None else priority_classes
         ).items():
@@ -169,6 +184,8 @@ class FakeKubernetes:
                 "",
                 {"metadata": {"name": name}, "value": value, "preemptionPolicy": policy},
             )
+        for name in dict.fromkeys((*NAMESPACES, namespace)):
+            self.create_object("namespaces", "", {"metadata": {"name": name}})
         self.validate_pods = validate_pods
         self.default_toleration_seconds = default_toleration_seconds
         self.service_accounts = SERVICE_ACCOUNTS if service_accounts is None else service_accounts
@@ -290,8 +307,21 @@ class FakeKubernetes:
         if resource == "secrets":  # the API server stores stringData base64-encoded in data
             for key, value in (obj.pop("stringData", None) or {}).items():
                 obj.setdefault("data", {})[key] = base64.b64encode(value.encode()).decode()
+        if meta.get("namespace", ns) != ns:
+            raise ApiError(
+                400,
+                "BadRequest",
+                "the namespace of the provided object does not "
+                "match the namespace sent on the request",
+            )
         if resource == "priorityclasses":
             obj.setdefault("preemptionPolicy", "PreemptLowerPriority")
+        if resource == "namespaces":
+            obj["spec"] = {"finalizers": ["kubernetes"]}
+            obj["status"] = {"phase": "Active"}
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
+        if resource == "services":
+            self._allocate_cluster_ip(obj.setdefault("spec", {}))
         _validate_object(resource, kind, name, obj)
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_timestamp(), generation=1)
         if ns:
@@ -306,6 +336,19 @@ class FakeKubernetes:
             self._record_object(ns, "ADDED", None, obj)
             self._cond.notify_all()
             return copy.deepcopy(obj)
+
+    def _allocate_cluster_ip(self, spec: dict[str, Any]) -> None:
+        """A Service's defaults: type ClusterIP, an address from the service range unless
+        headless (``clusterIP: None``)."""
+        spec.setdefault("type", "ClusterIP")
+        spec.setdefault("sessionAffinity", "None")
+        if not spec.get("clusterIP"):
+            n = next(self._service_ips)
+            spec["clusterIP"] = f"10.96.{n // 250}.{n % 250 + 1}"
+        spec["clusterIPs"] = [spec["clusterIP"]]
+        for port in spec.get("ports") or []:
+            port.setdefault("protocol", "TCP")
+            port.setdefault("targetPort", port.get("port"))
 
     def get_object(self, resource: str, ns: str, name: str) -> dict[str, Any]:
         with self._cond:
@@ -345,10 +388,14 @@ class FakeKubernetes:
         with self._cond:
             old = self.get_object(resource, ns, name)
             new = copy.deepcopy(obj)
+            # the generation counts changes of what the object asks for, not of its metadata
+            # or status (what a status subresource writes)
+            asked = {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+            was = {k: v for k, v in old.items() if k not in ("metadata", "status")}
             new["metadata"] = {
                 **new["metadata"],
                 **{k: old["metadata"][k] for k in ("uid", "creationTimestamp")},
-                "generation": old["metadata"].get("generation", 1) + 1,
+                "generation": old["metadata"].get("generation", 1) + (asked != was),
             }
             new.update(apiVersion=old["apiVersion"], kind=old["kind"])
             if ns:
@@ -361,23 +408,37 @@ class FakeKubernetes:
             return copy.deepcopy(new)
 
     def patch_object(
-        self, resource: str, ns: str, name: str, body: Any, content_type: str
+        self, resource: str, ns: str, name: str, body: Any, patch_type: str
     ) -> dict[str, Any]:
-        """PATCH of a stored object (``kubectl cordon`` patches a node): a merge or strategic
-        merge patch, applied as a replacement; JSON patch and server-side apply answer 415."""
-        if "merge-patch" not in content_type or not isinstance(body, dict):
-            raise ApiError(
-                415,
-                "UnsupportedMediaType",
-                f"the body of the request was in an unknown format "
-                f"- accepted media types include: application/merge-patch+json, "
-                f"application/strategic-merge-patch+json (got {content_type!r})",
-            )
+        """PATCH of a stored object (``kubectl cordon`` patches a node, ``kubectl apply``
+        what it applied): a JSON, merge or strategic merge patch (``api_wire.patched``),
+        applied as a replacement. Server-side apply goes to :meth:`apply_object`."""
         with self._cond:
             old = self.get_object(resource, ns, name)
-            new = merge_patch(old, body, strategic="strategic" in content_type)
-            new["metadata"]["name"] = name
+            new = patched(old, body, patch_type)
+            _check_unchanged(resource, name, old, new)
+            if new == old:  # nothing to write: the resourceVersion stays (kubectl: no change)
+                return old
             return self.replace_object(resource, ns, new)
+
+    def apply_object(
+        self, resource: str, ns: str, name: str, body: dict[str, Any], manager: str
+    ) -> tuple[dict[str, Any], bool]:
+        """Server-side apply (``api_wire.server_side_apply``): the object created from ``body``
+        if there is none, else ``body``'s fields merged into it; (the object, whether created)."""
+        _check_applied(OBJECT_KINDS[resource], name, body)
+        with self._cond:
+            live = self._objects.get((resource, ns, name))
+            new = server_side_apply(
+                None if live is None else self.get_object(resource, ns, name),
+                body,
+                manager,
+                now_timestamp(),
+            )
+            if live is None:
+                return self.create_object(resource, ns, new), True
+            _check_unchanged(resource, name, live, new)
+            return self.replace_object(resource, ns, new), False
 
     def delete_object(self, resource: str, ns: str, name: str) -> dict[str, Any]:
         with self._cond:
@@ -487,6 +548,38 @@ class FakeKubernetes:
             }
             raise error
 
+    def impersonate(self, user: User | None, name: str | None, groups: list[str]) -> User | None:
+        """The user a request acts as with ``Impersonate-User``/``Impersonate-Group`` headers
+        (``kubectl --as``): the impersonator must be allowed to ``impersonate`` them (403 as
+        RBAC words it); without the headers, ``user`` itself."""
+        if not name:
+            if groups:
+                raise ApiError(
+                    500, "InternalError", "requested impersonation of groups without a user"
+                )
+            return user
+        for call in impersonation_calls(name, groups):
+            self.authorize(user, call)
+        return impersonated(name, groups)
+
+    def review_access(self, user: User | None, review: dict[str, Any]) -> dict[str, Any]:
+        """POST of a SelfSubjectAccessReview (about ``user``) or a SubjectAccessReview (about
+        its ``spec.user`` and ``spec.groups``): the review with RBAC's answer as its status;
+        nothing is stored."""
+        spec = review.get("spec") or {}
+        if review.get("kind") == "SubjectAccessReview":
+            if not spec.get("user") and not spec.get("groups"):
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    'SubjectAccessReview.authorization.k8s.io "" is invalid: spec.user: '
+                    'Invalid value: "": at least one of user or group must be specified',
+                )
+            user = User(spec.get("user", ""), tuple(spec.get("groups") or ()))
+        with self._cond:
+            status = access_review(user, spec, self._objects)
+        return {**review, "metadata": review.get("metadata") or {}, "status": status}
+
     # -- PodDisruptionBudgets and the eviction API ----------------------------------------
 
     def _with_status(self, resource: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -499,7 +592,7 @@ class FakeKubernetes:
 
     def _budget_status(self, pdb: dict[str, Any]) -> dict[str, Any]:
         """(lock held) The budget's status; expected pods are the replicas of the StatefulSets
-        that own the selected pods (the only controller kind the fake stores)."""
+        and ReplicaSets that own the selected pods (the controller kinds the fake stores)."""
         pods = list(self._pods.values())
         replicas: dict[str, int] | None = {}
         for pod in pods:
@@ -509,9 +602,10 @@ class FakeKubernetes:
                 (r for r in pod["metadata"].get("ownerReferences") or [] if r.get("controller")),
                 None,
             )
-            key = ("statefulsets", pod["metadata"]["namespace"], (owner or {}).get("name", ""))
+            resource = _CONTROLLERS.get((owner or {}).get("kind", ""), "")
+            key = (resource, pod["metadata"]["namespace"], (owner or {}).get("name", ""))
             controller = self._objects.get(key)
-            if owner is None or owner.get("kind") != "StatefulSet" or controller is None:
+            if controller is None:
                 replicas = None
                 break
             replicas[key[2]] = controller.get("spec", {}).get("replicas", 1)
@@ -619,7 +713,7 @@ class FakeKubernetes:
                 f'pods "{name}" is forbidden: no PriorityClass with name {pc} was found',
             )
         sa = spec.setdefault("serviceAccountName", "default")
-        if sa not in self.service_accounts:
+        if sa not in self.service_accounts and ("serviceaccounts", ns, sa) not in self._objects:
             raise ApiError(
                 403,
                 "Forbidden",
@@ -708,19 +802,38 @@ class FakeKubernetes:
             new["metadata"].update(deletionTimestamp=now_timestamp(), deletionGracePeriodSeconds=0)
         return self._record(ns, "DELETED", pod, new)
 
+    def apply(
+        self, ns: str, name: str, body: dict[str, Any], manager: str
+    ) -> tuple[dict[str, Any], bool]:
+        """Server-side apply of a pod (``api_wire.server_side_apply``): created from ``body`` if
+        there is none (with pod admission), else its fields merged in as a patch would (the
+        same checks of what a pod update may change); (the pod, whether created)."""
+        _check_applied(("Pod", "v1"), name, body)
+        with self._cond:
+            live = self._pods.get((ns, name))
+            new = server_side_apply(
+                None if live is None else copy.deepcopy(live), body, manager, now_timestamp()
+            )
+            if live is None:
+                return self.create(ns, new), True
+            return self._update(ns, name, live, new, status_only=False), False
+
     def patch(
-        self, ns: str, name: str, body: Any, content_type: str, status_only: bool = False
+        self, ns: str, name: str, body: Any, patch_type: str, status_only: bool = False
     ) -> dict[str, Any]:
+        """A JSON, merge or strategic merge patch of a pod (``api_wire.patched``) or, with
+        ``status_only``, of its status subresource."""
         with self._cond:
             old = self._get(ns, name)
-            if "merge-patch" not in content_type or not isinstance(body, dict):
-                # JSON patch (a list body) and server-side apply are not implemented
-                raise ApiError(415, "UnsupportedMediaType", f"unsupported patch: {content_type}")
-            try:
-                new = merge_patch(old, body, strategic="strategic" in content_type)
-            except ValueError as error:
-                raise ApiError(400, "BadRequest", str(error)) from None
-            rv = (body.get("metadata") or {}).get("resourceVersion")
+            new = patched(old, body, patch_type)
+            return self._update(ns, name, old, new, status_only)
+
+    def _update(
+        self, ns: str, name: str, old: dict[str, Any], new: dict[str, Any], status_only: bool
+    ) -> dict[str, Any]:
+        """(lock held) Store ``new`` for the pod ``old``: what a pod update may change."""
+        with self._cond:
+            rv = (new.get("metadata") or {}).get("resourceVersion")
             if rv not in (None, old["metadata"]["resourceVersion"]):
                 raise ApiError(
                     409,
@@ -744,6 +857,8 @@ class FakeKubernetes:
                     )
             for key in ("name", "namespace", "uid", "creationTimestamp"):
                 new["metadata"][key] = old["metadata"][key]
+            if new == old:  # nothing to write: the resourceVersion stays (kubectl: no change)
+                return copy.deepcopy(old)
             return self._record(ns, "MODIFIED", old, new)
 
     def list(
@@ -1122,6 +1237,45 @@ def _bookmark(resource_version: int, kind: str = "Pod", api_version: str = "v1")
         "apiVersion": api_version,
         "metadata": {"resourceVersion": str(resource_version)},
     }
+
+
+def _check_applied(kind: tuple[str, str], name: str, body: dict[str, Any]) -> None:
+    """What the API server checks of an apply patch against its URL: kind, apiVersion and
+    name (400 where they do not match)."""
+    meta = body.get("metadata") or {}
+    if (body.get("kind"), body.get("apiVersion")) != kind:
+        raise ApiError(
+            400,
+            "BadRequest",
+            f"the apply patch is a {body.get('apiVersion')}, Kind={body.get('kind')}, not a "
+            f"{kind[1]}, Kind={kind[0]}",
+        )
+    if meta.get("name") != name:
+        raise ApiError(
+            400,
+            "BadRequest",
+            f"the name of the object ({meta.get('name')}) does not match the name on the URL "
+            f"({name})",
+        )
+
+
+def _check_unchanged(resource: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """An update may not rename an object, nor change what its kind keeps immutable (a
+    PriorityClass' value, a ReplicaSet's selector): 422 as the API server's validation says."""
+    kind, api_version = OBJECT_KINDS[resource]
+    group = api_version.rpartition("/")[0]
+    qualified = f"{kind}.{group}" if group else kind
+    problems = []
+    if (new.get("metadata") or {}).get("name") != name:
+        problems.append(f"metadata.name: Invalid value: {new['metadata'].get('name')!r}")
+    if resource == "priorityclasses" and new.get("value") != old.get("value"):
+        problems.append("value: Forbidden: may not be changed in an update.")
+    if resource == "replicasets" and (new.get("spec") or {}).get("selector") != (
+        old.get("spec") or {}
+    ).get("selector"):
+        problems.append("spec.selector: Invalid value: field is immutable")
+    if problems:
+        raise ApiError(422, "Invalid", f'{qualified} "{name}" is invalid: ' + ", ".join(problems))
 
 
 def _validate_object(resource: str, kind: str, name: str, obj: dict[str, Any]) -> None:

@@ -5,10 +5,11 @@ asks), with kube-apiserver's columns for every kind the stand-in stores
 wide`` adds ``IP NODE NOMINATED NODE READINESS GATES``), nodes ``NAME STATUS ROLES AGE VERSION``
 (wide: ``INTERNAL-IP EXTERNAL-IP OS-IMAGE KERNEL-VERSION CONTAINER-RUNTIME``), PriorityClasses
 ``NAME VALUE GLOBAL-DEFAULT AGE PREEMPTIONPOLICY``, events ``LAST SEEN TYPE REASON OBJECT
-MESSAGE``, ConfigMaps, Secrets, PodDisruptionBudgets, StatefulSets and (Cluster)RoleBindings
-theirs; kinds without a printer (Roles, ClusterRoles) get the API server's default ``NAME
-CREATED AT``. As the API server does, every row carries the wide cells too (priority-1 columns);
-kubectl shows them with ``-o wide``.
+MESSAGE``, ConfigMaps, Secrets, PodDisruptionBudgets, StatefulSets, ReplicaSets, Services,
+ServiceAccounts, Namespaces, NetworkPolicies and (Cluster)RoleBindings theirs; kinds without a
+printer (Roles, ClusterRoles) get the API server's default ``NAME CREATED AT``. As the API
+server does, every row carries the wide cells too (priority-1 columns); kubectl shows them with
+``-o wide``.
 """
 
 from __future__ import annotations
@@ -215,6 +216,56 @@ def _binding_cells(binding: Obj) -> list[Any]:
     ]
 
 
+def _selector_text(selector: Obj | None) -> str:
+    """metav1.FormatLabelSelector: the requirements sorted by key, ``<none>`` for none."""
+    parts = [(k, f"{k}={v}") for k, v in ((selector or {}).get("matchLabels") or {}).items()]
+    ops = {"In": "in", "NotIn": "notin"}
+    for expr in (selector or {}).get("matchExpressions") or ():
+        key, op = expr.get("key", ""), expr.get("operator", "")
+        values = ",".join(sorted(expr.get("values") or ()))
+        text = {"Exists": key, "DoesNotExist": f"!{key}"}.get(
+            op, f"{key} {ops.get(op, op)} ({values})"
+        )
+        parts.append((key, text))
+    return ",".join(text for _, text in sorted(parts)) or "<none>"
+
+
+def _replica_set_cells(rs: Obj) -> list[Any]:
+    spec, status = rs.get("spec") or {}, rs.get("status") or {}
+    containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or ()
+    return [
+        _meta(rs).get("name", ""),
+        int(spec.get("replicas", 1)),
+        int(status.get("replicas") or 0),
+        int(status.get("readyReplicas") or 0),
+        age(_meta(rs).get("creationTimestamp")),
+        ",".join(c.get("name", "") for c in containers),
+        ",".join(c.get("image", "") for c in containers),
+        _selector_text(spec.get("selector")),
+    ]
+
+
+def _service_cells(svc: Obj) -> list[Any]:
+    spec = svc.get("spec") or {}
+    ports = ",".join(
+        f"{p.get('port')}"
+        + (f":{p['nodePort']}" if p.get("nodePort") else "")
+        + f"/{p.get('protocol', 'TCP')}"
+        for p in spec.get("ports") or ()
+    )
+    selector = ",".join(f"{k}={v}" for k, v in sorted((spec.get("selector") or {}).items()))
+    external = ",".join(spec.get("externalIPs") or ()) or "<none>"
+    return [
+        _meta(svc).get("name", ""),
+        spec.get("type") or "ClusterIP",
+        spec.get("clusterIP") or "<none>",
+        external,
+        ports or "<none>",
+        age(_meta(svc).get("creationTimestamp")),
+        selector or "<none>",
+    ]
+
+
 def _default_cells(obj: Obj) -> list[Any]:
     return [_meta(obj).get("name", ""), _meta(obj).get("creationTimestamp", "")]
 
@@ -312,6 +363,59 @@ _PRINTERS: dict[str, tuple[tuple[Column, ...], Callable[[Obj], list[Any]]]] = {
         _stateful_set_cells,
     ),
 }
+_PRINTERS.update(
+    {
+        "replicasets": (
+            (
+                _NAME,
+                ("Desired", "integer", "", 0),
+                ("Current", "integer", "", 0),
+                ("Ready", "integer", "", 0),
+                _AGE,
+                ("Containers", "string", "", 1),
+                ("Images", "string", "", 1),
+                ("Selector", "string", "", 1),
+            ),
+            _replica_set_cells,
+        ),
+        "services": (
+            (
+                _NAME,
+                ("Type", "string", "", 0),
+                ("Cluster-IP", "string", "", 0),
+                ("External-IP", "string", "", 0),
+                ("Port(s)", "string", "", 0),
+                _AGE,
+                ("Selector", "string", "", 1),
+            ),
+            _service_cells,
+        ),
+        "serviceaccounts": (
+            (_NAME, ("Secrets", "string", "", 0), _AGE),
+            lambda sa: [
+                _meta(sa).get("name", ""),
+                len(sa.get("secrets") or ()),
+                age(_meta(sa).get("creationTimestamp")),
+            ],
+        ),
+        "namespaces": (
+            (_NAME, ("Status", "string", "", 0), _AGE),
+            lambda ns: [
+                _meta(ns).get("name", ""),
+                (ns.get("status") or {}).get("phase") or "Active",
+                age(_meta(ns).get("creationTimestamp")),
+            ],
+        ),
+        "networkpolicies": (
+            (_NAME, ("Pod-Selector", "string", "", 0), _AGE),
+            lambda policy: [
+                _meta(policy).get("name", ""),
+                _selector_text((policy.get("spec") or {}).get("podSelector")),
+                age(_meta(policy).get("creationTimestamp")),
+            ],
+        ),
+    }
+)
 _BINDING_COLUMNS: tuple[Column, ...] = (
     _NAME,
     ("Role", "string", "", 0),

@@ -18,7 +18,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from kfp_elastic.testing.api_discovery import discovery
+import yaml
+
+from kfp_elastic.testing.api_discovery import REVIEW_KINDS, discovery
 from kfp_elastic.testing.api_events import to_events_v1, to_events_v1_list
 from kfp_elastic.testing.api_tables import pod_table, wants_table
 from kfp_elastic.testing.api_tables import table as object_table
@@ -36,9 +38,26 @@ OBJECT_KINDS = {
     "clusterrolebindings": ("ClusterRoleBinding", "rbac.authorization.k8s.io/v1"),
     "poddisruptionbudgets": ("PodDisruptionBudget", "policy/v1"),
     "statefulsets": ("StatefulSet", "apps/v1"),
+    "replicasets": ("ReplicaSet", "apps/v1"),
     "events": ("Event", "v1"),
+    "namespaces": ("Namespace", "v1"),
+    "serviceaccounts": ("ServiceAccount", "v1"),
+    "services": ("Service", "v1"),
+    "networkpolicies": ("NetworkPolicy", "networking.k8s.io/v1"),
 }
-CLUSTER_SCOPED = {"priorityclasses", "nodes", "clusterroles", "clusterrolebindings"}
+CLUSTER_SCOPED = {
+    "priorityclasses",
+    "nodes",
+    "clusterroles",
+    "clusterrolebindings",
+    "namespaces",
+}
+# The patch formats of a PATCH request's Content-Type.
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+PATCH_TYPES = (JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH, APPLY_PATCH)
 
 
 _REQUIREMENT = re.compile(
@@ -55,7 +74,7 @@ _MERGE_KEYS = {
     "env": "name",
     "volumes": "name",
     "volumeMounts": "mountPath",
-    "ports": "containerPort",
+    "ports": "containerPort",  # a Service's ports: "port" (_merge_key)
     "imagePullSecrets": "name",
     "hostAliases": "ip",
     "schedulingGates": "name",
@@ -67,6 +86,9 @@ _MERGE_KEYS = {
 # Lists of scalars a strategic merge patch unions (metadata.finalizers).
 _MERGED_SCALAR_LISTS = {"finalizers"}
 _DIRECTIVE = "$patch"
+_SET_ORDER = "$setElementOrder/"
+_DELETE_FROM = "$deleteFromPrimitiveList/"
+_RETAIN_KEYS = "$retainKeys"
 
 
 @dataclass(frozen=True)
@@ -226,32 +248,78 @@ def labels_match(selector: list[tuple[str, str, set[str]]], labels: dict[str, st
 def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
     """RFC 7386 merge patch; ``strategic``: a strategic merge patch, which merges the lists
     Kubernetes merges by key (``_MERGE_KEYS``; ``_MERGED_SCALAR_LISTS`` by value) instead of
-    replacing them, and honours the ``$patch`` directive on a list item (``delete``: remove the
-    item with that key) and in a list (``{"$patch": "replace"}``: the list is the patch's other
-    items). ``$setElementOrder``, ``$retainKeys`` and ``$deleteFromPrimitiveList`` are not
-    supported."""
+    replacing them, and honours its directives: ``$patch`` on a list item (``delete``: remove
+    the item with that key), in a list (``{"$patch": "replace"}``: the list is the patch's other
+    items) and in a map (``replace``, ``delete``); ``$setElementOrder/<list>`` (the order of a
+    merged list), ``$deleteFromPrimitiveList/<list>`` and ``$retainKeys`` (what ``kubectl
+    apply`` sends)."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
     out = dict(target) if isinstance(target, dict) else {}
+    if strategic:
+        directive = patch.get(_DIRECTIVE)
+        if directive == "delete":
+            return None
+        if directive == "replace":
+            return {k: copy.deepcopy(v) for k, v in patch.items() if k != _DIRECTIVE}
+        if directive is not None:
+            raise ValueError(f"unknown strategic merge patch directive {directive!r}")
+        if isinstance(patch.get(_RETAIN_KEYS), list):
+            out = {k: v for k, v in out.items() if k in patch[_RETAIN_KEYS]}
+    orders = {}
     for key, value in patch.items():
-        if value is None:
+        if strategic and key.startswith(_SET_ORDER):
+            orders[key.removeprefix(_SET_ORDER)] = value
+        elif strategic and key.startswith(_DELETE_FROM):
+            name = key.removeprefix(_DELETE_FROM)
+            out[name] = [item for item in out.get(name) or [] if item not in value]
+        elif strategic and key in (_DIRECTIVE, _RETAIN_KEYS):
+            continue
+        elif value is None:
             out.pop(key, None)
         elif strategic and key in _MERGE_KEYS and isinstance(value, list):
             out[key] = _merge_keyed_list(out.get(key) or [], value, _MERGE_KEYS[key])
         elif strategic and key in _MERGED_SCALAR_LISTS and isinstance(value, list):
             old = list(out.get(key) or [])
             out[key] = old + [item for item in value if item not in old]
+        elif strategic and isinstance(value, dict) and value.get(_DIRECTIVE) == "delete":
+            out.pop(key, None)
         else:
             out[key] = merge_patch(out.get(key), value, strategic)
+    for key, order in orders.items():
+        if isinstance(out.get(key), list) and isinstance(order, list):
+            out[key] = _in_order(out[key], order, _MERGE_KEYS.get(key))
     return out
+
+
+def _merge_key(item: Any, merge_key: str) -> Any:
+    """An item's key in a merged list; a Service's ports merge by ``port`` (theirs have no
+    ``containerPort``)."""
+    if not isinstance(item, dict):
+        return item
+    if merge_key == "containerPort" and "containerPort" not in item:
+        return item.get("port")
+    return item.get(merge_key)
+
+
+def _in_order(items: list[Any], order: list[Any], merge_key: str | None) -> list[Any]:
+    """``$setElementOrder``: the items the order names first, in its order; the others after."""
+    keys = [_merge_key(o, merge_key) if merge_key else o for o in order]
+    rank = {key: i for i, key in enumerate(keys)}
+
+    def position(item: Any) -> int:
+        key = _merge_key(item, merge_key) if merge_key else item
+        return rank.get(key, len(rank))
+
+    return sorted(items, key=position)
 
 
 def _merge_keyed_list(old: list[Any], patch: list[Any], merge_key: str) -> list[Any]:
     if any(isinstance(item, dict) and item.get(_DIRECTIVE) == "replace" for item in patch):
         return [copy.deepcopy(i) for i in patch if not (isinstance(i, dict) and _DIRECTIVE in i)]
-    merged = {item.get(merge_key): item for item in old}
+    merged = {_merge_key(item, merge_key): item for item in old}
     for item in patch:
-        key = item.get(merge_key)
+        key = _merge_key(item, merge_key)
         if item.get(_DIRECTIVE) == "delete":
             merged.pop(key, None)
         elif item.get(_DIRECTIVE, "merge") != "merge":
@@ -260,6 +328,330 @@ def _merge_keyed_list(old: list[Any], patch: list[Any], merge_key: str) -> list[
             fields = {k: v for k, v in item.items() if k != _DIRECTIVE}
             merged[key] = merge_patch(merged.get(key, {}), fields, True)
     return list(merged.values())
+
+
+def _pointer(path: str) -> list[str]:
+    """An RFC 6901 JSON pointer's reference tokens."""
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise ValueError(f"invalid JSON pointer {path!r}")
+    return [t.replace("~1", "/").replace("~0", "~") for t in path[1:].split("/")]
+
+
+def _parent(doc: Any, tokens: list[str], path: str) -> Any:
+    for token in tokens[:-1]:
+        if isinstance(doc, dict) and token in doc:
+            doc = doc[token]
+        elif isinstance(doc, list) and token.isdigit() and int(token) < len(doc):
+            doc = doc[int(token)]
+        else:
+            raise ValueError(f"doc is missing path: {path!r}")
+    return doc
+
+
+def _index(container: list[Any], token: str, path: str, adding: bool = False) -> int:
+    if adding and token == "-":
+        return len(container)
+    if not token.isdigit() or int(token) > len(container) - (0 if adding else 1):
+        raise ValueError(f"unable to access invalid index: {path!r}")
+    return int(token)
+
+
+def _take(doc: Any, path: str) -> Any:
+    tokens = _pointer(path)
+    if not tokens:
+        return doc
+    parent, last = _parent(doc, tokens, path), tokens[-1]
+    if isinstance(parent, dict):
+        if last not in parent:
+            raise ValueError(f"doc is missing key: {path!r}")
+        return parent[last]
+    if isinstance(parent, list):
+        return parent[_index(parent, last, path)]
+    raise ValueError(f"doc is missing path: {path!r}")
+
+
+def _put(doc: Any, path: str, value: Any, replace: bool) -> Any:
+    tokens = _pointer(path)
+    if not tokens:
+        return value
+    parent, last = _parent(doc, tokens, path), tokens[-1]
+    if isinstance(parent, dict):
+        if replace and last not in parent:
+            raise ValueError(f"replace operation does not apply: doc is missing key: {path}")
+        parent[last] = value
+    elif isinstance(parent, list):
+        if replace:
+            parent[_index(parent, last, path)] = value
+        else:
+            parent.insert(_index(parent, last, path, adding=True), value)
+    else:
+        raise ValueError(f"doc is missing path: {path!r}")
+    return doc
+
+
+def _drop(doc: Any, path: str) -> Any:
+    tokens = _pointer(path)
+    parent, last = _parent(doc, tokens, path), tokens[-1] if tokens else ""
+    if isinstance(parent, dict) and last in parent:
+        del parent[last]
+    elif isinstance(parent, list):
+        del parent[_index(parent, last, path)]
+    else:
+        raise ValueError(f"remove operation does not apply: doc is missing path: {path!r}")
+    return doc
+
+
+def json_patch(target: Any, operations: Any) -> Any:
+    """An RFC 6902 JSON patch (``add``, ``remove``, ``replace``, ``move``, ``copy``, ``test``)
+    applied to a copy of ``target``; ValueError for an operation that does not apply (the API
+    server's 422)."""
+    if not isinstance(operations, list):
+        raise ValueError("a JSON patch is a list of operations")
+    doc = copy.deepcopy(target)
+    for op in operations:
+        kind, path = op.get("op"), op.get("path", "")
+        if kind == "add":
+            doc = _put(doc, path, copy.deepcopy(op["value"]), replace=False)
+        elif kind == "replace":
+            doc = _put(doc, path, copy.deepcopy(op["value"]), replace=True)
+        elif kind == "remove":
+            doc = _drop(doc, path)
+        elif kind in ("move", "copy"):
+            value = copy.deepcopy(_take(doc, op["from"]))
+            if kind == "move":
+                doc = _drop(doc, op["from"])
+            doc = _put(doc, path, value, replace=False)
+        elif kind == "test":
+            if _take(doc, path) != op.get("value"):
+                raise ValueError(f"testing value {path} failed: test failed")
+        else:
+            raise ValueError(f"Unexpected kind: {kind}")
+    return doc
+
+
+def patch_type(content_type: str) -> str:
+    """The patch format a PATCH request's Content-Type names; 415 for any other, with the
+    message the API server writes."""
+    media = content_type.split(";")[0].strip()
+    if media not in PATCH_TYPES:
+        raise ApiError(
+            415,
+            "UnsupportedMediaType",
+            f"the body of the request was in an unknown format - accepted media types "
+            f"include: {', '.join(PATCH_TYPES)}",
+        )
+    return media
+
+
+def decode_patch(raw: bytes, kind: str) -> Any:
+    """A PATCH body of ``kind`` (:func:`patch_type`): JSON, or YAML for server-side apply."""
+    if kind == APPLY_PATCH:
+        try:
+            body = yaml.safe_load(raw.decode() or "{}")
+        except yaml.YAMLError as error:
+            raise ApiError(400, "BadRequest", f"error decoding YAML: {error}") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the apply patch is not an object")
+        return body
+    return json.loads(raw or b"{}")
+
+
+def patched(old: dict[str, Any], body: Any, kind: str) -> dict[str, Any]:
+    """``old`` after a JSON, merge or strategic merge patch ``body`` (:func:`patch_type`); 422
+    for a JSON patch that does not apply, 400 for a malformed one."""
+    try:
+        if kind == JSON_PATCH:
+            new = json_patch(old, body)
+        elif isinstance(body, dict):
+            new = merge_patch(old, body, strategic=kind != MERGE_PATCH)
+        else:
+            raise ApiError(400, "BadRequest", "the patch is not a JSON object")
+    except ValueError as error:
+        if kind == JSON_PATCH:
+            raise ApiError(422, "Invalid", str(error)) from None
+        raise ApiError(400, "BadRequest", str(error)) from None
+    if not isinstance(new, dict):
+        raise ApiError(422, "Invalid", "the patched object is not an object")
+    return new
+
+
+def fields_v1(obj: Any) -> dict[str, Any]:
+    """The ``FieldsV1`` set of the fields ``obj`` sets, as managedFields records them: ``f:<key>``
+    per map key, ``k:{"<merge key>":...}`` per item of a list merged by key (a list of scalars
+    or another list is one atomic field)."""
+    if not isinstance(obj, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        if key in ("apiVersion", "kind"):
+            continue
+        if key in _MERGE_KEYS and isinstance(value, list):
+            merge_key = _MERGE_KEYS[key]
+            items = {}
+            for item in value:
+                field = (
+                    "port"
+                    if merge_key == "containerPort" and "containerPort" not in item
+                    else merge_key
+                )
+                items["k:" + json.dumps({field: item.get(field)}, separators=(",", ":"))] = {
+                    ".": {},
+                    **fields_v1(item),
+                }
+            out[f"f:{key}"] = items
+        elif isinstance(value, dict) and value:
+            out[f"f:{key}"] = fields_v1(value)
+        else:
+            out[f"f:{key}"] = {}
+    return out
+
+
+def server_side_apply(
+    live: dict[str, Any] | None, applied: dict[str, Any], manager: str, now: str
+) -> dict[str, Any]:
+    """The object after ``manager`` applied ``applied`` (server-side apply, ``PATCH`` with
+    ``application/apply-patch+yaml``) to ``live`` (None: it does not exist and is created). The
+    applied fields are merged into the live object as a strategic merge patch would merge them,
+    and managedFields gets the manager's ``Apply`` entry. Simplified against kube-apiserver: no
+    conflict is detected (another manager's field is overwritten, as with ``--force-conflicts``)
+    and a field the manager applied before but leaves out now is kept, not removed."""
+    if not manager:
+        raise ApiError(
+            422,
+            "Invalid",
+            'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is '
+            "required for apply patch",
+        )
+    body = {k: v for k, v in applied.items() if k not in ("status",)}
+    meta = body.get("metadata") or {}
+    if meta.get("managedFields") is not None:
+        raise ApiError(400, "BadRequest", "metadata.managedFields must be nil")
+    new = merge_patch(live or {}, body, strategic=True)
+    entry = {
+        "manager": manager,
+        "operation": "Apply",
+        "apiVersion": applied.get("apiVersion", ""),
+        "time": now,
+        "fieldsType": "FieldsV1",
+        "fieldsV1": fields_v1(
+            {**body, "metadata": {k: v for k, v in meta.items() if k not in ("name", "namespace")}}
+        ),
+    }
+    if not entry["fieldsV1"].get("f:metadata"):
+        entry["fieldsV1"].pop("f:metadata", None)
+    others = [
+        m
+        for m in ((live or {}).get("metadata") or {}).get("managedFields") or []
+        if not (m.get("manager") == manager and m.get("operation") == "Apply")
+    ]
+    new.setdefault("metadata", {})["managedFields"] = [*others, entry]
+    return new
+
+
+def to_scale(obj: dict[str, Any]) -> dict[str, Any]:
+    """The ``autoscaling/v1`` Scale of a ReplicaSet (its ``scale`` subresource): the desired
+    replicas, the current ones and the selector as text."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    labels = (spec.get("selector") or {}).get("matchLabels") or {}
+    meta = obj.get("metadata") or {}
+    return {
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            k: meta[k]
+            for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+            if k in meta
+        },
+        "spec": {"replicas": int(spec.get("replicas", 1))},
+        "status": {
+            "replicas": int(status.get("replicas") or 0),
+            "selector": ",".join(f"{k}={v}" for k, v in sorted(labels.items())),
+        },
+    }
+
+
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+_PROTOBUF_MAGIC = b"k8s\x00"
+
+
+def _proto_fields(data: bytes) -> dict[int, list[Any]]:
+    """A protobuf message's fields: number -> values (ints for varints, bytes for
+    length-delimited fields; fixed-width ones are skipped)."""
+    out: dict[int, list[Any]] = {}
+    i = 0
+
+    def varint() -> int:
+        nonlocal i
+        value = shift = 0
+        while True:
+            byte = data[i]
+            i += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    while i < len(data):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            out.setdefault(number, []).append(varint())
+        elif wire == 2:
+            size = varint()
+            out.setdefault(number, []).append(data[i : i + size])
+            i += size
+        elif wire in (1, 5):
+            i += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+    return out
+
+
+def _proto_strings(data: bytes, names: dict[int, str]) -> dict[str, str]:
+    fields = _proto_fields(data)
+    return {name: fields[n][-1].decode() for n, name in names.items() if n in fields}
+
+
+_RESOURCE_ATTRIBUTES = {
+    1: "namespace",
+    2: "verb",
+    3: "group",
+    4: "version",
+    5: "resource",
+    6: "subresource",
+    7: "name",
+}
+
+
+def decode_review(raw: bytes, content_type: str) -> dict[str, Any]:
+    """A (Self)SubjectAccessReview as sent: JSON, or the protobuf that client-go's typed
+    clients send for built-in kinds (``kubectl auth can-i``): the ``k8s\\0`` envelope
+    (runtime.Unknown) around the review, of which the spec's attributes, user and groups are
+    read."""
+    if content_type.split(";")[0].strip() != PROTOBUF:
+        return json.loads(raw or b"{}")
+    if not raw.startswith(_PROTOBUF_MAGIC):
+        raise ApiError(400, "BadRequest", "provided protobuf is not a Kubernetes object")
+    unknown = _proto_fields(raw[len(_PROTOBUF_MAGIC) :])
+    type_meta = _proto_strings(unknown.get(1, [b""])[-1], {1: "apiVersion", 2: "kind"})
+    review = _proto_fields(unknown.get(2, [b""])[-1])
+    spec_fields = _proto_fields(review.get(2, [b""])[-1])
+    spec: dict[str, Any] = {}
+    if 1 in spec_fields:
+        spec["resourceAttributes"] = _proto_strings(spec_fields[1][-1], _RESOURCE_ATTRIBUTES)
+    if 2 in spec_fields:
+        spec["nonResourceAttributes"] = _proto_strings(spec_fields[2][-1], {1: "path", 2: "verb"})
+    if type_meta.get("kind") == "SubjectAccessReview":
+        if 3 in spec_fields:
+            spec["user"] = spec_fields[3][-1].decode()
+        spec["groups"] = [g.decode() for g in spec_fields.get(4, [])]
+    return {**type_meta, "metadata": {}, "spec": spec}
+
+
+def _header_list(handler: BaseHTTPRequestHandler, name: str) -> list[str]:
+    return [v.strip() for v in handler.headers.get_all(name) or [] if v.strip()]
 
 
 class Server(ThreadingHTTPServer):
@@ -373,6 +765,9 @@ class Handler(BaseHTTPRequestHandler):
         try:
             # Authentication, then RBAC, then the handler, as the API server's filters run.
             user = fake.authenticate(self.headers.get("Authorization", ""))
+            user = fake.impersonate(
+                user, self.headers.get("Impersonate-User"), _header_list(self, "Impersonate-Group")
+            )
             if call is None:
                 found = (
                     discovery(url.path, OBJECT_KINDS, CLUSTER_SCOPED) if method == "GET" else None
@@ -381,6 +776,18 @@ class Handler(BaseHTTPRequestHandler):
                     return self._send(200, found)
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             fake.authorize(user, call)
+            review = REVIEW_KINDS.get(call.resource, ("", "-"))
+            if call.group == review[1].partition("/")[0] and not call.name:
+                if method != "POST":
+                    raise ApiError(
+                        405,
+                        "MethodNotAllowed",
+                        "the server does not allow this method on the requested resource",
+                    )
+                body = decode_review(raw, self.headers.get("Content-Type", ""))
+                if (body.get("kind"), body.get("apiVersion")) != review:
+                    raise ApiError(400, "BadRequest", f"expected a {review[0]} of {review[1]}")
+                return self._send(201, fake.review_access(user, body))
             kind = OBJECT_KINDS.get(call.resource, ("", ""))
             every_namespace = not call.namespace and method == "GET" and not call.name
             events_v1 = (call.group, call.resource) == ("events.k8s.io", "events")
@@ -392,13 +799,24 @@ class Handler(BaseHTTPRequestHandler):
                     if call.resource in CLUSTER_SCOPED
                     else call.namespace or every_namespace
                 )
-                and not call.subresource
+                and call.subresource in ("", "scale" if call.resource == "replicasets" else "")
             ):
                 return self._dispatch_object(method, call, query, raw, events_v1)
             if call.group or call.resource != "pods" or not (call.namespace or every_namespace):
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             ns, name, sub = call.namespace, call.name or None, call.subresource
             fields = parse_field_selector(query.get("fieldSelector", ""))
+            if method == "PATCH" and name and sub in ("", "status"):
+                kind = patch_type(self.headers.get("Content-Type", ""))
+                patch = decode_patch(raw, kind)
+                if kind == APPLY_PATCH and not sub:
+                    pod, created = fake.apply(ns, name, patch, query.get("fieldManager", ""))
+                    return self._send(201 if created else 200, pod)
+                if kind == APPLY_PATCH:
+                    raise ApiError(
+                        405, "MethodNotAllowed", "server-side apply of pods/status is not served"
+                    )
+                return self._send(200, fake.patch(ns, name, patch, kind, status_only=bool(sub)))
             body = json.loads(raw) if raw else None
             table = wants_table(self.headers.get("Accept", ""))
             if method == "GET" and name is None and query.get("watch", "").lower() in ("true", "1"):
@@ -434,9 +852,6 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send_log(ns, name, query)
             if method == "POST" and name and sub == "eviction":
                 return self._send(201, fake.create_eviction(ns, name, body))
-            if method == "PATCH" and name and sub in ("", "status"):
-                ctype = self.headers.get("Content-Type", "")
-                return self._send(200, fake.patch(ns, name, body, ctype, status_only=bool(sub)))
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {url.path}")
         except ApiError as exc:
             self._send(exc.status["code"], exc.status)
@@ -512,6 +927,8 @@ class Handler(BaseHTTPRequestHandler):
         ``events.k8s.io/v1`` (get and list only)."""
         fake = self.server.fake
         resource, ns, name = call.resource, call.namespace, call.name or None
+        if call.subresource == "scale":
+            return self._dispatch_scale(method, call, raw)
         table = wants_table(self.headers.get("Accept", ""))
         watching = query.get("watch", "").lower() in ("true", "1")
         if events_v1 and (method != "GET" or watching):
@@ -548,12 +965,59 @@ class Handler(BaseHTTPRequestHandler):
         if method == "PUT" and name:
             return self._send(200, fake.replace_object(resource, ns, json.loads(raw or b"{}")))
         if method == "PATCH" and name:
-            ctype = self.headers.get("Content-Type", "")
-            body = json.loads(raw or b"{}")
-            return self._send(200, fake.patch_object(resource, ns, name, body, ctype))
+            kind = patch_type(self.headers.get("Content-Type", ""))
+            body = decode_patch(raw, kind)
+            if kind == APPLY_PATCH:
+                manager = query.get("fieldManager", "")
+                obj, created = fake.apply_object(resource, ns, name, body, manager)
+                return self._send(201 if created else 200, obj)
+            return self._send(200, fake.patch_object(resource, ns, name, body, kind))
         if method == "DELETE" and name:
             return self._send(200, fake.delete_object(resource, ns, name))
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {resource}")
+
+    def _dispatch_scale(self, method: str, call: ApiCall, raw: bytes) -> None:
+        """A ReplicaSet's ``scale`` subresource (``kubectl scale``): GET, PUT and PATCH of its
+        autoscaling/v1 Scale; a write changes the ReplicaSet's ``spec.replicas``."""
+        fake = self.server.fake
+        obj = fake.get_object(call.resource, call.namespace, call.name)
+        scale = to_scale(obj)
+        if method == "GET":
+            return self._send(200, scale)
+        if method == "PUT":
+            wanted = json.loads(raw or b"{}")
+        elif method == "PATCH":
+            kind = patch_type(self.headers.get("Content-Type", ""))
+            if kind == APPLY_PATCH:
+                raise ApiError(
+                    415, "UnsupportedMediaType", "server-side apply of a scale is not served"
+                )
+            wanted = patched(scale, decode_patch(raw, kind), kind)
+        else:
+            raise ApiError(
+                405, "MethodNotAllowed", "the server does not allow this method on scale"
+            )
+        rv = (wanted.get("metadata") or {}).get("resourceVersion")
+        if rv not in (None, "", scale["metadata"]["resourceVersion"]):
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on replicasets.apps "{call.name}": the object '
+                "has been modified; please apply your changes to the latest version and try "
+                "again",
+            )
+        replicas = (wanted.get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or replicas < 0:
+            raise ApiError(
+                422,
+                "Invalid",
+                f'Scale.autoscaling "{call.name}" is invalid: spec.replicas: Invalid value: '
+                f"{replicas}: must be greater than or equal to 0",
+            )
+        new = fake.patch_object(
+            call.resource, call.namespace, call.name, {"spec": {"replicas": replicas}}, MERGE_PATCH
+        )
+        return self._send(200, to_scale(new))
 
     def _handle(self) -> None:
         self._dispatch(self.command)

@@ -173,12 +173,9 @@ class TestCluster:
 
     def apply(self, obj: dict[str, Any], ns: str | None = None) -> None:
         """Create or replace one object of the kinds the API server stores besides pods
-        (Role, RoleBinding, PodDisruptionBudget, ...), in ``ns`` unless cluster-scoped; a
-        ServiceAccount only needs to be known to pod admission."""
+        (Role, RoleBinding, ServiceAccount, PodDisruptionBudget, ...), in ``ns`` unless
+        cluster-scoped."""
         ns = obj.get("metadata", {}).get("namespace") or ns or self.namespace
-        if obj["kind"] == "ServiceAccount":
-            self.api.service_accounts = {*self.api.service_accounts, obj["metadata"]["name"]}
-            return
         resource = next(r for r, (kind, _) in OBJECT_KINDS.items() if kind == obj["kind"])
         ns = "" if resource in CLUSTER_SCOPED else ns
         try:

@@ -1,9 +1,12 @@
 """A ReplicaSet stand-in for the test cluster: keeps ``replicas`` pods of a template running and
 deletes the newest on scale-down, as a Deployment's ReplicaSet controller does.
 
-It is a controller of the harness (admin, like the scheduler), not an API object: the API server
-stores no ReplicaSet or Deployment; ``ReplicaSet(api, name, template)`` runs one and
-:meth:`ReplicaSet.scale` changes its size (what ``kubectl scale`` or an autoscaler does).
+It is a controller of the harness (admin, like the scheduler) for an ``apps/v1`` ReplicaSet
+object it stores in the API server: ``ReplicaSet(api, name, template)`` creates (or takes over)
+the object and runs it; the object's ``spec.replicas`` is the size, which :meth:`ReplicaSet.scale`
+changes as ``kubectl scale replicaset <name> --replicas=N`` (the ``scale`` subresource) or an
+autoscaler does; its ``status`` counts the pods. Its pods name it as their controller
+(ownerReferences): deleting the object garbage-collects them.
 
 :func:`reconcile` is the pure decision over the pods its selector matches; :class:`ReplicaSet`
 runs it whenever anything in the API server changed (a pod failed or was deleted: it is replaced)
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kfp_elastic.testing.api_server import FakeKubernetes
-from kfp_elastic.testing.api_wire import ApiError
+from kfp_elastic.testing.api_wire import MERGE_PATCH, ApiError
 from kfp_elastic.testing.cluster.controller import ControlLoop
 
 log = logging.getLogger(__name__)
@@ -88,6 +91,47 @@ def selects(selector: Mapping[str, str], pod: Mapping[str, Any]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
+def replica_set_object(name: str, template: Mapping[str, Any], replicas: int) -> dict[str, Any]:
+    """The ``apps/v1`` ReplicaSet that stands for a set of ``template``'s pods: its selector is
+    the template's labels."""
+    labels = dict((template.get("metadata") or {}).get("labels") or {})
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": copy.deepcopy(dict(template.get("metadata") or {})),
+                "spec": copy.deepcopy(dict(template.get("spec") or {})),
+            },
+        },
+    }
+
+
+def replica_set_status(pods: Sequence[Mapping[str, Any]], generation: int) -> dict[str, Any]:
+    """A ReplicaSet's ``status`` from its pods, as the controller counts them: the active ones
+    (``replicas``, ``fullyLabeledReplicas``), those Ready (``readyReplicas``,
+    ``availableReplicas``: minReadySeconds 0), the generation it acted on."""
+    active = [p for p in pods if is_active(p)]
+    ready = sum(
+        1
+        for p in active
+        if any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (p.get("status") or {}).get("conditions") or ()
+        )
+    )
+    return {
+        "replicas": len(active),
+        "fullyLabeledReplicas": len(active),
+        "readyReplicas": ready,
+        "availableReplicas": ready,
+        "observedGeneration": generation,
+    }
+
+
 @dataclass
 class ReplicaSet:
     """``with ReplicaSet(cluster.api, "web", template, namespace="ns") as rs: rs.scale(3)``
@@ -111,9 +155,19 @@ class ReplicaSet:
         self.selector = dict((self.template.get("metadata") or {}).get("labels") or {})
         if not self.selector:
             raise ValueError(f"replica set {self.name!r}: the template has no labels to select")
+        if self.replicas < 0:
+            raise ValueError(f"replicas must be >= 0, got {self.replicas}")
         self.ns = self.namespace or self.api.namespace
         self._lock = threading.Lock()
         self._order: dict[str, float] = {}  # name -> monotonic creation time: "newest"
+        obj = replica_set_object(self.name, self.template, self.replicas)
+        try:
+            stored = self.api.create_object("replicasets", self.ns, obj)
+        except ApiError as error:
+            if error.status["code"] != 409:
+                raise
+            stored = self.api.replace_object("replicasets", self.ns, obj)
+        self.uid = stored["metadata"]["uid"]
         self._loop = ControlLoop(self.api, f"rs-{self.name}", self.reconcile_once)
 
     def __enter__(self) -> ReplicaSet:
@@ -138,22 +192,46 @@ class ReplicaSet:
             log.info(
                 "event=replicas_scaled set=%s from=%d to=%d", self.name, self.replicas, replicas
             )
-            self.replicas = replicas
+            self.api.patch_object(
+                "replicasets", self.ns, self.name, {"spec": {"replicas": replicas}}, MERGE_PATCH
+            )
         return self.reconcile_once()
 
     def reconcile_once(self) -> Decision:
+        """One pass: the stored object's ``spec.replicas`` against the pods; the object's
+        status updated. Nothing is done once the object is gone (its pods go with it)."""
         with self._lock:
+            try:
+                obj = self.api.get_object("replicasets", self.ns, self.name)
+            except ApiError:
+                return Decision()
+            if obj["metadata"]["uid"] != self.uid:  # deleted and made again by someone else
+                return Decision()
+            self.replicas = int(obj["spec"].get("replicas", 1))
             decision = reconcile(self.replicas, self.pods(), self._order)
             for _ in range(decision.create):
                 self._create()
             for name in decision.delete:
                 self._delete(name)
+            status = replica_set_status(self.pods(), obj["metadata"].get("generation", 1))
+            if status != obj.get("status"):
+                self.api.replace_object("replicasets", self.ns, {**obj, "status": status})
             return decision
 
     def _create(self) -> None:
         meta = copy.deepcopy(dict(self.template.get("metadata") or {}))
         name = f"{self.name}-{uuid.uuid4().hex[:5]}"
         meta.update(name=name, namespace=self.ns)
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "name": self.name,
+                "uid": self.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",

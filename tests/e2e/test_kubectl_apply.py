@@ -1,0 +1,399 @@
+"""kubectl writing to the test cluster: ``apply`` (client-side and ``--server-side``, files and
+the kustomizations under manifests/), ``patch`` (merge, JSON, strategic), ``scale`` of a
+ReplicaSet the stand-in runs, ``auth can-i`` from the RBAC it enforces; and what it refuses as
+a real API server refuses it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kfp_elastic.testing.cluster import TestCluster
+from kfp_elastic.testing.cluster.replica_set import ReplicaSet
+from tests.helpers import MANIFESTS, kubectl, wait_for
+
+MASTER = "system:serviceaccount:default:kfp-elastic-master"
+WORKER = "system:serviceaccount:default:kfp-elastic-worker"
+# What manifests/ holds that the stand-in cannot represent: Kueue's kinds (it installs no
+# CustomResourceDefinitions; the Kueue stand-in is configured in Python).
+UNREPRESENTABLE = {
+    "kueue": ["ClusterQueue", "LocalQueue", "ResourceFlavor", "WorkloadPriorityClass"],
+}
+
+
+def run_kubectl(
+    cluster: TestCluster, *args: str, stdin: str = ""
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    return subprocess.run(
+        [kubectl(), *args],
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def get_json(cluster: TestCluster, *args: str) -> dict:
+    got = run_kubectl(cluster, "get", *args, "-o", "json")
+    assert got.returncode == 0, got.stderr
+    return json.loads(got.stdout)
+
+
+@pytest.fixture
+def cluster(test_cluster: TestCluster) -> TestCluster:
+    return test_cluster
+
+
+def config_map(data: dict[str, str]) -> str:
+    return yaml.safe_dump(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "demo"}, "data": data}
+    )
+
+
+def test_kubectl_apply_client_side_creates_then_patches(
+    cluster: TestCluster, tmp_path: Path
+) -> None:
+    manifest = tmp_path / "cm.yaml"
+    manifest.write_text(config_map({"a": "1", "b": "2"}))
+    created = run_kubectl(cluster, "apply", "-f", str(manifest))
+    assert created.returncode == 0, created.stderr
+    assert created.stdout.strip() == "configmap/demo created"
+    again = run_kubectl(cluster, "apply", "-f", str(manifest))
+    assert again.stdout.strip() == "configmap/demo unchanged"
+    manifest.write_text(config_map({"a": "3"}))  # b left out: apply removes it
+    changed = run_kubectl(cluster, "apply", "-f", str(manifest))
+    assert changed.stdout.strip() == "configmap/demo configured", changed.stderr
+    live = get_json(cluster, "configmap", "demo")
+    assert live["data"] == {"a": "3"}
+    applied = live["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
+    assert json.loads(applied)["data"] == {"a": "3"}
+    # a pod through apply: created, then a label added by a strategic merge patch
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web", "labels": {"app": "web"}},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "python", "resources": {"requests": {"cpu": "64"}}}
+            ]
+        },
+    }
+    assert run_kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(pod)).returncode == 0
+    pod["metadata"]["labels"]["tier"] = "front"
+    relabelled = run_kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(pod))
+    assert relabelled.stdout.strip() == "pod/web configured", relabelled.stderr
+    assert cluster.api.pod("web")["metadata"]["labels"] == {"app": "web", "tier": "front"}
+    # what a pod update may not change is refused as the API server refuses it
+    pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "1"
+    refused = run_kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(pod))
+    assert refused.returncode == 1
+    assert "Forbidden: pod updates may not change fields" in refused.stderr
+
+
+def test_kubectl_apply_server_side(cluster: TestCluster, tmp_path: Path) -> None:
+    manifest = tmp_path / "cm.yaml"
+    manifest.write_text(config_map({"a": "1"}))
+    applied = run_kubectl(cluster, "apply", "--server-side", "-f", str(manifest))
+    assert applied.returncode == 0, applied.stderr
+    assert applied.stdout.strip() == "configmap/demo serverside-applied"
+    manifest.write_text(config_map({"a": "2", "c": "3"}))
+    again = run_kubectl(
+        cluster, "apply", "--server-side", "--field-manager=team", "-f", str(manifest)
+    )
+    assert again.returncode == 0, again.stderr
+    live = get_json(cluster, "configmap", "demo", "--show-managed-fields")
+    assert live["data"] == {"a": "2", "c": "3"}
+    managers = {m["manager"]: m for m in live["metadata"]["managedFields"]}
+    assert set(managers) == {"kubectl", "team"}
+    assert managers["team"]["operation"] == "Apply"
+    assert managers["team"]["fieldsV1"] == {"f:data": {"f:a": {}, "f:c": {}}}
+
+
+def test_kubectl_apply_k_manifests(cluster: TestCluster) -> None:
+    base = run_kubectl(cluster, "apply", "-k", str(MANIFESTS / "base"))
+    assert base.returncode == 0, base.stderr
+    lines = set(base.stdout.splitlines())
+    # created at start by the cluster itself (no last-applied annotation): kubectl warns and
+    # patches, as on a real cluster
+    assert "serviceaccount/kfp-elastic-master configured" in lines
+    assert "rolebinding.rbac.authorization.k8s.io/kfp-elastic-master configured" in lines
+    assert "priorityclass.scheduling.k8s.io/kfp-elastic-worker-level-0 configured" in lines
+    assert "missing the kubectl.kubernetes.io/last-applied-configuration" in base.stderr
+    for created in (
+        "configmap/kfp-elastic-config",
+        "service/kfp-elastic-etcd",
+        "service/kfp-elastic-etcd-headless",
+        "statefulset.apps/kfp-elastic-etcd",
+        "poddisruptionbudget.policy/kfp-elastic-etcd",
+        "networkpolicy.networking.k8s.io/kfp-elastic-etcd",
+        "serviceaccount/kfp-elastic-worker",
+    ):
+        assert f"{created} created" in lines or f"{created} configured" in lines, created
+    for overlay in ("local-kind", "production"):
+        applied = run_kubectl(cluster, "apply", "-k", str(MANIFESTS / "overlays" / overlay))
+        assert applied.returncode == 0, applied.stderr
+    services = run_kubectl(cluster, "get", "services", "-n", "kfp-elastic").stdout.splitlines()
+    assert services[0].split() == ["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)", "AGE"]
+    rows = {line.split()[0]: line.split() for line in services[1:]}
+    assert rows["kfp-elastic-etcd-headless"][2] == "None"
+    assert rows["kfp-elastic-etcd"][4] == "2379/TCP,2381/TCP"
+    sts = get_json(cluster, "statefulset", "kfp-elastic-etcd", "-n", "kfp-elastic")
+    assert sts["spec"]["replicas"] == 3  # production's patch, applied over local-kind's 1
+    namespaces = run_kubectl(cluster, "get", "namespaces", "--no-headers").stdout
+    assert "kfp-elastic" in namespaces and "Active" in namespaces
+    # the master's pods may now run in kfp-elastic: its RBAC came with the overlay
+    can = run_kubectl(
+        cluster,
+        "auth",
+        "can-i",
+        "create",
+        "pods",
+        "-n",
+        "kfp-elastic",
+        "--as",
+        "system:serviceaccount:kfp-elastic:kfp-elastic-master",
+    )
+    assert (can.returncode, can.stdout.strip()) == (0, "yes")
+    # the server side too, over what the client side applied
+    server_side = run_kubectl(cluster, "apply", "--server-side", "-k", str(MANIFESTS / "base"))
+    assert server_side.returncode == 0, server_side.stderr
+    assert "statefulset.apps/kfp-elastic-etcd serverside-applied" in server_side.stdout
+
+
+@pytest.mark.parametrize("kustomization", sorted(UNREPRESENTABLE))
+def test_kubectl_apply_refuses_what_the_stand_in_cannot_store(
+    cluster: TestCluster, kustomization: str
+) -> None:
+    rendered = run_kubectl(cluster, "kustomize", str(MANIFESTS / kustomization))
+    kinds = sorted({doc["kind"] for doc in yaml.safe_load_all(rendered.stdout) if doc})
+    assert kinds == UNREPRESENTABLE[kustomization]
+    for args in (("--validate=false",), ()):
+        refused = run_kubectl(cluster, "apply", *args, "-k", str(MANIFESTS / kustomization))
+        assert refused.returncode == 1
+        assert refused.stdout == ""  # nothing created
+        if args:  # no Kueue CRDs: kubectl finds no resource for the kinds
+            assert 'no matches for kind "ClusterQueue"' in refused.stderr
+            assert "ensure CRDs are installed first" in refused.stderr
+        else:  # kubectl's own validation of an unknown kind asks for OpenAPI v2 (not served)
+            assert "the server could not find the requested resource" in refused.stderr
+    # a request for such a resource gets the API server's 404 Status
+    raw = run_kubectl(cluster, "get", "--raw", "/apis/kueue.x-k8s.io/v1beta1/clusterqueues")
+    assert raw.returncode == 1
+    assert (
+        "Error from server (NotFound): the server could not find the requested resource"
+        in raw.stderr
+    )
+
+
+def test_kubectl_patch_pod_node_and_replicaset(cluster: TestCluster) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web"},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "python:3", "resources": {"requests": {"cpu": "64"}}}
+            ]
+        },
+    }
+    cluster.api.create(cluster.namespace, pod)
+    merge = run_kubectl(
+        cluster, "patch", "pod", "web", "--type", "merge", "-p", '{"metadata":{"labels":{"a":"1"}}}'
+    )
+    assert (merge.returncode, merge.stdout.strip()) == (0, "pod/web patched"), merge.stderr
+    json_patch = run_kubectl(
+        cluster,
+        "patch",
+        "pod",
+        "web",
+        "--type",
+        "json",
+        "-p",
+        '[{"op":"replace","path":"/spec/containers/0/image","value":"python:3.12"},'
+        '{"op":"add","path":"/metadata/labels/b","value":"2"}]',
+    )
+    assert json_patch.returncode == 0, json_patch.stderr
+    strategic = run_kubectl(
+        cluster,
+        "patch",
+        "pod",
+        "web",
+        "-p",
+        '{"spec":{"containers":[{"name":"main","image":"python:3.13"}]}}',
+    )
+    assert strategic.returncode == 0, strategic.stderr
+    live = cluster.api.pod("web")
+    assert live["metadata"]["labels"] == {"a": "1", "b": "2"}
+    assert [c["image"] for c in live["spec"]["containers"]] == ["python:3.13"]  # merged by name
+    unchanged = run_kubectl(
+        cluster, "patch", "pod", "web", "--type", "merge", "-p", '{"metadata":{"labels":{"a":"1"}}}'
+    )
+    assert unchanged.stdout.strip() == "pod/web patched (no change)"
+    failing = run_kubectl(
+        cluster,
+        "patch",
+        "pod",
+        "web",
+        "--type",
+        "json",
+        "-p",
+        '[{"op":"remove","path":"/metadata/labels/zzz"}]',
+    )
+    assert failing.returncode == 1 and "The request is invalid" in failing.stderr
+    forbidden = run_kubectl(
+        cluster,
+        "patch",
+        "pod",
+        "web",
+        "--type",
+        "merge",
+        "-p",
+        '{"spec":{"restartPolicy":"Never"}}',
+    )
+    assert forbidden.returncode == 1 and "pod updates may not change fields" in forbidden.stderr
+    node = run_kubectl(
+        cluster,
+        "patch",
+        "node",
+        "node-1",
+        "--type",
+        "json",
+        "-p",
+        '[{"op":"add","path":"/metadata/labels/zone","value":"a"}]',
+    )
+    assert node.returncode == 0, node.stderr
+    assert cluster.api.get_object("nodes", "", "node-1")["metadata"]["labels"]["zone"] == "a"
+    template = {
+        "metadata": {"labels": {"app": "serving"}},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "serving:1", "resources": {"requests": {"cpu": "64"}}}
+            ]
+        },
+    }
+    with ReplicaSet(cluster.api, "serving", template, replicas=0):
+        patched = run_kubectl(
+            cluster,
+            "patch",
+            "replicaset",
+            "serving",
+            "--type",
+            "merge",
+            "-p",
+            '{"metadata":{"labels":{"tier":"web"}}}',
+        )
+        assert patched.returncode == 0, patched.stderr
+        selector = run_kubectl(
+            cluster,
+            "patch",
+            "rs",
+            "serving",
+            "--type",
+            "merge",
+            "-p",
+            '{"spec":{"selector":{"matchLabels":{"app":"x"}}}}',
+        )
+        assert selector.returncode == 1 and "field is immutable" in selector.stderr
+
+
+def test_kubectl_scale_the_serving_replicaset(cluster: TestCluster) -> None:
+    template = {
+        "metadata": {"labels": {"app": "serving"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "serving:1",
+                    "command": ["python", "-c", "import time; time.sleep(600)"],
+                    "resources": {"requests": {"cpu": "100m"}},
+                }
+            ],
+        },
+    }
+
+    def serving_pods() -> list[dict]:
+        return [
+            p
+            for p in cluster.api.pods_snapshot()
+            if p["metadata"].get("labels", {}).get("app") == "serving"
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    with ReplicaSet(cluster.api, "serving", template, replicas=1) as rs:
+        wait_for(lambda: len(serving_pods()) == 1, 30, what="one serving pod")
+        scaled = run_kubectl(cluster, "scale", "replicaset", "serving", "--replicas=3")
+        assert (scaled.returncode, scaled.stdout.strip()) == (0, "replicaset.apps/serving scaled")
+        wait_for(lambda: len(serving_pods()) == 3, 30, what="three serving pods")
+        assert rs.replicas == 3
+        owners = {p["metadata"]["ownerReferences"][0]["name"] for p in serving_pods()}
+        assert owners == {"serving"}
+        wait_for(
+            lambda: get_json(cluster, "rs", "serving")["status"].get("readyReplicas") == 3,
+            60,
+            what="three ready replicas",
+        )
+        table = run_kubectl(cluster, "get", "rs", "serving").stdout.splitlines()
+        assert table[0].split() == ["NAME", "DESIRED", "CURRENT", "READY", "AGE"]
+        assert table[1].split()[:4] == ["serving", "3", "3", "3"]
+        stale = run_kubectl(
+            cluster, "scale", "rs", "serving", "--replicas=1", "--current-replicas=2"
+        )
+        assert stale.returncode == 1 and "Expected replicas to be 2, was 3" in stale.stderr
+        down = run_kubectl(
+            cluster, "scale", "rs", "serving", "--replicas=1", "--current-replicas=3"
+        )
+        assert down.returncode == 0, down.stderr
+        wait_for(lambda: len(serving_pods()) == 1, 30, what="one serving pod again")
+        negative = run_kubectl(cluster, "scale", "rs", "serving", "--replicas=-1")
+        assert negative.returncode == 1
+        rs.scale(0)
+        wait_for(lambda: not serving_pods(), 30, what="no serving pod")
+
+
+def test_kubectl_auth_can_i_from_the_enforced_rbac(cluster: TestCluster) -> None:
+    def can_i(*args: str) -> tuple[int, str]:
+        done = run_kubectl(cluster, "auth", "can-i", *args)
+        return done.returncode, done.stdout.strip()
+
+    assert can_i("create", "pods", "--as", MASTER) == (0, "yes")
+    assert can_i("watch", "pods", "--as", MASTER) == (0, "yes")
+    assert can_i("get", "secrets", "--as", MASTER) == (1, "no")
+    assert can_i("create", "pods", "-n", "elsewhere", "--as", MASTER) == (1, "no")
+    assert can_i("list", "pods", "--as", WORKER) == (1, "no")
+    assert can_i("create", "pods") == (0, "yes")  # the admin
+    # what can-i says is what the server enforces for that account's own token
+    token = cluster.api.service_account_token(cluster.namespace, "kfp-elastic-master")
+    for verb, resource, expected in (("list", "pods", 0), ("list", "secrets", 1)):
+        as_master = run_kubectl(cluster, "get", resource, f"--token={token}")
+        assert (as_master.returncode == 0) == (expected == 0), as_master.stderr
+        assert can_i(verb, resource, "--as", MASTER)[0] == expected
+    denied = run_kubectl(cluster, "get", "secrets", f"--token={token}")
+    assert "(Forbidden)" in denied.stderr
+    # granted by a binding made now
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "worker-reads"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "kfp-elastic-master",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": "kfp-elastic-worker"}],
+    }
+    assert run_kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(binding)).returncode == 0
+    assert can_i("list", "pods", "--as", WORKER) == (0, "yes")
+    # a service account may not impersonate another
+    as_master = run_kubectl(
+        cluster, "auth", "can-i", "list", "pods", "--as", WORKER, f"--token={token}"
+    )
+    assert as_master.returncode == 1 and "cannot impersonate resource" in as_master.stderr
