@@ -72,7 +72,10 @@ def test_every_sample_once_through_master_and_etcd_restarts(
 
     def progressed(by: int, what: str) -> None:
         start = committed_step(progress)
-        wait_for(lambda: committed_step(progress) >= start + by, 120, 0.2, what)
+        try:
+            wait_for(lambda: committed_step(progress) >= start + by, 120, 0.2, what)
+        except TimeoutError as error:  # say where it stood: the masters' and workers' logs
+            raise TimeoutError(f"{error} (committed step {start})\n{_logs(tmp_path)}") from error
 
     def a_worker_pid() -> int:
         workers = wait_for(
@@ -87,7 +90,7 @@ def test_every_sample_once_through_master_and_etcd_restarts(
 
     try:
         start_master(0)
-        wait_for(lambda: committed_step(progress) >= 6, 120, 0.2, "training under way")
+        progressed(6, "training under way")
         sigkill_process_tree(a_worker_pid())  # a node dies
         progressed(6, "training after the worker kill")
         masters[0].send_signal(signal.SIGKILL)  # the master dies
@@ -112,6 +115,14 @@ def test_every_sample_once_through_master_and_etcd_restarts(
             master.wait(10)
         _kill_run(run_id)
         client.close()
+
+
+def _logs(root: Path, tail: int = 3000) -> str:
+    """The end of every log under ``root`` (the masters', the workers' in the work dir)."""
+    parts = []
+    for log in sorted(root.rglob("*.log")):
+        parts.append(f"==== {log.relative_to(root)}\n{log.read_text(errors='replace')[-tail:]}")
+    return "\n".join(parts)
 
 
 def _alive(pid: int) -> bool:
