@@ -18,6 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import jsonpatch
+import jsonpointer
 import yaml
 
 from kfp_elastic.testing.api_discovery import REVIEW_KINDS, discovery
@@ -330,105 +332,18 @@ def _merge_keyed_list(old: list[Any], patch: list[Any], merge_key: str) -> list[
     return list(merged.values())
 
 
-def _pointer(path: str) -> list[str]:
-    """An RFC 6901 JSON pointer's reference tokens."""
-    if path == "":
-        return []
-    if not path.startswith("/"):
-        raise ValueError(f"invalid JSON pointer {path!r}")
-    return [t.replace("~1", "/").replace("~0", "~") for t in path[1:].split("/")]
-
-
-def _parent(doc: Any, tokens: list[str], path: str) -> Any:
-    for token in tokens[:-1]:
-        if isinstance(doc, dict) and token in doc:
-            doc = doc[token]
-        elif isinstance(doc, list) and token.isdigit() and int(token) < len(doc):
-            doc = doc[int(token)]
-        else:
-            raise ValueError(f"doc is missing path: {path!r}")
-    return doc
-
-
-def _index(container: list[Any], token: str, path: str, adding: bool = False) -> int:
-    if adding and token == "-":
-        return len(container)
-    if not token.isdigit() or int(token) > len(container) - (0 if adding else 1):
-        raise ValueError(f"unable to access invalid index: {path!r}")
-    return int(token)
-
-
-def _take(doc: Any, path: str) -> Any:
-    tokens = _pointer(path)
-    if not tokens:
-        return doc
-    parent, last = _parent(doc, tokens, path), tokens[-1]
-    if isinstance(parent, dict):
-        if last not in parent:
-            raise ValueError(f"doc is missing key: {path!r}")
-        return parent[last]
-    if isinstance(parent, list):
-        return parent[_index(parent, last, path)]
-    raise ValueError(f"doc is missing path: {path!r}")
-
-
-def _put(doc: Any, path: str, value: Any, replace: bool) -> Any:
-    tokens = _pointer(path)
-    if not tokens:
-        return value
-    parent, last = _parent(doc, tokens, path), tokens[-1]
-    if isinstance(parent, dict):
-        if replace and last not in parent:
-            raise ValueError(f"replace operation does not apply: doc is missing key: {path}")
-        parent[last] = value
-    elif isinstance(parent, list):
-        if replace:
-            parent[_index(parent, last, path)] = value
-        else:
-            parent.insert(_index(parent, last, path, adding=True), value)
-    else:
-        raise ValueError(f"doc is missing path: {path!r}")
-    return doc
-
-
-def _drop(doc: Any, path: str) -> Any:
-    tokens = _pointer(path)
-    parent, last = _parent(doc, tokens, path), tokens[-1] if tokens else ""
-    if isinstance(parent, dict) and last in parent:
-        del parent[last]
-    elif isinstance(parent, list):
-        del parent[_index(parent, last, path)]
-    else:
-        raise ValueError(f"remove operation does not apply: doc is missing path: {path!r}")
-    return doc
-
-
 def json_patch(target: Any, operations: Any) -> Any:
-    """An RFC 6902 JSON patch (``add``, ``remove``, ``replace``, ``move``, ``copy``, ``test``)
-    applied to a copy of ``target``; ValueError for an operation that does not apply (the API
-    server's 422)."""
+    """An RFC 6902 JSON patch (``add``, ``remove``, ``replace``, ``move``, ``copy``, ``test``;
+    the ``jsonpatch`` library) applied to a copy of ``target``; ValueError for an operation
+    that does not apply (the API server's 422)."""
     if not isinstance(operations, list):
         raise ValueError("a JSON patch is a list of operations")
-    doc = copy.deepcopy(target)
-    for op in operations:
-        kind, path = op.get("op"), op.get("path", "")
-        if kind == "add":
-            doc = _put(doc, path, copy.deepcopy(op["value"]), replace=False)
-        elif kind == "replace":
-            doc = _put(doc, path, copy.deepcopy(op["value"]), replace=True)
-        elif kind == "remove":
-            doc = _drop(doc, path)
-        elif kind in ("move", "copy"):
-            value = copy.deepcopy(_take(doc, op["from"]))
-            if kind == "move":
-                doc = _drop(doc, op["from"])
-            doc = _put(doc, path, value, replace=False)
-        elif kind == "test":
-            if _take(doc, path) != op.get("value"):
-                raise ValueError(f"testing value {path} failed: test failed")
-        else:
-            raise ValueError(f"Unexpected kind: {kind}")
-    return doc
+    try:
+        return jsonpatch.JsonPatch(operations).apply(target, in_place=False)
+    except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as error:
+        raise ValueError(str(error)) from error
+    except (KeyError, TypeError, IndexError) as error:  # a malformed operation
+        raise ValueError(f"invalid JSON patch operation: {error}") from error
 
 
 def patch_type(content_type: str) -> str:
