@@ -4,9 +4,12 @@ The master runs as a pod of the test cluster under its service account (in-clust
 a real cluster) with the Kubernetes launcher; its worker pods run torchrun with the built-in
 runtime on a tiny model. One worker is preempted and replaced, so create, list, watch and delete
 all happen; the exit handler's cleanup (``stop_workers``) runs as a pod too. The API server
-authorizes each pod's requests by the Role and RoleBinding rendered from the manifests (a
-refused call fails the run) and records every request as RBAC sees it; the scheduler and
-kubelets call it directly, so what it recorded over HTTP is exactly what the two pods asked for.
+authorizes each pod's requests by the Role and RoleBinding that ``kubectl apply -k
+manifests/overlays/local-kind`` installed first, as a user installs them (a refused call fails
+the run), and records every request as RBAC sees it; the scheduler and kubelets call it
+directly, so what it recorded over HTTP after the apply is exactly what the two pods asked for.
+The workers run in the overlay's namespace as its worker ServiceAccount, at the priorities of
+the PriorityClasses it applied.
 A Role missing one verb makes the master fail at once, saying which verb to grant.
 """
 
@@ -28,16 +31,22 @@ from kfp_elastic.testing.api_wire import ApiCall, ApiError
 from kfp_elastic.testing.cluster import TestCluster
 from kfp_elastic.worker.progress import Progress
 from tests.helpers import (
+    MANIFESTS,
     REPO_ROOT,
     committed_step,
+    find,
     master_command,
     one,
     render,
     role_allows,
+    run_kubectl,
     wait_for,
 )
 
 MASTER_SA = "kfp-elastic-master"
+WORKER_SA = "kfp-elastic-worker"
+# What a user applies first: `kubectl apply -k manifests/overlays/local-kind` (its namespace).
+OVERLAY = "overlays/local-kind"
 # Verbs the Role grants that the run below does not exercise, each with the reason it stays.
 JUSTIFIED: dict[tuple[str, str, str], str] = {}
 
@@ -89,10 +98,17 @@ def cluster(test_cluster: TestCluster, monkeypatch: pytest.MonkeyPatch) -> Itera
     # Pod processes inherit this PYTHONPATH: the worker pods import
     # kfp_elastic.testing.model_defs.counting.
     monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
-    # The master's ServiceAccount, Role and RoleBinding as `kubectl apply -k` installs them.
-    for kind in ("ServiceAccount", "Role", "RoleBinding"):
-        test_cluster.apply(one(render("base"), kind, MASTER_SA))
+    # The project's manifests as a user installs them: kubectl apply -k of an overlay (the
+    # master's and workers' ServiceAccounts, Role, RoleBinding, PriorityClasses, ...).
+    applied = run_kubectl(test_cluster, "apply", "-k", str(MANIFESTS / OVERLAY))
+    assert applied.returncode == 0, applied.stderr
+    test_cluster.api.api_calls.clear()  # kubectl's own (an admin's): not the master's
     yield test_cluster
+
+
+def overlay_namespace() -> str:
+    (namespace,) = find(render(OVERLAY), "Namespace")
+    return namespace["metadata"]["name"]
 
 
 def master(run_id: str, etcd: EmbeddedEtcd, ns: str, tmp_path: Path) -> list[str]:
@@ -121,7 +137,7 @@ def master(run_id: str, etcd: EmbeddedEtcd, ns: str, tmp_path: Path) -> list[str
 def test_master_role_allows_every_call_and_grants_nothing_unused(
     cluster: TestCluster, etcd: EmbeddedEtcd, run_id: str, tmp_path: Path
 ) -> None:
-    ns = cluster.namespace
+    ns = overlay_namespace()
     # RBAC is on: the master's account may not do what its Role does not grant.
     with pytest.raises(ApiError, match="cannot get resource"):
         cluster.api.authorize(
@@ -134,9 +150,19 @@ def test_master_role_allows_every_call_and_grants_nothing_unused(
     try:
         wait_for(lambda: committed_step(progress) >= 3, 90, 0.2, "training under way")
         first = sorted(workers(cluster, run_id))
+        # The workers run as the applied ServiceAccount, at the applied classes' priorities.
+        classes = {
+            o["metadata"]["name"]: o["value"] for o in find(render(OVERLAY), "PriorityClass")
+        }
+        for pod in cluster.api.pods_snapshot():
+            if pod["metadata"]["name"] in first:
+                spec = pod["spec"]
+                assert pod["metadata"]["namespace"] == ns
+                assert spec["serviceAccountName"] == WORKER_SA
+                assert spec["priority"] == classes[spec["priorityClassName"]], spec
         cluster.api.preempt(first[0], ns=ns)  # graceful: SIGTERM, the master replaces it
         wait_for(lambda: phase(cluster, "master") in ("Succeeded", "Failed"), 120, 0.2, "job end")
-        assert phase(cluster, "master") == "Succeeded", cluster.log("master")[-4000:]
+        assert phase(cluster, "master") == "Succeeded", cluster.log("master", ns=ns)[-4000:]
         timeline = read_timeline(client, f"/kfp-elastic/{run_id}")
         lost = of_type(timeline, WorkerLost)
         # The preempted worker is lost as preempted. Its replacement may start after the two
@@ -177,12 +203,12 @@ def test_master_role_allows_every_call_and_grants_nothing_unused(
 def test_a_role_missing_a_verb_fails_the_master_saying_what_to_grant(
     cluster: TestCluster, etcd: EmbeddedEtcd, run_id: str, tmp_path: Path
 ) -> None:
-    ns = cluster.namespace
+    ns = overlay_namespace()
     role = one(render("base"), "Role", MASTER_SA)
     rules = [
         {**rule, "verbs": [v for v in rule["verbs"] if v != "create"]} for rule in role["rules"]
     ]
-    cluster.apply({**role, "rules": rules})
+    cluster.apply({**role, "rules": rules}, ns)
     command = master(run_id, etcd, ns, tmp_path)
     cluster.api.create(ns, python_pod("master", command, **MASTER_POD_LABELS))
     wait_for(lambda: phase(cluster, "master") in ("Succeeded", "Failed"), 60, 0.2, "master end")
@@ -191,5 +217,5 @@ def test_a_role_missing_a_verb_fails_the_master_saying_what_to_grant(
         f"the master's service account (system:serviceaccount:{ns}:{MASTER_SA}) may not create "
         f"pods in namespace {ns}: grant verb 'create' on 'pods' in its Role "
         "(manifests/base/rbac.yaml, Role kfp-elastic-master)"
-    ) in cluster.log("master")
+    ) in cluster.log("master", ns=ns)
     assert not workers(cluster, run_id)
