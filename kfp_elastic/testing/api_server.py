@@ -307,13 +307,7 @@ class FakeKubernetes:
         if resource == "secrets":  # the API server stores stringData base64-encoded in data
             for key, value in (obj.pop("stringData", None) or {}).items():
                 obj.setdefault("data", {})[key] = base64.b64encode(value.encode()).decode()
-        if meta.get("namespace", ns) != ns:
-            raise ApiError(
-                400,
-                "BadRequest",
-                "the namespace of the provided object does not "
-                "match the namespace sent on the request",
-            )
+        _check_namespace(meta, ns)
         if resource == "priorityclasses":
             obj.setdefault("preemptionPolicy", "PreemptLowerPriority")
         if resource == "namespaces":
@@ -670,13 +664,7 @@ class FakeKubernetes:
     def create(self, ns: str, pod: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
         pod = copy.deepcopy(pod)
         meta, spec = pod.setdefault("metadata", {}), pod.setdefault("spec", {})
-        if meta.get("namespace", ns) != ns:
-            raise ApiError(
-                400,
-                "BadRequest",
-                "the namespace of the provided object does not "
-                "match the namespace sent on the request",
-            )
+        _check_namespace(meta, ns)
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         name = meta.get("name", "")
@@ -1360,3 +1348,14 @@ def _mutable_spec(spec: dict[str, Any]) -> dict[str, Any]:
     for c in spec.get("containers", []):
         c.pop("image", None)
     return spec
+
+
+def _check_namespace(meta: dict[str, Any], ns: str) -> None:
+    """An object's own namespace, where it names one, is the request's (else 400, as
+    kube-apiserver refuses it)."""
+    if meta.get("namespace", ns) != ns:
+        raise ApiError(
+            400,
+            "BadRequest",
+            "the namespace of the provided object does not match the namespace sent on the request",
+        )
