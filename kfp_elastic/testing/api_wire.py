@@ -19,7 +19,6 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
-import jsonpointer
 import yaml
 
 from kfp_elastic.testing.api_discovery import REVIEW_KINDS, discovery
@@ -340,7 +339,7 @@ def json_patch(target: Any, operations: Any) -> Any:
         raise ValueError("a JSON patch is a list of operations")
     try:
         return jsonpatch.JsonPatch(operations).apply(target, in_place=False)
-    except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as error:
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as error:
         raise ValueError(str(error)) from error
     except (KeyError, TypeError, IndexError) as error:  # a malformed operation
         raise ValueError(f"invalid JSON patch operation: {error}") from error
