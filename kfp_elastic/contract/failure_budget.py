@@ -221,23 +221,33 @@ def _failures(count: int) -> str:
 
 # -- the edge: etcd ---------------------------------------------------------------------------
 def record_failure(
-    client: MultiEndpointEtcd3Client, run_prefix: str, failure: CountedFailure
+    client: MultiEndpointEtcd3Client,
+    run_prefix: str,
+    failure: CountedFailure,
+    count: bool = True,
 ) -> bool:
     """Count ``failure`` unless its incident is counted already (True: counted now). A report
     of a counted incident replaces the stored one when it is the better account of it
-    (:func:`better_account`: the root cause), and the count stays."""
+    (:func:`better_account`: the root cause), and the count stays. ``count=False``: only that
+    replacement (a failure its agent judged free still gives the round's account its own
+    error, when a peer's account of the round was counted)."""
     key = RunKeys(run_prefix).failure(failure.incident)
     tx = client.transactions
     stamped = failure if failure.t else _stamped(failure)
     for _ in range(3):  # another agent's report of the same incident may come in between
-        ok, _ = client.transaction(
-            compare=[tx.version(key) == 0], success=[tx.put(key, stamped.to_json())], failure=[]
-        )
-        if ok:
-            return True
+        if count:
+            ok, _ = client.transaction(
+                compare=[tx.version(key) == 0],
+                success=[tx.put(key, stamped.to_json())],
+                failure=[],
+            )
+            if ok:
+                return True
         value, meta = client.get(key)
         if value is None:
-            continue
+            if count:
+                continue
+            return False
         if not better_account(stamped, CountedFailure.from_json(failure.incident, value)):
             return False
         ok, _ = client.transaction(

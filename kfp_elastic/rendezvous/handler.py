@@ -263,6 +263,11 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             budget = self._count_failure(failures, round_number, text)
             if budget is not None:
                 verdict = after_budget(verdict, budget)
+        elif is_own_error(failures):
+            # Free here (a peer left within the grace: often one that gave up on this very
+            # round), yet the error is our worker's own: where a peer counted the round with
+            # what it saw of it, the round's account gets the error itself (not counted again).
+            self._count_failure(failures, round_number, text, count=False)
         log.log(
             logging.INFO if verdict == Verdict.FREE else logging.WARNING,
             "worker failure node=%s round=%d verdict=%s repeats=%d counted=%s change=%s error=%s",
@@ -283,7 +288,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
         return worker_name() or self.node_id
 
     def _count_failure(
-        self, failures: Mapping[int, Any], round_number: int, text: str
+        self, failures: Mapping[int, Any], round_number: int, text: str, count: bool = True
     ) -> FailureBudget | None:
         """Count this round's failure in the job's budget (once, whichever agent of the round
         comes first) and return the budget as it is now (None: etcd could not be reached; the
@@ -303,7 +308,7 @@ class ElasticEtcdRendezvousHandler(RendezvousHandler):
             peers_error=is_peers_error(failures),
         )
         try:
-            record_failure(self._client, self._config.run_prefix, failure)
+            record_failure(self._client, self._config.run_prefix, failure, count=count)
             counted = read_failures(self._client, self._config.run_prefix)
         except Exception as error:  # noqa: BLE001 - counting must not break the restart
             log.warning("could not count worker failure node=%s error=%r", self.node_id, error)

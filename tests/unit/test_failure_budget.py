@@ -181,3 +181,21 @@ def test_records_count_each_incident_once_and_keep_the_better_account(
     assert FailureBudget(5, (first, second)).spent() is not None
     client.put(RunKeys(prefix).failure("unreadable"), "not json")
     assert read_failures(client, prefix)[-1].error == "not json"  # still counts
+
+
+def test_a_free_failure_gives_a_counted_round_its_own_error_without_counting(
+    client: Any, run_id: str
+) -> None:
+    prefix = f"/kfp-elastic-test/{run_id}"
+    own = failure("round-3-1f", "RuntimeError: a data-dependent error", node="b", rank=1)
+    # Nothing counted for the round: a failure judged free counts nothing.
+    assert record_failure(client, prefix, own, count=False) is False
+    assert read_failures(client, prefix) == ()
+    # A peer counted the round with what it saw; the own error replaces it, one count.
+    peers = failure(
+        "round-3-1f", "RuntimeError: Connection closed by peer", own_error=False, peers_error=True
+    )
+    assert record_failure(client, prefix, peers) is True
+    assert record_failure(client, prefix, own, count=False) is False
+    (counted,) = read_failures(client, prefix)
+    assert (counted.error, counted.rank, counted.peers_error) == (own.error, 1, False)
