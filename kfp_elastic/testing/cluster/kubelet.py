@@ -652,7 +652,7 @@ class Kubelet:
     ) -> None:
         """The kubelet's event about a container of ``pod`` (``kubectl describe pod``)."""
         self.api.record_event(
-            {"kind": "Pod", "apiVersion": "v1", **pod},
+            pod,  # as stored: its kind and apiVersion make the reference
             reason,
             message,
             component=KUBELET,

@@ -318,7 +318,7 @@ class Scheduler:
     ) -> None:
         """kube-scheduler's event about ``pod`` (``kubectl describe pod`` shows it)."""
         self.api.record_event(
-            {"kind": "Pod", "apiVersion": "v1", **pod},
+            pod,  # as stored: its kind and apiVersion make the reference
             reason,
             message,
             component=SCHEDULER_NAME,
