@@ -96,7 +96,8 @@ def cluster_priority_value(name: str) -> int | None:
             if error.status == 403:
                 log.warning(
                     "cannot read PriorityClass %s (403): the ladder's classes are not checked; "
-                    "grant get on priorityclasses (scheduling.k8s.io) in a ClusterRole to check",
+                    "kubectl apply -k manifests/priorityclass-reader grants the read (get on "
+                    "priorityclasses.scheduling.k8s.io in a ClusterRole) to check them",
                     name,
                 )
                 raise PriorityClassesUnreadable(name) from error

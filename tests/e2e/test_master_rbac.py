@@ -219,3 +219,53 @@ def test_a_role_missing_a_verb_fails_the_master_saying_what_to_grant(
         "(manifests/base/rbac.yaml, Role kfp-elastic-master)"
     ) in cluster.log("master", ns=ns)
     assert not workers(cluster, run_id)
+
+
+# The optional cluster-wide grant (manifests/priorityclass-reader): what the master needs to
+# check a ladder's PriorityClasses before any worker starts.
+READER = "priorityclass-reader"
+
+
+def read_class_in_pod(cluster: TestCluster, ns: str, name: str, class_name: str) -> str:
+    """What the master's own read of PriorityClass ``class_name`` gives in a pod of ``ns`` under
+    its ServiceAccount (in-cluster credentials): the value, or the error's class name."""
+    read = (
+        "from kfp_elastic.master.wiring import cluster_priority_value as value\n"
+        "try:\n"
+        f"    print('value', value({class_name!r}))\n"
+        "except Exception as error:\n"
+        "    print('error', type(error).__name__)\n"
+    )
+    cluster.api.create(ns, python_pod(name, [sys.executable, "-c", read]))
+    wait_for(lambda: phase(cluster, name) in ("Succeeded", "Failed"), 60, 0.2, name)
+    log = cluster.log(name, ns=ns)
+    assert phase(cluster, name) == "Succeeded", log[-2000:]
+    return log.strip().splitlines()[-1]
+
+
+def test_the_priorityclass_reader_lets_the_master_check_its_ladder(cluster: TestCluster) -> None:
+    """Without manifests/priorityclass-reader the master's account may not read PriorityClasses
+    (the master then runs a ladder unchecked, with a warning); `kubectl apply -k` of it grants
+    exactly that read, to the overlay's master account and no one else."""
+    ns = overlay_namespace()
+    master_user = f"--as=system:serviceaccount:{ns}:{MASTER_SA}"
+    level = "kfp-elastic-worker-level-0"
+    denied = run_kubectl(cluster, "auth", "can-i", "get", f"priorityclasses/{level}", master_user)
+    assert (denied.returncode, denied.stdout.strip()) == (1, "no"), denied
+    assert read_class_in_pod(cluster, ns, "read-before", level) == "error PriorityClassesUnreadable"
+
+    applied = run_kubectl(cluster, "apply", "-k", str(MANIFESTS / READER))
+    assert applied.returncode == 0, applied.stderr
+    assert "clusterrolebinding.rbac.authorization.k8s.io/" in applied.stdout, applied.stdout
+    allowed = run_kubectl(cluster, "auth", "can-i", "get", f"priorityclasses/{level}", master_user)
+    assert (allowed.returncode, allowed.stdout.strip()) == (0, "yes"), allowed
+    value = one(render(OVERLAY), "PriorityClass", level)["value"]
+    assert read_class_in_pod(cluster, ns, "read-after", level) == f"value {value}"
+    # Read-only, and only for the master's account.
+    for verb, user in (
+        ("delete", master_user),
+        ("list", master_user),
+        ("get", f"--as=system:serviceaccount:{ns}:{WORKER_SA}"),
+    ):
+        refused = run_kubectl(cluster, "auth", "can-i", verb, "priorityclasses", user)
+        assert refused.stdout.strip() == "no", (verb, user, refused)

@@ -228,6 +228,34 @@ def test_master_rbac(target: str) -> None:
     assert config["KFP_ELASTIC_WORKER_SERVICE_ACCOUNT"] == WORKER_SA
 
 
+def test_the_priorityclass_reader_is_optional_read_only_and_for_the_master() -> None:
+    """manifests/priorityclass-reader (applied on its own, after an overlay) grants the
+    overlays' master account `get` on PriorityClasses (what ``wiring.cluster_priority_value``
+    calls) and nothing else; it validates strictly like the overlays."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    objs = render("priorityclass-reader")
+    assert sorted(o["kind"] for o in objs) == ["ClusterRole", "ClusterRoleBinding"]
+    for obj in objs:
+        for version in sorted({K8S_MIN_VERSION, kubernetes_validate.latest_version()}):
+            kubernetes_validate.validate(obj, version, strict=True)
+    (role,) = find(objs, "ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": ["get"]}
+    ]
+    (binding,) = find(objs, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    namespaces = {overlay_namespace(render(overlay)) for overlay in OVERLAYS}
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": MASTER_SA, "namespace": ns} for ns in namespaces
+    ]
+    for target in TARGETS:  # not part of any overlay
+        assert not find(render(target), "ClusterRole")
+
+
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_every_configmap_key_reaches_the_training_task(target: str) -> None:
     """No key that nothing reads: the pipeline maps each one into the elastic_train task."""
