@@ -1,11 +1,11 @@
 """The master's decisions as Kubernetes Events, without I/O: which timeline event
 (``master/timeline.py``) becomes which Event, about which pod, with which reason and message.
 
-:func:`pod_event` is the one mapping. A few Events name what came before (the pod a new worker
-replaces, the size a world had, whether the failure budget was already spent), so it takes
-what the earlier timeline events said (:class:`Seen`) and returns it updated; the recorder
-(``master/k8s_events.py``) feeds it every event the master puts on its timeline, after the
-timeline it found when it took the run over (:func:`seen_after`).
+:func:`pod_event` is the one mapping. A few Events name what came before (the size a world
+had, whether the failure budget was already spent), so it takes what the earlier timeline
+events said (:class:`Seen`) and returns it updated; the recorder (``master/k8s_events.py``)
+feeds it every event the master puts on its timeline, after the timeline it found when it
+took the run over (:func:`seen_after`).
 
 Reasons are CamelCase and the type ``Normal`` or ``Warning``, as client-go's ``EventRecorder``
 wants them. A worker's Events are about its pod; the job's (a resize, a ladder move, the
@@ -14,9 +14,8 @@ failure budget, the job's end) are about the master's own pod (``pod`` None here
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from types import MappingProxyType
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
 from kfp_elastic.master.timeline import (
     Event,
@@ -71,8 +70,6 @@ class Seen:
 
     max_failures: int | None = None
     nodes: int = 0  # the last round's workers (0: none formed yet)
-    # worker index -> (pod, cause) of its last lost worker not replaced yet
-    lost: Mapping[int, tuple[str, str]] = field(default_factory=lambda: MappingProxyType({}))
     budget_spent: bool = False
 
 
@@ -80,31 +77,20 @@ def pod_event(event: Event, seen: Seen) -> tuple[PodEvent | None, Seen]:
     """The Event of timeline event ``event`` (None: it records none) and what has been seen
     once it happened."""
     if isinstance(event, WorkerLaunched):
-        lost = dict(seen.lost)
-        before = lost.pop(event.index, None)
         what = f"worker pod {event.name} (worker {event.index}, attempt {event.attempt})"
-        if before is None:
-            out = PodEvent(event.name, CREATED, NORMAL, f"Created {what}")
-        else:
-            old, cause = before
-            out = PodEvent(
-                event.name, REPLACED, NORMAL, f"Created {what} to replace {old} ({cause})"
-            )
-        return out, replace(seen, lost=MappingProxyType(lost))
+        if not event.replaces:
+            return PodEvent(event.name, CREATED, NORMAL, f"Created {what}"), seen
+        cause = f" ({event.replaces_cause})" if event.replaces_cause else ""
+        message = f"Created {what} to replace {event.replaces}{cause}"
+        return PodEvent(event.name, REPLACED, NORMAL, message), seen
     if isinstance(event, WorkerLost):
-        seen_now = seen
-        if event.index is not None:
-            seen_now = replace(
-                seen, lost=MappingProxyType({**seen.lost, event.index: (event.name, event.cause)})
-            )
         what = f"Worker pod {event.name} (worker {_index(event.index)})"
         if event.failure:
             code = "" if event.exit_code is None else f", exit code {event.exit_code}"
-            out = PodEvent(event.name, FAILED, WARNING, f"{what} failed{code}: {event.message}")
-        else:
-            message = f"{what} lost ({event.cause}): {event.message}"
-            out = PodEvent(event.name, LOST, NORMAL, message)
-        return out, seen_now
+            message = f"{what} failed{code}: {event.message}"
+            return PodEvent(event.name, FAILED, WARNING, message), seen
+        message = f"{what} lost ({event.cause}): {event.message}"
+        return PodEvent(event.name, LOST, NORMAL, message), seen
     if isinstance(event, LaunchFailed):
         return (
             PodEvent(

@@ -41,30 +41,24 @@ def events_of(timeline: list[Event], seen: Seen | None = None) -> list[PodEvent 
 
 def test_a_first_worker_is_created_and_a_lost_one_replaced_naming_the_pod_it_replaces() -> None:
     timeline: list[Event] = [
-        WorkerLaunched(name="job-worker-0-0", index=0, attempt=0),
         WorkerLaunched(name="job-worker-1-0", index=1, attempt=0),
+        # the replacement may be launched while the lost pod still terminates: its loss follows
+        WorkerLaunched(
+            name="job-worker-1-1",
+            index=1,
+            attempt=1,
+            replaces="job-worker-1-0",
+            replaces_cause="deleted_externally",
+        ),
         WorkerLost(name="job-worker-1-0", index=1, cause="deleted_externally", message="gone"),
-        WorkerLaunched(name="job-worker-1-1", index=1, attempt=1),
-        WorkerLaunched(name="job-worker-1-2", index=1, attempt=2),  # nothing lost before it
+        WorkerLaunched(name="job-worker-1-2", index=1, attempt=2, replaces="job-worker-1-1"),
     ]
     assert events_of(timeline) == [
-        PodEvent(
-            "job-worker-0-0",
-            "SuccessfulCreate",
-            NORMAL,
-            "Created worker pod job-worker-0-0 (worker 0, attempt 0)",
-        ),
         PodEvent(
             "job-worker-1-0",
             "SuccessfulCreate",
             NORMAL,
             "Created worker pod job-worker-1-0 (worker 1, attempt 0)",
-        ),
-        PodEvent(
-            "job-worker-1-0",
-            "WorkerLost",
-            NORMAL,
-            "Worker pod job-worker-1-0 (worker 1) lost (deleted_externally): gone",
         ),
         PodEvent(
             "job-worker-1-1",
@@ -74,10 +68,16 @@ def test_a_first_worker_is_created_and_a_lost_one_replaced_naming_the_pod_it_rep
             "(deleted_externally)",
         ),
         PodEvent(
-            "job-worker-1-2",
-            "SuccessfulCreate",
+            "job-worker-1-0",
+            "WorkerLost",
             NORMAL,
-            "Created worker pod job-worker-1-2 (worker 1, attempt 2)",
+            "Worker pod job-worker-1-0 (worker 1) lost (deleted_externally): gone",
+        ),
+        PodEvent(
+            "job-worker-1-2",
+            "WorkerReplaced",
+            NORMAL,
+            "Created worker pod job-worker-1-2 (worker 1, attempt 2) to replace job-worker-1-1",
         ),
     ]
 
@@ -195,21 +195,20 @@ def test_progress_and_bookkeeping_record_no_event() -> None:
 
 def test_a_new_master_starts_from_what_the_timeline_it_found_says() -> None:
     found: list[Event] = [
-        WorkerLaunched(name="w-0-0", index=0),
         RoundFormed(round=1, nodes=1, world_size=1),
-        WorkerLost(name="w-0-0", index=0, cause="preempted"),
+        FailureCounted(incident="a", worker="w-0-0", error="x", count=2),  # spent (max 1)
     ]
-    seen = seen_after(found, Seen(max_failures=3))
-    assert seen.nodes == 1 and dict(seen.lost) == {0: ("w-0-0", "preempted")}
-    replaced, resized = events_of(
+    seen = seen_after(found, Seen(max_failures=1))
+    assert seen == Seen(max_failures=1, nodes=1, budget_spent=True)
+    resized, counted = events_of(
         [
-            WorkerLaunched(name="w-0-1", index=0, attempt=1),
             RoundFormed(round=2, nodes=1, world_size=1),
+            FailureCounted(incident="b", worker="w-0-1", error="y", count=3),
         ],
         seen,
     )
-    assert replaced is not None and replaced.message.endswith("to replace w-0-0 (preempted)")
     assert resized is None  # the world it found had that size already
+    assert counted is not None and counted.reason == "FailureCounted"  # spent: said already
 
 
 def test_messages_are_clipped_to_what_an_event_takes() -> None:
