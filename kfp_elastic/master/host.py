@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pyetcd.client import MultiEndpointEtcd3Client
@@ -58,6 +58,9 @@ from kfp_elastic.master.wiring import (
     load_kubernetes_config,
     worker_pod_template,
 )
+
+if TYPE_CHECKING:
+    from kfp_elastic.master.k8s_events import EventRecorder
 
 log = logging.getLogger(__name__)
 
@@ -387,7 +390,9 @@ def make_launcher(launch: LaunchPlan, state: MasterState | None) -> Launcher:
     return OwnClientLauncher(client.ApiClient(), attempts)
 
 
-def event_recorder(launch: LaunchPlan, state: MasterState | None, namespace: str) -> Any:
+def event_recorder(
+    launch: LaunchPlan, state: MasterState | None, namespace: str
+) -> EventRecorder | None:
     """The recorder of the master's decisions as Kubernetes Events (``master/k8s_events.py``),
     fed by ``state``'s timeline from now on, after what the timeline holds already; None
     without a state."""
