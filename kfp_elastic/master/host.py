@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pyetcd.client import MultiEndpointEtcd3Client
@@ -41,7 +41,7 @@ from kfp_elastic.master.job import ElasticJob, JobResult
 from kfp_elastic.master.launcher import Launcher, next_attempts
 from kfp_elastic.master.local_launcher import MONITOR_INTERVAL_S, absolute_script, worker_agent
 from kfp_elastic.master.own_pod import REASON as OWN_POD_REASON
-from kfp_elastic.master.own_pod import OwnPodWatch, watch_own_pod
+from kfp_elastic.master.own_pod import OwnPodWatch, own_pod_name, own_pod_uid, watch_own_pod
 from kfp_elastic.master.pod_spec import WorkerPodSpec, build_pod
 from kfp_elastic.master.preflight import (
     DeferredCheck,
@@ -58,6 +58,9 @@ from kfp_elastic.master.wiring import (
     load_kubernetes_config,
     worker_pod_template,
 )
+
+if TYPE_CHECKING:
+    from kfp_elastic.master.k8s_events import EventRecorder
 
 log = logging.getLogger(__name__)
 
@@ -364,9 +367,13 @@ def make_launcher(launch: LaunchPlan, state: MasterState | None) -> Launcher:
 
     template = launch.pod
     assert template is not None
+    # Read the credentials when the master starts the launcher, not at import time.
+    load_kubernetes_config()
+    recorder = event_recorder(launch, state, template.namespace or "default")
 
     class OwnClientLauncher(KubernetesLauncher):
-        """Closes the API client it was made with (one per launcher)."""
+        """Closes the API client it was made with (one per launcher), and the recorder of the
+        master's Events after the job's last one."""
 
         def __init__(self, api: Any, first_attempts: Mapping[int, int]) -> None:
             super().__init__(template, template.namespace, api, first_attempts=first_attempts)
@@ -375,11 +382,46 @@ def make_launcher(launch: LaunchPlan, state: MasterState | None) -> Launcher:
         def close(self) -> None:
             super().close()
             self._api.close()
+            if recorder is not None:
+                recorder.close()
+                recorder.api_client.close()
 
-    # Read the credentials when the master starts the launcher, not at import time.
-    load_kubernetes_config()
     attempts = next_attempts(state.workers()) if state is not None else {}
     return OwnClientLauncher(client.ApiClient(), attempts)
+
+
+def event_recorder(
+    launch: LaunchPlan, state: MasterState | None, namespace: str
+) -> EventRecorder | None:
+    """The recorder of the master's decisions as Kubernetes Events (``master/k8s_events.py``),
+    fed by ``state``'s timeline from now on, after what the timeline holds already; None
+    without a state."""
+    if state is None:
+        return None
+    from kubernetes import client
+
+    from kfp_elastic.master.k8s_events import EventRecorder
+    from kfp_elastic.master.pod_events import Seen, seen_after
+    from kfp_elastic.master.timeline import read_timeline
+
+    try:
+        seen = seen_after(
+            read_timeline(state.client, state.keys.run_prefix),
+            Seen(max_failures=launch.spec.policy.max_failures),
+        )
+        recorder = EventRecorder(
+            namespace,
+            client.ApiClient(),
+            own_pod=own_pod_name(os.environ),
+            own_uid=own_pod_uid(os.environ),
+            instance=state.identity,
+            seen=seen,
+        ).start()
+    except Exception as error:  # noqa: BLE001 - Events are for people: never fail the job
+        log.warning("kubernetes events not recorded error=%r", error)
+        return None
+    state.add_listener(recorder.record)
+    return recorder
 
 
 class Host:

@@ -52,7 +52,7 @@ from kfp_elastic.master.launcher import (
 from kfp_elastic.master.metrics import Metrics, TimelineStats
 from kfp_elastic.master.observer import Observer
 from kfp_elastic.master.preflight import DeferredCheck
-from kfp_elastic.master.scaling import Decision, decide, is_active
+from kfp_elastic.master.scaling import Decision, decide, is_active, replaced_worker
 from kfp_elastic.master.state import (
     FINISHED_STATES,
     MasterState,
@@ -668,7 +668,10 @@ class ElasticJob:
         if not decision.launch:
             return
         self._reopen_rendezvous()
+        with self._cache_lock:
+            statuses = dict(self._cache)
         for index in decision.launch:
+            before = replaced_worker(index, self._table, statuses)
             try:
                 handle = self.launcher.launch(index)  # type: ignore[union-attr]
             except (NotLeaderError, LauncherForbidden):
@@ -694,9 +697,23 @@ class ElasticJob:
             self._table[handle.name] = self.state.update_worker(
                 handle.name, index=index, attempt=handle.attempt, launched_at=time.time(), **level
             )
-            self._append(WorkerLaunched(name=handle.name, index=index, attempt=handle.attempt))
+            old, cause = before or ("", "")
+            self._append(
+                WorkerLaunched(
+                    name=handle.name,
+                    index=index,
+                    attempt=handle.attempt,
+                    replaces=old,
+                    replaces_cause=cause,
+                )
+            )
             log.info(
-                "worker launched name=%s index=%d attempt=%d", handle.name, index, handle.attempt
+                "worker launched name=%s index=%d attempt=%d replaces=%s cause=%s",
+                handle.name,
+                index,
+                handle.attempt,
+                old or "-",
+                cause or "-",
             )
 
     def _climb_ladder(self, decision: Decision, workers: list[WorkerStatus], now: float) -> None:

@@ -25,6 +25,7 @@ from kfp_elastic.master.wiring import load_kubernetes_config, pod_namespace
 log = logging.getLogger(__name__)
 
 POD_NAME_ENV = "KFP_POD_NAME"
+POD_UID_ENV = "KFP_POD_UID"  # the KFP backend sets it beside the name (``metadata.uid``)
 REASON = "its pod is being deleted"
 WATCH_TIMEOUT_S = 300  # the API server's watches end after a while; a new one starts then
 RETRY_S = 1.0  # after a failed watch request (API server unreachable): not a busy loop
@@ -36,6 +37,11 @@ def own_pod_name(env: Mapping[str, str]) -> str | None:
     if not env.get("KUBERNETES_SERVICE_HOST"):
         return None
     return env.get(POD_NAME_ENV) or None
+
+
+def own_pod_uid(env: Mapping[str, str]) -> str | None:
+    """This process's pod's uid, when its pod says it (``KFP_POD_UID``); else None."""
+    return env.get(POD_UID_ENV) or None
 
 
 def deletion_started(event_type: str, pod_name: str, pod: Any) -> bool:

@@ -27,8 +27,9 @@ gone, so finished pods do not linger.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from kfp_elastic.job_spec import ScalingPolicy
 from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
@@ -79,6 +80,32 @@ class Decision:
     def completed(self) -> bool:
         """A worker of this decision exited 0: the training is over."""
         return any(o.completed for o in self.ended)
+
+
+def replaced_worker(
+    index: int,
+    table: Mapping[str, Mapping[str, Any]],
+    statuses: Mapping[str, WorkerStatus],
+) -> tuple[str, str] | None:
+    """The worker a new one for ``index`` takes the place of (the master's table's latest
+    attempt of that index) and why it went (a value of CAUSES): its recorded end, else the
+    reason its status gives (a pod still being taken away), else ``unknown``. None: the
+    index's first worker."""
+    attempts = [
+        (int(record.get("attempt") or 0), name)
+        for name, record in table.items()
+        if record.get("index") == index
+    ]
+    if not attempts:
+        return None
+    _, name = max(attempts)
+    ended = table[name].get("ended")
+    if ended:
+        return name, str(ended)
+    status = statuses.get(name)
+    if status is not None and (status.reason in CAUSES or status.ended):
+        return name, outcome_of(status).cause
+    return name, "unknown"
 
 
 def outcome_of(status: WorkerStatus) -> Outcome:

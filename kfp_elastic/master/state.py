@@ -152,6 +152,7 @@ class MasterState:
         self.lost = threading.Event()  # set when leadership was held and then lost
         self._on_lost: Callable[[], None] | None = None
         self._lock = threading.RLock()
+        self._listeners: list[Callable[[Event], None]] = []
 
     # -- leadership ---------------------------------------------------------------------------
     @property
@@ -326,9 +327,16 @@ class MasterState:
         self._put(self.keys.observed, observed)
 
     # -- timeline -----------------------------------------------------------------------------
+    def add_listener(self, listener: Callable[[Event], None]) -> None:
+        """Call ``listener`` with each event this master puts on the timeline, in order, as
+        stored (the Kubernetes Events of its decisions: ``master/k8s_events.py``). It must
+        not block: it runs in the writer's thread, under the timeline's lock."""
+        self._listeners.append(listener)
+
     def append_event(self, event: Event) -> Event:
         """Put ``event`` on the timeline under the next sequence number, stamped with the
-        master's time; return it as stored (``t`` and ``seq`` set)."""
+        master's time; return it as stored (``t`` and ``seq`` set), which every listener
+        (:meth:`add_listener`) is then given."""
         tx = self.client.transactions
         event = replace(event, t=time.time())
         with self._lock:
@@ -345,4 +353,11 @@ class MasterState:
                     ],
                     [guard],
                 ):
-                    return replace(event, seq=seq)
+                    break
+            stored = replace(event, seq=seq)
+            for listener in self._listeners:  # under the lock: in the timeline's order
+                try:
+                    listener(stored)
+                except Exception:  # noqa: BLE001 - a listener never fails the master's write
+                    log.exception("timeline listener failed kind=%s", stored.kind_name)
+        return stored

@@ -110,10 +110,17 @@ class MasterSteppedDown(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerLaunched(Event):
+    """A worker pod (process) created. ``replaces``: the worker of the same index it takes the
+    place of (empty: the index's first), ``replaces_cause`` why that one went, as far as the
+    master knew at the launch (a cause of ``worker_lost``; its ``worker_lost`` may come later,
+    once its pod is gone)."""
+
     kind = EventKind.WORKER_LAUNCHED
     name: str = ""
     index: int = 0
     attempt: int = 0
+    replaces: str = ""
+    replaces_cause: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,7 +7,10 @@ agreed on) and ``kubectl drain`` evicts another through the eviction API (the wo
 no controller: the master is not their owner, so that deleting its pod leaves them running; drain
 refuses them without ``--force``, as it refuses every bare pod). The master replaces each lost
 worker, the job ends succeeded with no step lost and every sample of every epoch counted once,
-and what happened to which pod reads from the watch's rows and from ``kubectl get events``.
+and what happened to which pod reads from the watch's rows and from ``kubectl get events``: the
+scheduler's and kubelets' events, and the master's own (each lost worker lost, and replaced by a
+pod whose event names the one it replaces and why; ``kubectl describe`` of a replacement shows
+it).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from kfp_elastic.master.pod_events import COMPONENT
 from kfp_elastic.master.timeline import Committed, WorkerLost
 from kfp_elastic.testing.cluster.chaos import commit_counts
 from kfp_elastic.testing.cluster.training_run import TrainingRun
@@ -88,6 +92,19 @@ def test_a_job_watched_deleted_from_and_drained_with_kubectl(
             assert out.returncode == 0 and f'pod "{deleted}" deleted' in out.stdout, out.stderr
             second = recovered(run, {deleted})
             assert drained in second
+            # The master's Event about the replacement, in kubectl describe (by the pod's uid)
+            (new,) = set(second) - set(first)
+            described = wait_for(
+                lambda: (
+                    (out := run_kubectl(run.cluster, "describe", "pod", new)).returncode == 0
+                    and "WorkerReplaced" in out.stdout
+                    and out.stdout
+                ),
+                30,
+                0.5,
+                "the master's WorkerReplaced event in kubectl describe",
+            )
+            assert f"to replace {deleted} (deleted_externally)" in described, described
 
             # 2. kubectl drain: the workers declare no controller, so it wants --force
             command = ["drain", node, "--ignore-daemonsets", "--delete-emptydir-data"]
@@ -169,9 +186,42 @@ def test_a_job_watched_deleted_from_and_drained_with_kubectl(
             assert not scheduled.endswith(f" to {node}"), text
         # the same as kubectl prints it
         table = run_kubectl(
-            run.cluster, "get", "events", "--field-selector", f"involvedObject.name={drained}"
+            run.cluster,
+            "get",
+            "events",
+            "--field-selector",
+            f"involvedObject.name={drained},source=kubelet",
         ).stdout.splitlines()
         assert table[-1].split()[1:5] == ["Normal", "Killing", f"pod/{drained}", "Stopping"]
+
+        # The master's own Events: each lost worker lost, and replaced naming the old and new pod
+        mine = [e for e in events if e["source"]["component"] == COMPONENT]
+        for pod in first:
+            assert _one(mine, pod, "SuccessfulCreate")["message"].startswith(
+                f"Created worker pod {pod} "
+            ), text
+        replaced = {
+            e["involvedObject"]["name"]: e["message"]
+            for e in mine
+            if e["reason"] == "WorkerReplaced"
+        }
+        assert set(replaced) == set(replacements), text
+        for old, cause in ((deleted, "deleted_externally"), (drained, "evicted")):
+            lost = _one(mine, old, "WorkerLost")
+            assert lost["type"] == "Normal", text
+            assert lost["message"].startswith(f"Worker pod {old} (worker "), text
+            assert f" lost ({cause}): " in lost["message"], text
+            (new,) = [p for p, m in replaced.items() if m.endswith(f" to replace {old} ({cause})")]
+            assert replaced[new].startswith(f"Created worker pod {new} (worker "), text
+        done = _one(mine, run.master, "JobSucceeded")
+        assert done["involvedObject"]["kind"] == "Pod" and done["involvedObject"]["uid"], text
+        table = run_kubectl(
+            run.cluster, "get", "events", "--field-selector", "source=kfp-elastic-master"
+        ).stdout
+        rows_of_new = [line.split() for line in table.splitlines() if f"pod/{new}" in line]
+        assert [row[1:4] for row in rows_of_new] == [["Normal", "WorkerReplaced", f"pod/{new}"]], (
+            table
+        )
 
         run.wait_no_leftovers()
     assert not run.cluster.leftover_processes()
@@ -184,7 +234,7 @@ def _reasons(events: list[dict[str, Any]], name: str) -> list[str]:
 
 def _kubelets(events: list[dict[str, Any]], name: str) -> list[str]:
     """The reasons of the kubelet's events about the pod called ``name``, oldest first."""
-    return [r for r in _reasons(events, name) if r != "Scheduled"]
+    return _reasons([e for e in events if e["source"]["component"] == "kubelet"], name)
 
 
 def _one(events: list[dict[str, Any]], name: str, reason: str) -> dict[str, Any]:

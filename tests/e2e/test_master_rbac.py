@@ -9,7 +9,8 @@ manifests/overlays/local-kind`` installed first, as a user installs them (a refu
 the run), and records every request as RBAC sees it; the scheduler and kubelets call it
 directly, so what it recorded over HTTP after the apply is exactly what the two pods asked for.
 The workers run in the overlay's namespace as its worker ServiceAccount, at the priorities of
-the PriorityClasses it applied.
+the PriorityClasses it applied. The master records its decisions as Events; the count of one
+seen again is patched, which a third test does as the master's account.
 A Role missing one verb makes the master fail at once, saying which verb to grant.
 """
 
@@ -20,12 +21,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes.client
 import pytest
 
 from kfp_elastic.etcd.client import connect
 from kfp_elastic.etcd.embedded import EmbeddedEtcd
+from kfp_elastic.master.k8s_events import EventRecorder
+from kfp_elastic.master.pod_events import COMPONENT
 from kfp_elastic.master.pod_spec_checks import MASTER_POD_LABELS, RUN_ID_LABEL
-from kfp_elastic.master.timeline import WorkerLaunched, WorkerLost, of_type, read_timeline
+from kfp_elastic.master.timeline import (
+    LaunchFailed,
+    WorkerLaunched,
+    WorkerLost,
+    of_type,
+    read_timeline,
+)
 from kfp_elastic.testing.api_rules import service_account_user
 from kfp_elastic.testing.api_wire import ApiCall, ApiError
 from kfp_elastic.testing.cluster import TestCluster
@@ -48,7 +58,11 @@ WORKER_SA = "kfp-elastic-worker"
 # What a user applies first: `kubectl apply -k manifests/overlays/local-kind` (its namespace).
 OVERLAY = "overlays/local-kind"
 # Verbs the Role grants that the run below does not exercise, each with the reason it stays.
-JUSTIFIED: dict[tuple[str, str, str], str] = {}
+JUSTIFIED: dict[tuple[str, str, str], str] = {
+    ("", "events", "patch"): "the count of an Event seen again (a repeated refused create, ...):"
+    " nothing repeats in this run; test_the_role_lets_the_master_count_a_repeated_event"
+    " makes that call under the same Role",
+}
 
 
 def phase(cluster: TestCluster, name: str) -> str | None:
@@ -198,6 +212,38 @@ def test_master_role_allows_every_call_and_grants_nothing_unused(
     unused = granted - calls - set(JUSTIFIED)
     assert not unused, f"the Role grants what nothing calls: {sorted(unused)}"
     assert ("", "pods", "delete") in calls and ("", "pods", "watch") in calls
+    # The master recorded its decisions as Events (allowed: the Role has events create).
+    assert ("", "events", "create") in calls
+    reasons = {
+        (e["involvedObject"]["name"], e["reason"])
+        for e in cluster.api.events(ns=ns)
+        if e["source"]["component"] == COMPONENT
+    }
+    assert (first[0], "WorkerLost") in reasons and ("master", "JobSucceeded") in reasons, reasons
+
+
+def test_the_role_lets_the_master_count_a_repeated_event(
+    cluster: TestCluster, tmp_path: Path
+) -> None:
+    """The recorder as the master's service account under the applied Role: an Event, then the
+    same again (its count patched), both allowed."""
+    ns = overlay_namespace()
+    cluster.api.create(ns, python_pod("master", [sys.executable, "-c", "pass"]))
+    configuration = kubernetes.client.Configuration()
+    configuration.host = cluster.api.url
+    configuration.ssl_ca_cert = str(cluster.ca_file)
+    token = cluster.api.service_account_token(ns, MASTER_SA)
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    with kubernetes.client.ApiClient(configuration) as api:
+        recorder = EventRecorder(ns, api, own_pod="master").start()
+        for _ in range(2):
+            recorder.record(LaunchFailed(index=1, message="exceeded quota"))
+        recorder.close()
+    assert recorder.written == 2
+    calls = [(c.verb, c.resource) for c in cluster.api.api_calls if c.resource == "events"]
+    assert calls == [("create", "events"), ("patch", "events")]
+    (event,) = [e for e in cluster.api.events("master", ns=ns) if e["reason"] == "FailedCreate"]
+    assert event["count"] == 2 and event["source"]["component"] == COMPONENT
 
 
 def test_a_role_missing_a_verb_fails_the_master_saying_what_to_grant(

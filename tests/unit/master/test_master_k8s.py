@@ -42,6 +42,7 @@ from kfp_elastic.testing.api_server import FakeKubernetes
 from tests.helpers import wait_for
 
 NS = "kfp-elastic"
+MASTER_SPEC = {"containers": [{"name": "main", "image": "kfp-elastic:0.1.0"}]}
 UNSCHEDULABLE = [
     {
         "type": "PodScheduled",
@@ -67,14 +68,21 @@ def k8s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKuberne
 
 
 def pods(fake: FakeKubernetes) -> dict[str, str]:
+    """The worker pods' phases (not the master's own pod, where a test creates one)."""
     return {
-        p["metadata"]["name"]: p["status"].get("phase", "Pending") for p in fake.list(NS)["items"]
+        p["metadata"]["name"]: p["status"].get("phase", "Pending")
+        for p in fake.list(NS)["items"]
+        if p["metadata"]["name"] != "master"
     }
 
 
 def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
-    k8s: FakeKubernetes, etcd: EmbeddedEtcd, run_id: str
+    k8s: FakeKubernetes, etcd: EmbeddedEtcd, run_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The master runs in pod "master": the job's Events are about that pod.
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KFP_POD_NAME", "master")
+    master_pod = k8s.create(NS, {"metadata": {"name": "master"}, "spec": MASTER_SPEC})
     own, entry = split_entry(
         [
             "--run-id",
@@ -195,6 +203,27 @@ def test_job_on_kubernetes_keeps_max_requested_and_replaces_preempted_pods(
     assert isinstance(timeline[-1], JobDone)
     state: Any = MasterState(client, spec.run_prefix)
     assert state.status()["state"] == "succeeded" and read_failures(client, spec.run_prefix) == ()
+    # Each master recorded its decisions as Kubernetes Events about the pods concerned.
+    recorded = [
+        (e["involvedObject"]["name"], e["reason"], e["message"])
+        for e in k8s.events(ns=NS)
+        if e["source"]["component"] == "kfp-elastic-master"
+    ]
+    created = [(n, "SuccessfulCreate") for n in names]
+    assert [r[:2] for r in recorded if r[1] == "SuccessfulCreate"] == created, recorded
+    replaced = {r[0]: r[2] for r in recorded if r[1] == "WorkerReplaced"}
+    assert replaced[replacement].endswith(f"to replace {names[1]} (preempted)"), recorded
+    assert replaced[again[0]].endswith(f"to replace {names[0]} (preempted)"), recorded
+    assert replaced[again[1]].endswith(f"to replace {names[2]} (unknown)"), recorded
+    lost = {r[0]: r[2] for r in recorded if r[1] == "WorkerLost"}
+    assert set(lost) == {names[0], names[1], names[2]}, recorded
+    assert recorded[-1][:2] == ("master", "JobSucceeded"), recorded
+    uid = master_pod["metadata"]["uid"]
+    assert all(
+        e["involvedObject"]["uid"] == uid
+        for e in k8s.events("master", ns=NS)
+        if e["source"]["component"] == "kfp-elastic-master"
+    )
     # A retried master names a new pod after every attempt in its table, gone ones too.
     retried = make_launcher(plan(spec), state)
     try:

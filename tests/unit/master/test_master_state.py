@@ -128,6 +128,24 @@ def test_timeline_appends_in_order_with_unique_sequence_numbers(
         state.append_event(JobDone(message="ok"))
         timeline = read_timeline(client, prefix)
         assert [e.seq for e in timeline] == list(range(1, 11)) and first.seq == 1
+        # A listener added later sees the later events as stored, in order; one that raises
+        # costs the write nothing.
+        heard: list[int] = []
+
+        def broken(_: object) -> None:
+            raise RuntimeError("listener down")
+
+        state.add_listener(broken)
+        state.add_listener(lambda event: heard.append(event.seq))
+        threads = [
+            threading.Thread(target=lambda i=i: state.append_event(Committed(step=100 + i)))
+            for i in range(4)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert heard == [11, 12, 13, 14]
         assert isinstance(timeline[0], MasterStarted) and timeline[0].run_id == "x"
         assert isinstance(timeline[-1], JobDone) and timeline[-1].message == "ok"
         assert sorted(e.step for e in of_type(timeline, Committed)) == list(range(8))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kfp_elastic.master.launcher import Reason, WorkerPhase, WorkerStatus
 from kfp_elastic.master.pod_spec import is_guaranteed
-from kfp_elastic.master.scaling import ScalingPolicy, decide, outcome_of
+from kfp_elastic.master.scaling import ScalingPolicy, decide, outcome_of, replaced_worker
 
 P, R, S, F, D = (
     WorkerPhase.PENDING,
@@ -138,3 +138,20 @@ def test_outcome_of_unknown_reasons() -> None:
     assert not outcome_of(w(0, D, Reason.DELETED_EXTERNALLY)).failure
     assert outcome_of(w(0, S)).completed
     assert outcome_of(w(0, F, Reason.DELETED)).cause == "deleted"
+
+
+def test_a_new_worker_replaces_the_latest_of_its_index_and_says_why_that_one_went() -> None:
+    table = {
+        "w-0-0": {"index": 0, "attempt": 0, "ended": "preempted"},
+        "w-1-0": {"index": 1, "attempt": 0, "ended": "evicted"},
+        "w-1-1": {"index": 1, "attempt": 1},
+        "w-2-0": {"index": 2, "attempt": 0},
+    }
+    statuses = {
+        # still terminating: the reason it is being taken away
+        "w-1-1": WorkerStatus("w-1-1", WorkerPhase.RUNNING, Reason.DELETED_EXTERNALLY),
+    }
+    assert replaced_worker(0, table, statuses) == ("w-0-0", "preempted")  # recorded end
+    assert replaced_worker(1, table, statuses) == ("w-1-1", "deleted_externally")
+    assert replaced_worker(2, table, statuses) == ("w-2-0", "unknown")  # nothing says why
+    assert replaced_worker(3, table, statuses) is None  # the index's first worker
