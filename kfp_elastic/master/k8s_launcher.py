@@ -90,6 +90,9 @@ class KubernetesLauncher(Launcher):
         self._core = client.CoreV1Api(api_client)
         self._watch_timeout_s = watch_timeout_s
         self._request_timeout_s = request_timeout_s
+        # (connect, read): the kubernetes client honours a pair or an int, and silently no
+        # timeout at all for a float
+        self._request_timeout = (request_timeout_s, request_timeout_s)
         self._max_backoff_s = max_backoff_s
         self._max_name_attempts = max_name_attempts
         self._lock = threading.Lock()
@@ -118,7 +121,7 @@ class KubernetesLauncher(Launcher):
                     self.namespace,
                     build_pod(spec),
                     _preload_content=False,
-                    _request_timeout=self._request_timeout_s,
+                    _request_timeout=self._request_timeout,
                 )
             except ApiException as exc:
                 _raise_if_forbidden(exc, self.namespace)
@@ -155,7 +158,7 @@ class KubernetesLauncher(Launcher):
                 grace_period_seconds=grace_period_s,
                 propagation_policy="Background",
                 _preload_content=False,
-                _request_timeout=self._request_timeout_s,
+                _request_timeout=self._request_timeout,
             )
         except ApiException as exc:
             _raise_if_forbidden(exc, self.namespace)
@@ -172,7 +175,7 @@ class KubernetesLauncher(Launcher):
                 self.namespace,
                 label_selector=self.selector,
                 _preload_content=False,
-                _request_timeout=self._request_timeout_s,
+                _request_timeout=self._request_timeout,
             )
         except ApiException as exc:
             _raise_if_forbidden(exc, self.namespace)

@@ -604,3 +604,41 @@ def test_forbidden_message_only_for_rbac_denials() -> None:
     assert "grant verb 'create' on 'pods/eviction' in its Role" in str(
         forbidden_message(eviction, "ns")
     )
+
+
+def test_an_api_server_that_never_answers_fails_a_call_after_the_request_timeout() -> None:
+    """A create, delete or list that gets no answer fails (LaunchError, or the client's
+    error) once ``request_timeout_s`` has passed, instead of holding the master forever."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        silent.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(silent.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    api = client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{silent.getsockname()[1]}"))
+    try:
+        config = api.configuration
+        config.retries = 0  # urllib3 would retry a read timeout otherwise
+        launcher = KubernetesLauncher(TEMPLATE, NS, api, request_timeout_s=0.5)
+        with pytest.raises(LaunchError, match="no answer from the API server"):
+            launcher.launch(0)
+        with pytest.raises(Exception, match="[Tt]imeout|timed out"):
+            launcher.list_workers()
+        with pytest.raises(Exception, match="[Tt]imeout|timed out"):
+            launcher.delete("w")
+    finally:
+        stop.set()
+        thread.join(5)
+        api.close()
+        api.rest_client.pool_manager.clear()
+        for conn in accepted:
+            conn.close()
+        silent.close()
