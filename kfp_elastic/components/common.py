@@ -62,16 +62,27 @@ def delete_run_pods(run_id: str, namespace: str = "") -> list[str]:
     from kubernetes import client
 
     from kfp_elastic.master.pod_spec import run_selector
-    from kfp_elastic.master.wiring import load_kubernetes_config, pod_namespace
+    from kfp_elastic.master.wiring import (
+        API_REQUEST_TIMEOUT_S,
+        load_kubernetes_config,
+        pod_namespace,
+    )
 
     load_kubernetes_config()
     namespace = pod_namespace(namespace)
     core = client.CoreV1Api()
-    pods = core.list_namespaced_pod(namespace, label_selector=run_selector(run_id))
+    pods = core.list_namespaced_pod(
+        namespace, label_selector=run_selector(run_id), _request_timeout=API_REQUEST_TIMEOUT_S
+    )
     names = [pod.metadata.name for pod in pods.items]
     for name in names:
         with contextlib.suppress(client.ApiException):
-            core.delete_namespaced_pod(name, namespace, propagation_policy="Background")
+            core.delete_namespaced_pod(
+                name,
+                namespace,
+                propagation_policy="Background",
+                _request_timeout=API_REQUEST_TIMEOUT_S,
+            )
     return names
 
 

@@ -79,6 +79,12 @@ def job_env(spec: JobSpec) -> dict[str, str]:
     return env
 
 
+#: (connect, read) seconds of a one-off Kubernetes API call (the kubernetes client honours a
+#: pair or an int; a float means no timeout at all): an API server that never answers fails
+#: the call instead of holding the process.
+API_REQUEST_TIMEOUT_S = (10.0, 30.0)
+
+
 def cluster_priority_value(name: str) -> int | None:
     """PriorityClass ``name``'s value in the cluster (None: there is none, or the master's
     account may not read PriorityClasses, which are cluster-wide: then nothing can be checked,
@@ -89,7 +95,9 @@ def cluster_priority_value(name: str) -> int | None:
     load_kubernetes_config()
     with client.ApiClient() as api:
         try:
-            found = client.SchedulingV1Api(api).read_priority_class(name)
+            found = client.SchedulingV1Api(api).read_priority_class(
+                name, _request_timeout=API_REQUEST_TIMEOUT_S
+            )
         except ApiException as error:
             if error.status == 404:
                 return None
