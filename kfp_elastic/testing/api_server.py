@@ -1,10 +1,10 @@
 """A fake Kubernetes API server for pods, speaking real HTTP on 127.0.0.1.
 
-The real ``kubernetes`` client runs against it unchanged. It keeps what a controller depends
-on: a monotonic resourceVersion on every object, list and event; create/get/list/delete/patch
-with the real Status errors (404 NotFound, 409 AlreadyExists/Conflict, 422 Invalid, 403 from
-the Priority and ServiceAccount admission plugins); pod specs checked with
-``kubernetes-validate --strict`` (422 with the validator's message); label selectors and the
+The real ``kubernetes`` client runs against it unchanged. It keeps what a controller depends on:
+a monotonic resourceVersion on every object, list and event; create/get/list/delete/patch with
+the real Status errors (404 NotFound, 409 AlreadyExists/Conflict, 422 Invalid, 403 from the
+Priority and ServiceAccount admission plugins); every body's fields checked as the API server's
+decoder checks them, honouring ``fieldValidation`` (``api_validation``); label selectors and the
 field selectors on the pod fields kube-apiserver allows (``api_wire.POD_FIELDS``; another field
 is a 400 ``field label not supported``), pods of every namespace (``/api/v1/pods``); graceful
 deletion of scheduled pods (deletionTimestamp, then the kubelet's terminal status, then
@@ -70,8 +70,10 @@ from kfp_elastic.testing.api_rules import (
     selects,
     service_account_user,
 )
+from kfp_elastic.testing.api_validation import check_applied, check_body, check_patched
 from kfp_elastic.testing.api_wire import (
     OBJECT_KINDS,
+    STRATEGIC_MERGE_PATCH,
     ApiCall,
     ApiError,
     FieldSelector,
@@ -297,7 +299,7 @@ class FakeKubernetes:
 
     def create_object(self, resource: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
         kind, api_version = OBJECT_KINDS[resource]
-        obj = copy.deepcopy(obj)
+        obj = copy.deepcopy(check_body(kind, api_version, obj))
         meta = obj.setdefault("metadata", {})
         name = meta.get("name", "")
         if not name or len(name) > 253 or not _NAME.fullmatch(name):
@@ -377,6 +379,7 @@ class FakeKubernetes:
 
     def replace_object(self, resource: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
         """PUT: the whole object replaced; uid and creationTimestamp kept."""
+        obj = check_body(*OBJECT_KINDS[resource], obj)
         name = obj.get("metadata", {}).get("name", "")
         _validate_object(resource, OBJECT_KINDS[resource][0], name, obj)
         with self._cond:
@@ -410,6 +413,8 @@ class FakeKubernetes:
         with self._cond:
             old = self.get_object(resource, ns, name)
             new = patched(old, body, patch_type)
+            strategic = patch_type == STRATEGIC_MERGE_PATCH
+            new = check_patched(*OBJECT_KINDS[resource], new, body, strategic)
             _check_unchanged(resource, name, old, new)
             if new == old:  # nothing to write: the resourceVersion stays (kubectl: no change)
                 return old
@@ -421,6 +426,7 @@ class FakeKubernetes:
         """Server-side apply (``api_wire.server_side_apply``): the object created from ``body``
         if there is none, else ``body``'s fields merged into it; (the object, whether created)."""
         _check_applied(OBJECT_KINDS[resource], name, body)
+        check_applied(*OBJECT_KINDS[resource], ns, name, body)
         with self._cond:
             live = self._objects.get((resource, ns, name))
             new = server_side_apply(
@@ -662,7 +668,7 @@ class FakeKubernetes:
         return self._pods[(ns, name)]
 
     def create(self, ns: str, pod: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
-        pod = copy.deepcopy(pod)
+        pod = copy.deepcopy(check_body("Pod", "v1", pod) if self.validate_pods else pod)
         meta, spec = pod.setdefault("metadata", {}), pod.setdefault("spec", {})
         _check_namespace(meta, ns)
         if not meta.get("name") and meta.get("generateName"):
@@ -690,8 +696,6 @@ class FakeKubernetes:
             problems.append("spec.restartPolicy: Unsupported value")
         if problems:
             raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: ' + ", ".join(problems))
-        if self.validate_pods:
-            _validate_strict(pod)
         pc = spec.get("priorityClassName")
         priority_classes = self.priority_classes
         if pc is not None and pc not in priority_classes:
@@ -797,6 +801,8 @@ class FakeKubernetes:
         there is none (with pod admission), else its fields merged in as a patch would (the
         same checks of what a pod update may change); (the pod, whether created)."""
         _check_applied(("Pod", "v1"), name, body)
+        if self.validate_pods:
+            check_applied("Pod", "v1", ns, name, body)
         with self._cond:
             live = self._pods.get((ns, name))
             new = server_side_apply(
@@ -814,6 +820,9 @@ class FakeKubernetes:
         with self._cond:
             old = self._get(ns, name)
             new = patched(old, body, patch_type)
+            if self.validate_pods:
+                strategic = patch_type == STRATEGIC_MERGE_PATCH
+                new = check_patched("Pod", "v1", new, body, strategic)
             return self._update(ns, name, old, new, status_only)
 
     def _update(
@@ -1313,19 +1322,6 @@ def add_default_tolerations(spec: dict[str, Any], seconds: int) -> None:
         )
     if tolerations:
         spec["tolerations"] = tolerations
-
-
-def _validate_strict(pod: dict[str, Any]) -> None:
-    """``kubernetes-validate --strict`` against the newest schema it has; 422 on failure."""
-    import kubernetes_validate
-
-    body = {**pod, "apiVersion": "v1", "kind": "Pod"}
-    try:
-        kubernetes_validate.validate(body, kubernetes_validate.latest_version(), strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        name = pod["metadata"].get("name", "")
-        path = ".".join(str(p) for p in exc.path)
-        raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: {path}: {exc.message}') from exc
 
 
 def _check_scheduling_gates(name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
