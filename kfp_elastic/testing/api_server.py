@@ -108,6 +108,8 @@ PRIORITY_CLASSES = {
 SERVICE_ACCOUNTS = {"default", "kfp-elastic-worker", "kfp-elastic-master"}
 # The namespaces every cluster has (the cluster's own is added); others are created by clients.
 NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+# Those the NamespaceLifecycle admission plugin never lets anyone delete.
+IMMORTAL_NAMESPACES = ("default", "kube-system", "kube-public")
 # kube-apiserver --default-not-ready-toleration-seconds / --default-unreachable-toleration-seconds
 DEFAULT_TOLERATION_SECONDS = 300
 NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
@@ -241,6 +243,7 @@ class FakeKubernetes:
         self._cond.notify_all()
         if kind == "DELETED":
             self._collect_dependents(new["metadata"]["uid"])
+            self._finalize_namespace(ns)
         return copy.deepcopy(new)
 
     def _expire_history(self) -> None:
@@ -302,6 +305,7 @@ class FakeKubernetes:
         obj = copy.deepcopy(check_body(kind, api_version, obj))
         meta = obj.setdefault("metadata", {})
         name = meta.get("name", "")
+        self._admit_to_namespace(resource, ns, name)
         if not name or len(name) > 253 or not _NAME.fullmatch(name):
             raise ApiError(
                 422, "Invalid", f"{kind} {name!r} is invalid: metadata.name: Invalid value"
@@ -444,6 +448,8 @@ class FakeKubernetes:
         with self._cond:
             if (resource, ns, name) not in self._objects:
                 raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            if resource == "namespaces":
+                return self._terminate_namespace(name)
             obj = self._objects.pop((resource, ns, name))
             self._rv += 1
             obj["metadata"]["resourceVersion"] = str(self._rv)
@@ -451,6 +457,94 @@ class FakeKubernetes:
             self._cond.notify_all()
             self._collect_dependents(obj["metadata"]["uid"])
             return copy.deepcopy(obj)
+
+    # -- namespaces: the NamespaceLifecycle admission plugin and the namespace controller ----
+
+    def _admit_to_namespace(self, resource: str, ns: str, name: str) -> None:
+        """NamespaceLifecycle on a create in ``ns`` ("": cluster-scoped, always admitted): 404
+        for a namespace that does not exist, 403 for one being terminated."""
+        if not ns:
+            return
+        with self._cond:
+            namespace = self._objects.get(("namespaces", "", ns))
+        if namespace is None:
+            error = ApiError(404, "NotFound", f'namespaces "{ns}" not found')
+            error.status["details"] = {"name": ns, "kind": "namespaces"}
+            raise error
+        if namespace["status"].get("phase") == "Terminating":
+            group = "" if resource == "pods" else OBJECT_KINDS[resource][1].rpartition("/")[0]
+            error = ApiError(
+                403,
+                "Forbidden",
+                f'{resource}{"." + group if group else ""} "{name}" is forbidden: unable to '
+                f"create new content in namespace {ns} because it is being terminated",
+            )
+            error.status["details"] = {
+                "name": name,
+                **({"group": group} if group else {}),
+                "kind": resource,
+                "causes": [
+                    {
+                        "reason": "NamespaceTerminating",
+                        "message": f"namespace {ns} is being terminated",
+                        "field": "metadata.namespace",
+                    }
+                ],
+            }
+            raise error
+
+    def _terminate_namespace(self, name: str) -> dict[str, Any]:
+        """DELETE of a namespace (lock held): the ``kubernetes`` finalizer keeps it, Terminating,
+        while the namespace controller deletes everything in it (pods gracefully, as a pod
+        delete does); it is gone once the last of its pods is. The immortal namespaces are
+        refused (403), a namespace already terminating is a 409, as kube-apiserver words them."""
+        if name in IMMORTAL_NAMESPACES:
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'namespaces "{name}" is forbidden: this namespace may not be deleted',
+            )
+        old = self._objects[("namespaces", "", name)]
+        if old["metadata"].get("deletionTimestamp"):
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on namespaces "{name}": The system is ensuring '
+                "all content is removed from this namespace.  Upon completion, this namespace "
+                "will automatically be purged by the system.",
+            )
+        new = copy.deepcopy(old)
+        new["metadata"]["deletionTimestamp"] = now_timestamp()
+        new["status"]["phase"] = "Terminating"
+        self._rv += 1
+        new["metadata"]["resourceVersion"] = str(self._rv)
+        self._objects[("namespaces", "", name)] = new
+        self._record_object("", "MODIFIED", old, new)
+        self._cond.notify_all()
+        for resource, ns, obj_name in sorted(self._objects):
+            if ns == name and (resource, ns, obj_name) in self._objects:
+                self.delete_object(resource, ns, obj_name)
+        for ns, pod_name in sorted(self._pods):
+            if ns == name and (ns, pod_name) in self._pods:
+                self.delete(ns, pod_name)
+        self._finalize_namespace(name)
+        return copy.deepcopy(new)
+
+    def _finalize_namespace(self, name: str) -> None:
+        """The namespace controller's last step (lock held): a terminating namespace with
+        nothing left in it is removed."""
+        namespace = self._objects.get(("namespaces", "", name))
+        if namespace is None or namespace["status"].get("phase") != "Terminating":
+            return
+        if any(ns == name for ns, _ in self._pods) or any(k[1] == name for k in self._objects):
+            return
+        del self._objects[("namespaces", "", name)]
+        namespace["spec"]["finalizers"] = []
+        self._rv += 1
+        namespace["metadata"]["resourceVersion"] = str(self._rv)
+        self._record_object("", "DELETED", namespace, namespace)
+        self._cond.notify_all()
+        log.info("event=namespace_deleted namespace=%s", name)
 
     def record_event(
         self,
@@ -480,7 +574,12 @@ class FakeKubernetes:
         meta = event["metadata"]
         with self._cond:
             before = self._rv
-            self.create_object("events", meta["namespace"], event)
+            try:
+                self.create_object("events", meta["namespace"], event)
+            except ApiError as error:  # a recorder drops what the server refuses (a namespace
+                # being terminated), as client-go's does
+                log.info("event=event_refused reason=%s message=%s", reason, error)
+                return
             self._events.append((meta["namespace"], meta["name"]))
             while len(self._events) > self.max_events:
                 ns, name = self._events.popleft()
@@ -674,6 +773,7 @@ class FakeKubernetes:
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         name = meta.get("name", "")
+        self._admit_to_namespace("pods", ns, name)
         for mutate in self.pod_mutators:
             mutate(ns, pod)
         problems = []
