@@ -145,7 +145,8 @@ class FakeKubernetes:
         not-ready and unreachable NoExecute taints itself (None: the plugin is off).
         ``admin_tokens``: bearer tokens that may do anything, as a request without a token may
         (the harness); a token from :meth:`service_account_token` is its service account,
-        authorized by RBAC.
+        authorized by RBAC. ``validate_pods=False``: pod bodies skip the field validation
+        (``api_validation``) that every other kind's get.
 
         Watches: ``watch_timeout_s`` ends a watch that asked for no ``timeoutSeconds`` (the API
         server's ``--min-request-timeout``, 1800 s) and caps those that did (what an API server
