@@ -148,12 +148,19 @@ def kubectl() -> str:
 
 
 def run_kubectl(
-    cluster: TestCluster, *args: str, timeout: float = 60
+    cluster: TestCluster, *args: str, timeout: float = 60, stdin: str = ""
 ) -> subprocess.CompletedProcess[str]:
-    """``kubectl ARGS`` against ``cluster`` (its kubeconfig), to its end: exit code and output."""
+    """``kubectl ARGS`` against ``cluster`` (its kubeconfig), to its end: exit code and output;
+    ``stdin``: what it reads (``-f -``)."""
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
     return subprocess.run(
-        [kubectl(), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+        [kubectl(), *args],
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 

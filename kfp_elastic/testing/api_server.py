@@ -1,10 +1,10 @@
 """A fake Kubernetes API server for pods, speaking real HTTP on 127.0.0.1.
 
-The real ``kubernetes`` client runs against it unchanged. It keeps what a controller depends
-on: a monotonic resourceVersion on every object, list and event; create/get/list/delete/patch
-with the real Status errors (404 NotFound, 409 AlreadyExists/Conflict, 422 Invalid, 403 from
-the Priority and ServiceAccount admission plugins); pod specs checked with
-``kubernetes-validate --strict`` (422 with the validator's message); label selectors and the
+The real ``kubernetes`` client runs against it unchanged. It keeps what a controller depends on:
+a monotonic resourceVersion on every object, list and event; create/get/list/delete/patch with
+the real Status errors (404 NotFound, 409 AlreadyExists/Conflict, 422 Invalid, 403 from the
+Priority and ServiceAccount admission plugins); every body's fields checked as the API server's
+decoder checks them, honouring ``fieldValidation`` (``api_validation``); label selectors and the
 field selectors on the pod fields kube-apiserver allows (``api_wire.POD_FIELDS``; another field
 is a 400 ``field label not supported``), pods of every namespace (``/api/v1/pods``); graceful
 deletion of scheduled pods (deletionTimestamp, then the kubelet's terminal status, then
@@ -70,8 +70,10 @@ from kfp_elastic.testing.api_rules import (
     selects,
     service_account_user,
 )
+from kfp_elastic.testing.api_validation import check_applied, check_body, check_patched
 from kfp_elastic.testing.api_wire import (
     OBJECT_KINDS,
+    STRATEGIC_MERGE_PATCH,
     ApiCall,
     ApiError,
     FieldSelector,
@@ -106,6 +108,8 @@ PRIORITY_CLASSES = {
 SERVICE_ACCOUNTS = {"default", "kfp-elastic-worker", "kfp-elastic-master"}
 # The namespaces every cluster has (the cluster's own is added); others are created by clients.
 NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+# Those the NamespaceLifecycle admission plugin never lets anyone delete.
+IMMORTAL_NAMESPACES = ("default", "kube-system", "kube-public")
 # kube-apiserver --default-not-ready-toleration-seconds / --default-unreachable-toleration-seconds
 DEFAULT_TOLERATION_SECONDS = 300
 NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
@@ -141,7 +145,8 @@ class FakeKubernetes:
         not-ready and unreachable NoExecute taints itself (None: the plugin is off).
         ``admin_tokens``: bearer tokens that may do anything, as a request without a token may
         (the harness); a token from :meth:`service_account_token` is its service account,
-        authorized by RBAC.
+        authorized by RBAC. ``validate_pods=False``: pod bodies skip the field validation
+        (``api_validation``) that every other kind's get.
 
         Watches: ``watch_timeout_s`` ends a watch that asked for no ``timeoutSeconds`` (the API
         server's ``--min-request-timeout``, 1800 s) and caps those that did (what an API server
@@ -239,6 +244,7 @@ class FakeKubernetes:
         self._cond.notify_all()
         if kind == "DELETED":
             self._collect_dependents(new["metadata"]["uid"])
+            self._finalize_namespace(ns)
         return copy.deepcopy(new)
 
     def _expire_history(self) -> None:
@@ -297,9 +303,10 @@ class FakeKubernetes:
 
     def create_object(self, resource: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
         kind, api_version = OBJECT_KINDS[resource]
-        obj = copy.deepcopy(obj)
+        obj = copy.deepcopy(check_body(kind, api_version, obj))
         meta = obj.setdefault("metadata", {})
         name = meta.get("name", "")
+        self._admit_to_namespace(resource, ns, name)
         if not name or len(name) > 253 or not _NAME.fullmatch(name):
             raise ApiError(
                 422, "Invalid", f"{kind} {name!r} is invalid: metadata.name: Invalid value"
@@ -377,6 +384,7 @@ class FakeKubernetes:
 
     def replace_object(self, resource: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
         """PUT: the whole object replaced; uid and creationTimestamp kept."""
+        obj = check_body(*OBJECT_KINDS[resource], obj)
         name = obj.get("metadata", {}).get("name", "")
         _validate_object(resource, OBJECT_KINDS[resource][0], name, obj)
         with self._cond:
@@ -410,6 +418,8 @@ class FakeKubernetes:
         with self._cond:
             old = self.get_object(resource, ns, name)
             new = patched(old, body, patch_type)
+            strategic = patch_type == STRATEGIC_MERGE_PATCH
+            new = check_patched(*OBJECT_KINDS[resource], new, body, strategic)
             _check_unchanged(resource, name, old, new)
             if new == old:  # nothing to write: the resourceVersion stays (kubectl: no change)
                 return old
@@ -421,6 +431,7 @@ class FakeKubernetes:
         """Server-side apply (``api_wire.server_side_apply``): the object created from ``body``
         if there is none, else ``body``'s fields merged into it; (the object, whether created)."""
         _check_applied(OBJECT_KINDS[resource], name, body)
+        check_applied(*OBJECT_KINDS[resource], ns, name, body)
         with self._cond:
             live = self._objects.get((resource, ns, name))
             new = server_side_apply(
@@ -438,6 +449,8 @@ class FakeKubernetes:
         with self._cond:
             if (resource, ns, name) not in self._objects:
                 raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            if resource == "namespaces":
+                return self._terminate_namespace(name)
             obj = self._objects.pop((resource, ns, name))
             self._rv += 1
             obj["metadata"]["resourceVersion"] = str(self._rv)
@@ -445,6 +458,94 @@ class FakeKubernetes:
             self._cond.notify_all()
             self._collect_dependents(obj["metadata"]["uid"])
             return copy.deepcopy(obj)
+
+    # -- namespaces: the NamespaceLifecycle admission plugin and the namespace controller ----
+
+    def _admit_to_namespace(self, resource: str, ns: str, name: str) -> None:
+        """NamespaceLifecycle on a create in ``ns`` ("": cluster-scoped, always admitted): 404
+        for a namespace that does not exist, 403 for one being terminated."""
+        if not ns:
+            return
+        with self._cond:
+            namespace = self._objects.get(("namespaces", "", ns))
+        if namespace is None:
+            error = ApiError(404, "NotFound", f'namespaces "{ns}" not found')
+            error.status["details"] = {"name": ns, "kind": "namespaces"}
+            raise error
+        if namespace["status"].get("phase") == "Terminating":
+            group = "" if resource == "pods" else OBJECT_KINDS[resource][1].rpartition("/")[0]
+            error = ApiError(
+                403,
+                "Forbidden",
+                f'{resource}{"." + group if group else ""} "{name}" is forbidden: unable to '
+                f"create new content in namespace {ns} because it is being terminated",
+            )
+            error.status["details"] = {
+                "name": name,
+                **({"group": group} if group else {}),
+                "kind": resource,
+                "causes": [
+                    {
+                        "reason": "NamespaceTerminating",
+                        "message": f"namespace {ns} is being terminated",
+                        "field": "metadata.namespace",
+                    }
+                ],
+            }
+            raise error
+
+    def _terminate_namespace(self, name: str) -> dict[str, Any]:
+        """DELETE of a namespace (lock held): the ``kubernetes`` finalizer keeps it, Terminating,
+        while the namespace controller deletes everything in it (pods gracefully, as a pod
+        delete does); it is gone once the last of its pods is. The immortal namespaces are
+        refused (403), a namespace already terminating is a 409, as kube-apiserver words them."""
+        if name in IMMORTAL_NAMESPACES:
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'namespaces "{name}" is forbidden: this namespace may not be deleted',
+            )
+        old = self._objects[("namespaces", "", name)]
+        if old["metadata"].get("deletionTimestamp"):
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on namespaces "{name}": The system is ensuring '
+                "all content is removed from this namespace.  Upon completion, this namespace "
+                "will automatically be purged by the system.",
+            )
+        new = copy.deepcopy(old)
+        new["metadata"]["deletionTimestamp"] = now_timestamp()
+        new["status"]["phase"] = "Terminating"
+        self._rv += 1
+        new["metadata"]["resourceVersion"] = str(self._rv)
+        self._objects[("namespaces", "", name)] = new
+        self._record_object("", "MODIFIED", old, new)
+        self._cond.notify_all()
+        for resource, ns, obj_name in sorted(self._objects):
+            if ns == name and (resource, ns, obj_name) in self._objects:
+                self.delete_object(resource, ns, obj_name)
+        for ns, pod_name in sorted(self._pods):
+            if ns == name and (ns, pod_name) in self._pods:
+                self.delete(ns, pod_name)
+        self._finalize_namespace(name)
+        return copy.deepcopy(new)
+
+    def _finalize_namespace(self, name: str) -> None:
+        """The namespace controller's last step (lock held): a terminating namespace with
+        nothing left in it is removed."""
+        namespace = self._objects.get(("namespaces", "", name))
+        if namespace is None or namespace["status"].get("phase") != "Terminating":
+            return
+        if any(ns == name for ns, _ in self._pods) or any(k[1] == name for k in self._objects):
+            return
+        del self._objects[("namespaces", "", name)]
+        namespace["spec"]["finalizers"] = []
+        self._rv += 1
+        namespace["metadata"]["resourceVersion"] = str(self._rv)
+        self._record_object("", "DELETED", namespace, namespace)
+        self._cond.notify_all()
+        log.info("event=namespace_deleted namespace=%s", name)
 
     def record_event(
         self,
@@ -474,7 +575,12 @@ class FakeKubernetes:
         meta = event["metadata"]
         with self._cond:
             before = self._rv
-            self.create_object("events", meta["namespace"], event)
+            try:
+                self.create_object("events", meta["namespace"], event)
+            except ApiError as error:  # a recorder drops what the server refuses (a namespace
+                # being terminated), as client-go's does
+                log.info("event=event_refused reason=%s message=%s", reason, error)
+                return
             self._events.append((meta["namespace"], meta["name"]))
             while len(self._events) > self.max_events:
                 ns, name = self._events.popleft()
@@ -662,12 +768,13 @@ class FakeKubernetes:
         return self._pods[(ns, name)]
 
     def create(self, ns: str, pod: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
-        pod = copy.deepcopy(pod)
+        pod = copy.deepcopy(check_body("Pod", "v1", pod) if self.validate_pods else pod)
         meta, spec = pod.setdefault("metadata", {}), pod.setdefault("spec", {})
         _check_namespace(meta, ns)
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         name = meta.get("name", "")
+        self._admit_to_namespace("pods", ns, name)
         for mutate in self.pod_mutators:
             mutate(ns, pod)
         problems = []
@@ -690,8 +797,6 @@ class FakeKubernetes:
             problems.append("spec.restartPolicy: Unsupported value")
         if problems:
             raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: ' + ", ".join(problems))
-        if self.validate_pods:
-            _validate_strict(pod)
         pc = spec.get("priorityClassName")
         priority_classes = self.priority_classes
         if pc is not None and pc not in priority_classes:
@@ -797,6 +902,8 @@ class FakeKubernetes:
         there is none (with pod admission), else its fields merged in as a patch would (the
         same checks of what a pod update may change); (the pod, whether created)."""
         _check_applied(("Pod", "v1"), name, body)
+        if self.validate_pods:
+            check_applied("Pod", "v1", ns, name, body)
         with self._cond:
             live = self._pods.get((ns, name))
             new = server_side_apply(
@@ -814,6 +921,9 @@ class FakeKubernetes:
         with self._cond:
             old = self._get(ns, name)
             new = patched(old, body, patch_type)
+            if self.validate_pods:
+                strategic = patch_type == STRATEGIC_MERGE_PATCH
+                new = check_patched("Pod", "v1", new, body, strategic)
             return self._update(ns, name, old, new, status_only)
 
     def _update(
@@ -1313,19 +1423,6 @@ def add_default_tolerations(spec: dict[str, Any], seconds: int) -> None:
         )
     if tolerations:
         spec["tolerations"] = tolerations
-
-
-def _validate_strict(pod: dict[str, Any]) -> None:
-    """``kubernetes-validate --strict`` against the newest schema it has; 422 on failure."""
-    import kubernetes_validate
-
-    body = {**pod, "apiVersion": "v1", "kind": "Pod"}
-    try:
-        kubernetes_validate.validate(body, kubernetes_validate.latest_version(), strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        name = pod["metadata"].get("name", "")
-        path = ".".join(str(p) for p in exc.path)
-        raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: {path}: {exc.message}') from exc
 
 
 def _check_scheduling_gates(name: str, old: dict[str, Any], new: dict[str, Any]) -> None:

@@ -637,9 +637,13 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def _send(self, code: int, body: dict[str, Any]) -> None:
+        from kfp_elastic.testing import api_validation  # built on this module
+
         data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
+        for text in api_validation.warnings():  # what kubectl prints as "Warning: <text>"
+            self.send_header("Warning", api_validation.warning_header(text))
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -667,6 +671,8 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _dispatch(self, method: str) -> None:
+        from kfp_elastic.testing import api_validation  # built on this module
+
         fake = self.server.fake
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
@@ -690,6 +696,8 @@ class Handler(BaseHTTPRequestHandler):
                     return self._send(200, found)
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             fake.authorize(user, call)
+            if method in ("POST", "PUT", "PATCH"):
+                api_validation.begin_write(method, query)
             review = REVIEW_KINDS.get(call.resource, ("", "-"))
             if call.group == review[1].partition("/")[0] and not call.name:
                 if method != "POST":
@@ -934,6 +942,9 @@ class Handler(BaseHTTPRequestHandler):
         return self._send(200, to_scale(new))
 
     def _handle(self) -> None:
-        self._dispatch(self.command)
+        from kfp_elastic.testing import api_validation  # built on this module
+
+        with api_validation.serving():  # the request's fieldValidation and warnings
+            self._dispatch(self.command)
 
     do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = _handle  # http.server's naming

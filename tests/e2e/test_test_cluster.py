@@ -435,12 +435,21 @@ def test_in_cluster_config_inside_a_pod_reaches_the_api_server(
     assert any(path == f"/api/v1/namespaces/{NS}/pods" for _, path, _ in test_cluster.api.requests)
 
 
-def test_pod_spec_failing_strict_validation_is_rejected(core: client.CoreV1Api) -> None:
+def test_pod_spec_with_an_unknown_field_is_refused_when_strict(core: client.CoreV1Api) -> None:
     body = python_pod("typo", SLEEP, container={"imagePullPolicey": "Always"})
     with pytest.raises(ApiException) as rejected:
-        core.create_namespaced_pod(NS, body)
-    assert rejected.value.status == 422
-    assert "imagePullPolicey" in json.loads(rejected.value.body)["message"]
+        core.create_namespaced_pod(NS, body, field_validation="Strict")
+    assert rejected.value.status == 400
+    assert json.loads(rejected.value.body)["message"] == (
+        'Pod in version "v1" cannot be handled as a Pod: strict decoding error: unknown field '
+        '"spec.containers[0].imagePullPolicey"'
+    )
+    # without a directive (Warn, the API server's default): stored without the field
+    created = core.create_namespaced_pod(NS, body)
+    assert created.spec.containers[0].image_pull_policy == "IfNotPresent"
+    stored = core.api_client.sanitize_for_serialization(core.read_namespaced_pod("typo", NS))
+    assert "imagePullPolicey" not in json.dumps(stored)
+    core.delete_namespaced_pod("typo", NS, grace_period_seconds=0)
 
 
 # A pod that starts a child in a session of its own, as torchrun does with its workers.
