@@ -158,7 +158,9 @@ class ReplicaSet:
         if self.replicas < 0:
             raise ValueError(f"replicas must be >= 0, got {self.replicas}")
         self.ns = self.namespace or self.api.namespace
-        self._lock = threading.Lock()
+        # Re-entrant: scale() holds it from its patch through its own pass, so the control
+        # loop (woken by the patch) cannot act first and leave scale() nothing to report.
+        self._lock = threading.RLock()
         self._order: dict[str, float] = {}  # name -> monotonic creation time: "newest"
         obj = replica_set_object(self.name, self.template, self.replicas)
         try:
@@ -195,7 +197,7 @@ class ReplicaSet:
             self.api.patch_object(
                 "replicasets", self.ns, self.name, {"spec": {"replicas": replicas}}, MERGE_PATCH
             )
-        return self.reconcile_once()
+            return self.reconcile_once()
 
     def reconcile_once(self) -> Decision:
         """One pass: the stored object's ``spec.replicas`` against the pods; the object's
