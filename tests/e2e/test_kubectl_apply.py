@@ -185,7 +185,7 @@ def test_kubectl_apply_refuses_what_the_stand_in_cannot_store(
         else:  # kubectl's own validation of an unknown kind asks for OpenAPI v2 (not served)
             assert "the server could not find the requested resource" in refused.stderr
     # a request for such a resource gets the API server's 404 Status
-    raw = run_kubectl(cluster, "get", "--raw", "/apis/kueue.x-k8s.io/v1beta1/clusterqueues")
+    raw = run_kubectl(cluster, "get", "--raw", "/apis/kueue.x-k8s.io/v1beta2/clusterqueues")
     assert raw.returncode == 1
     assert (
         "Error from server (NotFound): the server could not find the requested resource"

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -265,37 +266,84 @@ def test_every_configmap_key_reaches_the_training_task(target: str) -> None:
 
 # --------------------------------------------------------------------------- Kueue (optional)
 
-KUEUE_API = "kueue.x-k8s.io/v1beta1"
-# The fields of Kueue's v1beta1 objects manifests/kueue may use (a strict, kubeconform-like check:
-# kubernetes-validate has no schemas for Kueue's CRDs). kind -> top-level keys, spec keys.
-KUEUE_FIELDS = {
-    "WorkloadPriorityClass": ({"apiVersion", "kind", "metadata", "value", "description"}, None),
-    "ResourceFlavor": (
-        {"apiVersion", "kind", "metadata", "spec"},
-        {"nodeLabels", "nodeTaints", "tolerations", "topologyName"},
-    ),
-    "ClusterQueue": (
-        {"apiVersion", "kind", "metadata", "spec"},
-        {
-            "namespaceSelector",
-            "queueingStrategy",
-            "resourceGroups",
-            "preemption",
-            "cohort",
-            "flavorFungibility",
-            "stopPolicy",
-            "admissionChecks",
-            "fairSharing",
-        },
-    ),
-    "LocalQueue": ({"apiVersion", "kind", "metadata", "spec"}, {"clusterQueue", "stopPolicy"}),
-}
+KUEUE_API = "kueue.x-k8s.io/v1beta2"  # Kueue's storage version (v1beta1 is deprecated)
+# Kueue's own CRDs, as released (kueue_crds/README.md): the schemas manifests/kueue is held to.
+KUEUE_CRDS = Path(__file__).parent / "kueue_crds"
+
+
+def kueue_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """(kind, apiVersion) -> the openAPIV3Schema of every version Kueue's CRDs serve, closed
+    as a strict API server reads it: an object with ``properties`` takes no other field unless
+    it says ``x-kubernetes-preserve-unknown-fields``."""
+
+    def closed(schema: Any) -> Any:
+        if isinstance(schema, list):
+            return [closed(item) for item in schema]
+        if not isinstance(schema, dict):
+            return schema
+        out = {key: closed(value) for key, value in schema.items()}
+        if (
+            "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            out["additionalProperties"] = False
+        return out
+
+    schemas = {}
+    for path in sorted(KUEUE_CRDS.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        spec = crd["spec"]
+        for version in spec["versions"]:
+            if version["served"]:
+                schema = closed(version["schema"]["openAPIV3Schema"])
+                # metadata is the API server's ObjectMeta, not described by a CRD
+                schema["properties"]["metadata"] = {"type": "object"}
+                schemas[spec["names"]["kind"], f"{spec['group']}/{version['name']}"] = schema
+    return schemas
+
+
+def kueue_problems(obj: Obj, schemas: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
+    """What Kueue's CRD schema of ``obj``'s kind and version finds wrong with it (unknown
+    fields, types, enums, required fields, patterns); CEL rules (x-kubernetes-validations) are
+    not evaluated."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = schemas.get((obj["kind"], obj["apiVersion"]))
+    if schema is None:
+        return [f"Kueue serves no {obj['kind']} in {obj['apiVersion']}"]
+    validator = jsonschema.Draft7Validator(schema)
+    return [
+        f"{'.'.join(str(p) for p in error.absolute_path) or '<root>'}: {error.message}"
+        for error in validator.iter_errors(obj)
+    ]
+
+
+def test_kueue_schemas_are_kueues_current_api() -> None:
+    """The vendored CRDs serve the version manifests/kueue uses, as their storage version, and
+    the schema check refuses what Kueue's API server refuses."""
+    schemas = kueue_schemas()
+    kinds = {"ClusterQueue", "LocalQueue", "ResourceFlavor", "WorkloadPriorityClass"}
+    assert {kind for kind, version in schemas if version == KUEUE_API} == kinds
+    for path in KUEUE_CRDS.glob("*.yaml"):
+        versions = yaml.safe_load(path.read_text())["spec"]["versions"]
+        (storage,) = [v["name"] for v in versions if v["storage"]]
+        assert f"kueue.x-k8s.io/{storage}" == KUEUE_API, path.name
+    queue = one(render("kueue"), "ClusterQueue", "kfp-elastic")
+    assert kueue_problems(queue, schemas) == []
+    typo = {**queue, "spec": {**queue["spec"], "queueingStrategy": "Fifo", "cohrt": "x"}}
+    problems = kueue_problems(typo, schemas)
+    assert any(p.startswith("spec: Additional properties") and "cohrt" in p for p in problems)
+    assert any(p.startswith("spec.queueingStrategy: 'Fifo' is not one of") for p in problems)
+    wpc = one(render("kueue"), "WorkloadPriorityClass", GUARANTEED_PC)
+    assert kueue_problems({**wpc, "value": "high"}, schemas) == [
+        "value: 'high' is not of type 'integer'"
+    ]
 
 
 def test_kueue_folder_is_optional_and_well_formed() -> None:
-    """manifests/kueue renders on its own (base does not include it) to Kueue objects with the
-    fields Kueue's v1beta1 API has; the ClusterQueue's resources and flavors agree as Kueue's
-    webhook demands, and the LocalQueue names it."""
+    """manifests/kueue renders on its own (base does not include it) to Kueue objects that
+    Kueue's own CRD schemas of its current API version accept; the ClusterQueue's resources
+    and flavors agree as Kueue's webhook demands, and the LocalQueue names it."""
     objs = render("kueue")
     assert not [o for o in render("base") if o["apiVersion"].startswith("kueue.x-k8s.io/")]
     kinds = sorted(o["kind"] for o in objs)
@@ -303,13 +351,11 @@ def test_kueue_folder_is_optional_and_well_formed() -> None:
     assert kinds == ["ClusterQueue", "LocalQueue", "ResourceFlavor"] + ["WorkloadPriorityClass"] * (
         2 + len(LADDER_PCS)
     )
+    schemas = kueue_schemas()
     for obj in objs:
-        top, spec = KUEUE_FIELDS[obj["kind"]]
         ident = f"{obj['kind']}/{obj['metadata']['name']}"
         assert obj["apiVersion"] == KUEUE_API, ident
-        assert set(obj) <= top, f"{ident}: unknown fields {set(obj) - top}"
-        assert spec is not None or "spec" not in obj, ident
-        assert set(obj.get("spec") or {}) <= (spec or set()), ident
+        assert kueue_problems(obj, schemas) == [], ident
         assert ("namespace" in obj["metadata"]) == (obj["kind"] == "LocalQueue"), ident
     (queue,) = find(objs, "ClusterQueue")
     flavors = {o["metadata"]["name"] for o in find(objs, "ResourceFlavor")}

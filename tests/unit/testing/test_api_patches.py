@@ -171,7 +171,7 @@ def test_openapi_v3_names_every_kind_with_its_patch_parameters() -> None:
     }
     assert "fieldValidation" in {p["name"] for p in item["patch"]["parameters"]}
     assert (
-        discovery("/openapi/v3/apis/kueue.x-k8s.io/v1beta1", OBJECT_KINDS, CLUSTER_SCOPED) is None
+        discovery("/openapi/v3/apis/kueue.x-k8s.io/v1beta2", OBJECT_KINDS, CLUSTER_SCOPED) is None
     )
 
 
