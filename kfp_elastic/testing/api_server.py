@@ -29,7 +29,9 @@ pods without their own), ConfigMaps, Secrets, Nodes, RBAC objects, PodDisruption
 StatefulSets, ReplicaSets (with their ``scale`` subresource), Namespaces, ServiceAccounts (pod
 admission finds them), Services, NetworkPolicies and Events
 (create/get/list/watch/replace/delete; patches JSON, merge, strategic merge and server-side
-apply, ``api_wire.patched`` and ``server_side_apply``; field selectors per kind
+apply, ``api_wire.patched`` and ``api_apply.server_side_apply``, with conflicts and the
+managedFields of every write, ``api_apply``; ``dryRun=All``: answered, nothing stored; field
+selectors per kind
 (``api_wire.SELECTABLE_FIELDS``); their watches keep a history of their own), and
 garbage-collects: removing any object deletes the pods and objects whose ownerReferences name
 its uid. With ``tls`` it serves
@@ -57,6 +59,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from kfp_elastic.testing.api_apply import server_side_apply, update_managed_fields
 from kfp_elastic.testing.api_events import new_event
 from kfp_elastic.testing.api_rules import (
     User,
@@ -86,7 +89,6 @@ from kfp_elastic.testing.api_wire import (
     parse_field_selector,
     parse_label_selector,
     patched,
-    server_side_apply,
 )
 
 log = logging.getLogger(__name__)
@@ -301,9 +303,23 @@ class FakeKubernetes:
 
     # -- other kinds: priority classes, config maps, secrets, nodes -----------------------
 
-    def create_object(self, resource: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+    def create_object(
+        self,
+        resource: str,
+        ns: str,
+        obj: dict[str, Any],
+        *,
+        manager: str | None = None,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        """Create an object; ``manager``: the field manager whose ``Update`` entry owns what it
+        sent (None: managedFields as given, the test cluster's own writes); ``dry_run``: the
+        object as it would be created (no resourceVersion), nothing stored."""
         kind, api_version = OBJECT_KINDS[resource]
         obj = copy.deepcopy(check_body(kind, api_version, obj))
+        if manager is not None:
+            obj.setdefault("kind", kind)
+            obj = update_managed_fields(None, obj, manager, api_version, now_timestamp())
         meta = obj.setdefault("metadata", {})
         name = meta.get("name", "")
         self._admit_to_namespace(resource, ns, name)
@@ -331,6 +347,8 @@ class FakeKubernetes:
         with self._cond:
             if (resource, ns, name) in self._objects:
                 raise ApiError(409, "AlreadyExists", f'{resource} "{name}" already exists')
+            if dry_run:
+                return copy.deepcopy(obj)
             self._rv += 1
             meta["resourceVersion"] = str(self._rv)
             self._objects[(resource, ns, name)] = obj
@@ -382,13 +400,43 @@ class FakeKubernetes:
             "items": items,
         }
 
-    def replace_object(self, resource: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
-        """PUT: the whole object replaced; uid and creationTimestamp kept."""
+    def replace_object(
+        self,
+        resource: str,
+        ns: str,
+        obj: dict[str, Any],
+        *,
+        manager: str | None = None,
+        dry_run: bool = False,
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        """PUT: the whole object replaced; uid and creationTimestamp kept. ``manager``: the field
+        manager whose ``Update`` entry (through ``subresource``) owns what it changed (None:
+        managedFields as given, else kept: the test cluster's own writes); ``dry_run``: the
+        object as it would be stored, nothing stored."""
         obj = check_body(*OBJECT_KINDS[resource], obj)
         name = obj.get("metadata", {}).get("name", "")
         _validate_object(resource, OBJECT_KINDS[resource][0], name, obj)
         with self._cond:
             old = self.get_object(resource, ns, name)
+            if manager is not None:
+                obj = update_managed_fields(
+                    old, obj, manager, old["apiVersion"], now_timestamp(), subresource
+                )
+            elif "managedFields" not in obj.get("metadata", {}) and "managedFields" in old.get(
+                "metadata", {}
+            ):
+                kept = old["metadata"]["managedFields"]
+                obj = {**obj, "metadata": {**obj["metadata"], "managedFields": kept}}
+            return self._replace(resource, ns, old, obj, dry_run)
+
+    def _replace(
+        self, resource: str, ns: str, old: dict[str, Any], obj: dict[str, Any], dry_run: bool
+    ) -> dict[str, Any]:
+        """(lock held) Store ``obj`` in place of ``old`` (uid and creationTimestamp kept) with
+        the next resourceVersion; a dry run: the object with ``old``'s, nothing stored."""
+        with self._cond:
+            name = old["metadata"]["name"]
             new = copy.deepcopy(obj)
             # the generation counts changes of what the object asks for, not of its metadata
             # or status (what a status subresource writes)
@@ -402,6 +450,9 @@ class FakeKubernetes:
             new.update(apiVersion=old["apiVersion"], kind=old["kind"])
             if ns:
                 new["metadata"]["namespace"] = ns
+            if dry_run:
+                new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+                return new
             self._rv += 1
             new["metadata"]["resourceVersion"] = str(self._rv)
             self._objects[(resource, ns, name)] = new
@@ -410,11 +461,21 @@ class FakeKubernetes:
             return copy.deepcopy(new)
 
     def patch_object(
-        self, resource: str, ns: str, name: str, body: Any, patch_type: str
+        self,
+        resource: str,
+        ns: str,
+        name: str,
+        body: Any,
+        patch_type: str,
+        *,
+        manager: str | None = None,
+        dry_run: bool = False,
+        subresource: str = "",
     ) -> dict[str, Any]:
         """PATCH of a stored object (``kubectl cordon`` patches a node, ``kubectl apply``
         what it applied): a JSON, merge or strategic merge patch (``api_wire.patched``),
-        applied as a replacement. Server-side apply goes to :meth:`apply_object`."""
+        applied as a replacement (:meth:`replace_object`'s ``manager``, ``dry_run`` and
+        ``subresource``). Server-side apply goes to :meth:`apply_object`."""
         with self._cond:
             old = self.get_object(resource, ns, name)
             new = patched(old, body, patch_type)
@@ -423,32 +484,49 @@ class FakeKubernetes:
             _check_unchanged(resource, name, old, new)
             if new == old:  # nothing to write: the resourceVersion stays (kubectl: no change)
                 return old
-            return self.replace_object(resource, ns, new)
+            return self.replace_object(
+                resource, ns, new, manager=manager, dry_run=dry_run, subresource=subresource
+            )
 
     def apply_object(
-        self, resource: str, ns: str, name: str, body: dict[str, Any], manager: str
+        self,
+        resource: str,
+        ns: str,
+        name: str,
+        body: dict[str, Any],
+        manager: str,
+        *,
+        force: bool = False,
+        dry_run: bool = False,
     ) -> tuple[dict[str, Any], bool]:
-        """Server-side apply (``api_wire.server_side_apply``): the object created from ``body``
-        if there is none, else ``body``'s fields merged into it; (the object, whether created)."""
+        """Server-side apply (``api_apply.server_side_apply``, conflicts unless ``force``): the
+        object created from ``body`` if there is none, else ``body``'s fields merged into it;
+        (the object, whether created). ``dry_run``: nothing stored."""
         _check_applied(OBJECT_KINDS[resource], name, body)
         check_applied(*OBJECT_KINDS[resource], ns, name, body)
         with self._cond:
-            live = self._objects.get((resource, ns, name))
-            new = server_side_apply(
-                None if live is None else self.get_object(resource, ns, name),
-                body,
-                manager,
-                now_timestamp(),
-            )
+            live = None
+            if (resource, ns, name) in self._objects:
+                live = self.get_object(resource, ns, name)
+            new = server_side_apply(live, body, manager, now_timestamp(), force)
             if live is None:
-                return self.create_object(resource, ns, new), True
+                return self.create_object(resource, ns, new, dry_run=dry_run), True
             _check_unchanged(resource, name, live, new)
-            return self.replace_object(resource, ns, new), False
+            if new == live:  # nothing to write: the resourceVersion stays
+                return live, False
+            _validate_object(resource, OBJECT_KINDS[resource][0], name, new)
+            return self._replace(resource, ns, live, new, dry_run), False
 
-    def delete_object(self, resource: str, ns: str, name: str) -> dict[str, Any]:
+    def delete_object(
+        self, resource: str, ns: str, name: str, *, dry_run: bool = False
+    ) -> dict[str, Any]:
+        """Delete an object (and, by the garbage collector, what it owns); ``dry_run``: the
+        object as it is, nothing deleted."""
         with self._cond:
             if (resource, ns, name) not in self._objects:
                 raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            if dry_run:
+                return self.get_object(resource, ns, name)
             if resource == "namespaces":
                 return self._terminate_namespace(name)
             obj = self._objects.pop((resource, ns, name))
@@ -713,12 +791,14 @@ class FakeKubernetes:
         return budget_status(pdb, pods, expected)
 
     def create_eviction(
-        self, ns: str, name: str, eviction: dict[str, Any] | None = None
+        self, ns: str, name: str, eviction: dict[str, Any] | None = None, *, dry_run: bool = False
     ) -> dict[str, Any]:
         """POST pods/{name}/eviction: refused with 429 while the pod's budget allows no
         disruption; otherwise the pod gets DisruptionTarget (EvictionByEvictionAPI) and is
-        deleted gracefully with the Eviction's deleteOptions."""
+        deleted gracefully with the Eviction's deleteOptions. ``dry_run`` (or ``dryRun: [All]``
+        in the deleteOptions): the same answer, the pod left alone."""
         options = (eviction or {}).get("deleteOptions") or {}
+        dry_run = dry_run or "All" in (options.get("dryRun") or [])
         with self._cond:
             pod = self._get(ns, name)
             budgets = [
@@ -738,12 +818,13 @@ class FakeKubernetes:
                         "causes": [{"reason": "DisruptionBudget", "message": decision.cause}]
                     }
                 raise error
-            if not pod["metadata"].get("deletionTimestamp"):
+            if not pod["metadata"].get("deletionTimestamp") and not dry_run:
                 if pod["status"].get("phase") not in ("Succeeded", "Failed"):
                     self._disrupt(name, "EvictionByEvictionAPI", "Eviction API: evicting", ns)
                 grace = options.get("gracePeriodSeconds")
                 self.delete(ns, name, grace, options.get("preconditions"))
-        log.info("event=pod_evicted pod=%s/%s", ns, name)
+        if not dry_run:
+            log.info("event=pod_evicted pod=%s/%s", ns, name)
         return {
             "kind": "Status",
             "apiVersion": "v1",
@@ -767,8 +848,16 @@ class FakeKubernetes:
             raise ApiError(404, "NotFound", f'pods "{name}" not found')
         return self._pods[(ns, name)]
 
-    def create(self, ns: str, pod: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+    def create(
+        self, ns: str, pod: dict[str, Any], dry_run: bool = False, *, manager: str | None = None
+    ) -> dict[str, Any]:
+        """Create a pod (admission, validation, defaults); ``dry_run``: the pod as it would be
+        created (no resourceVersion), nothing stored; ``manager``: the field manager whose
+        ``Update`` entry owns what it sent (None: managedFields as given)."""
         pod = copy.deepcopy(check_body("Pod", "v1", pod) if self.validate_pods else pod)
+        if manager is not None:
+            pod.setdefault("kind", "Pod")
+            pod = update_managed_fields(None, pod, manager, "v1", now_timestamp())
         meta, spec = pod.setdefault("metadata", {}), pod.setdefault("spec", {})
         _check_namespace(meta, ns)
         if not meta.get("name") and meta.get("generateName"):
@@ -850,8 +939,16 @@ class FakeKubernetes:
             return self._record(ns, "ADDED", None, pod)
 
     def delete(
-        self, ns: str, name: str, grace: int | None = None, preconditions: dict | None = None
+        self,
+        ns: str,
+        name: str,
+        grace: int | None = None,
+        preconditions: dict | None = None,
+        *,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
+        """Delete a pod: gracefully (deletionTimestamp, then the kubelet's part) if it runs on a
+        node, else at once; ``dry_run``: the pod as the delete would answer, nothing changed."""
         with self._cond:
             pod = self._get(ns, name)
             for key, have in (
@@ -870,11 +967,13 @@ class FakeKubernetes:
             grace = pod["spec"].get("terminationGracePeriodSeconds", 30) if grace is None else grace
             terminal = pod["status"].get("phase") in ("Succeeded", "Failed")
             if grace == 0 or terminal or not pod["spec"].get("nodeName"):
-                return self._remove(ns, pod)
+                return copy.deepcopy(pod) if dry_run else self._remove(ns, pod)
             new = copy.deepcopy(pod)
             new["metadata"].update(
                 deletionTimestamp=now_timestamp(grace), deletionGracePeriodSeconds=grace
             )
+            if dry_run:
+                return new
             out = self._record(ns, "MODIFIED", pod, new)
             if self.kubelet:
                 self.finish_deletion(name, ns=ns)
@@ -896,40 +995,70 @@ class FakeKubernetes:
         return self._record(ns, "DELETED", pod, new)
 
     def apply(
-        self, ns: str, name: str, body: dict[str, Any], manager: str
+        self,
+        ns: str,
+        name: str,
+        body: dict[str, Any],
+        manager: str,
+        *,
+        force: bool = False,
+        dry_run: bool = False,
     ) -> tuple[dict[str, Any], bool]:
-        """Server-side apply of a pod (``api_wire.server_side_apply``): created from ``body`` if
-        there is none (with pod admission), else its fields merged in as a patch would (the
-        same checks of what a pod update may change); (the pod, whether created)."""
+        """Server-side apply of a pod (``api_apply.server_side_apply``, conflicts unless
+        ``force``): created from ``body`` if there is none (with pod admission), else its fields
+        merged in (the same checks of what a pod update may change); (the pod, whether
+        created). ``dry_run``: nothing stored."""
         _check_applied(("Pod", "v1"), name, body)
         if self.validate_pods:
             check_applied("Pod", "v1", ns, name, body)
         with self._cond:
             live = self._pods.get((ns, name))
             new = server_side_apply(
-                None if live is None else copy.deepcopy(live), body, manager, now_timestamp()
+                None if live is None else copy.deepcopy(live),
+                body,
+                manager,
+                now_timestamp(),
+                force,
             )
             if live is None:
-                return self.create(ns, new), True
-            return self._update(ns, name, live, new, status_only=False), False
+                return self.create(ns, new, dry_run), True
+            return self._update(ns, name, live, new, status_only=False, dry_run=dry_run), False
 
     def patch(
-        self, ns: str, name: str, body: Any, patch_type: str, status_only: bool = False
+        self,
+        ns: str,
+        name: str,
+        body: Any,
+        patch_type: str,
+        status_only: bool = False,
+        *,
+        manager: str | None = None,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
         """A JSON, merge or strategic merge patch of a pod (``api_wire.patched``) or, with
-        ``status_only``, of its status subresource."""
+        ``status_only``, of its status subresource; ``manager``: the field manager whose
+        ``Update`` entry owns what it changed; ``dry_run``: nothing stored."""
         with self._cond:
             old = self._get(ns, name)
             new = patched(old, body, patch_type)
             if self.validate_pods:
                 strategic = patch_type == STRATEGIC_MERGE_PATCH
                 new = check_patched("Pod", "v1", new, body, strategic)
-            return self._update(ns, name, old, new, status_only)
+            return self._update(ns, name, old, new, status_only, manager=manager, dry_run=dry_run)
 
     def _update(
-        self, ns: str, name: str, old: dict[str, Any], new: dict[str, Any], status_only: bool
+        self,
+        ns: str,
+        name: str,
+        old: dict[str, Any],
+        new: dict[str, Any],
+        status_only: bool,
+        *,
+        manager: str | None = None,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
-        """(lock held) Store ``new`` for the pod ``old``: what a pod update may change."""
+        """(lock held) Store ``new`` for the pod ``old``: what a pod update may change; a dry
+        run: the pod as it would be stored."""
         with self._cond:
             rv = (new.get("metadata") or {}).get("resourceVersion")
             if rv not in (None, old["metadata"]["resourceVersion"]):
@@ -955,8 +1084,15 @@ class FakeKubernetes:
                     )
             for key in ("name", "namespace", "uid", "creationTimestamp"):
                 new["metadata"][key] = old["metadata"][key]
+            if manager is not None:
+                subresource = "status" if status_only else ""
+                new = update_managed_fields(old, new, manager, "v1", now_timestamp(), subresource)
             if new == old:  # nothing to write: the resourceVersion stays (kubectl: no change)
                 return copy.deepcopy(old)
+            if dry_run:
+                new = copy.deepcopy(new)
+                new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+                return new
             return self._record(ns, "MODIFIED", old, new)
 
     def list(

@@ -391,77 +391,68 @@ def patched(old: dict[str, Any], body: Any, kind: str) -> dict[str, Any]:
     return new
 
 
-def fields_v1(obj: Any) -> dict[str, Any]:
-    """The ``FieldsV1`` set of the fields ``obj`` sets, as managedFields records them: ``f:<key>``
-    per map key, ``k:{"<merge key>":...}`` per item of a list merged by key (a list of scalars
-    or another list is one atomic field)."""
-    if not isinstance(obj, dict):
-        return {}
-    out: dict[str, Any] = {}
-    for key, value in obj.items():
-        if key in ("apiVersion", "kind"):
-            continue
-        if key in _MERGE_KEYS and isinstance(value, list):
-            merge_key = _MERGE_KEYS[key]
-            items = {}
-            for item in value:
-                field = (
-                    "port"
-                    if merge_key == "containerPort" and "containerPort" not in item
-                    else merge_key
-                )
-                items["k:" + json.dumps({field: item.get(field)}, separators=(",", ":"))] = {
-                    ".": {},
-                    **fields_v1(item),
-                }
-            out[f"f:{key}"] = items
-        elif isinstance(value, dict) and value:
-            out[f"f:{key}"] = fields_v1(value)
-        else:
-            out[f"f:{key}"] = {}
-    return out
+# kube-apiserver's limit on a field manager's name (and on the part of a User-Agent it takes)
+FIELD_MANAGER_MAX_LENGTH = 128
+# the options kind a write's query parameters decode into, by HTTP method
+OPTIONS_KINDS = {
+    "POST": "CreateOptions",
+    "PUT": "UpdateOptions",
+    "PATCH": "PatchOptions",
+    "DELETE": "DeleteOptions",
+}
 
 
-def server_side_apply(
-    live: dict[str, Any] | None, applied: dict[str, Any], manager: str, now: str
-) -> dict[str, Any]:
-    """The object after ``manager`` applied ``applied`` (server-side apply, ``PATCH`` with
-    ``application/apply-patch+yaml``) to ``live`` (None: it does not exist and is created). The
-    applied fields are merged into the live object as a strategic merge patch would merge them,
-    and managedFields gets the manager's ``Apply`` entry. Simplified against kube-apiserver: no
-    conflict is detected (another manager's field is overwritten, as with ``--force-conflicts``)
-    and a field the manager applied before but leaves out now is kept, not removed."""
-    if not manager:
-        raise ApiError(
-            422,
-            "Invalid",
-            'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is '
-            "required for apply patch",
-        )
-    body = {k: v for k, v in applied.items() if k not in ("status",)}
-    meta = body.get("metadata") or {}
-    if meta.get("managedFields") is not None:
-        raise ApiError(400, "BadRequest", "metadata.managedFields must be nil")
-    new = merge_patch(live or {}, body, strategic=True)
-    entry = {
-        "manager": manager,
-        "operation": "Apply",
-        "apiVersion": applied.get("apiVersion", ""),
-        "time": now,
-        "fieldsType": "FieldsV1",
-        "fieldsV1": fields_v1(
-            {**body, "metadata": {k: v for k, v in meta.items() if k not in ("name", "namespace")}}
-        ),
+def _go_strings(values: list[str]) -> str:
+    return "[]string{" + ", ".join(json.dumps(v) for v in values) + "}"
+
+
+def dry_run(values: list[str], options_kind: str) -> bool:
+    """Whether a write's ``dryRun`` values ask for a dry run (``All``: validated and answered,
+    nothing stored); any other value is refused with kube-apiserver's 422."""
+    if all(v == "All" for v in values):
+        return bool(values)
+    detail = f'Unsupported value: {_go_strings(values)}: supported values: "All"'
+    error = ApiError(422, "Invalid", f'{options_kind}.meta.k8s.io "" is invalid: dryRun: {detail}')
+    error.status["details"] = {
+        "group": "meta.k8s.io",
+        "kind": options_kind,
+        "causes": [{"reason": "FieldValueNotSupported", "message": detail, "field": "dryRun"}],
     }
-    if not entry["fieldsV1"].get("f:metadata"):
-        entry["fieldsV1"].pop("f:metadata", None)
-    others = [
-        m
-        for m in ((live or {}).get("metadata") or {}).get("managedFields") or []
-        if not (m.get("manager") == manager and m.get("operation") == "Apply")
-    ]
-    new.setdefault("metadata", {})["managedFields"] = [*others, entry]
-    return new
+    raise error
+
+
+def force_apply(value: str | None, apply_patch: bool) -> bool:
+    """A PATCH's ``force`` (``--force-conflicts``): only server-side apply takes it (422
+    otherwise, as kube-apiserver's PatchOptions validation says)."""
+    if value is None:
+        return False
+    if not apply_patch:
+        detail = "Forbidden: may not be specified for non-apply patch"
+        error = ApiError(422, "Invalid", f'PatchOptions.meta.k8s.io "" is invalid: force: {detail}')
+        error.status["details"] = {
+            "group": "meta.k8s.io",
+            "kind": "PatchOptions",
+            "causes": [{"reason": "FieldValueForbidden", "message": detail, "field": "force"}],
+        }
+        raise error
+    if value in ("1", "t", "T", "true", "TRUE", "True"):
+        return True
+    if value in ("0", "f", "F", "false", "FALSE", "False"):
+        return False
+    raise ApiError(400, "BadRequest", f'strconv.ParseBool: parsing "{value}": invalid syntax')
+
+
+def user_agent_manager(user_agent: str) -> str:
+    """The field manager of a request that names none: its User-Agent up to the first ``/``,
+    printable characters only, at most 128 bytes (kube-apiserver's prefixFromUserAgent)."""
+    out = ""
+    for char in user_agent.split("/")[0]:
+        if not char.isprintable():
+            continue
+        if len((out + char).encode()) > FIELD_MANAGER_MAX_LENGTH:
+            break
+        out += char
+    return out
 
 
 def to_scale(obj: dict[str, Any]) -> dict[str, Any]:
@@ -680,8 +671,7 @@ class Handler(BaseHTTPRequestHandler):
         call = api_call(method, url.path, query)
         if call is not None:
             fake.api_calls.append(call)
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        raw = self._read_body()
         try:
             # Authentication, then RBAC, then the handler, as the API server's filters run.
             user = fake.authenticate(self.headers.get("Authorization", ""))
@@ -698,6 +688,14 @@ class Handler(BaseHTTPRequestHandler):
             fake.authorize(user, call)
             if method in ("POST", "PUT", "PATCH"):
                 api_validation.begin_write(method, query)
+            # A write's options: dryRun=All answers it as it would be answered and stores
+            # nothing; the field manager defaults to the User-Agent's first part.
+            dry = method in OPTIONS_KINDS and dry_run(
+                self._dry_run_values(method, url.query, raw), OPTIONS_KINDS[method]
+            )
+            manager = query.get("fieldManager") or user_agent_manager(
+                self.headers.get("User-Agent", "")
+            )
             review = REVIEW_KINDS.get(call.resource, ("", "-"))
             if call.group == review[1].partition("/")[0] and not call.name:
                 if method != "POST":
@@ -723,22 +721,30 @@ class Handler(BaseHTTPRequestHandler):
                 )
                 and call.subresource in ("", "scale" if call.resource == "replicasets" else "")
             ):
-                return self._dispatch_object(method, call, query, raw, events_v1)
+                return self._dispatch_object(method, call, query, raw, events_v1, dry, manager)
             if call.group or call.resource != "pods" or not (call.namespace or every_namespace):
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             ns, name, sub = call.namespace, call.name or None, call.subresource
             fields = parse_field_selector(query.get("fieldSelector", ""))
             if method == "PATCH" and name and sub in ("", "status"):
                 kind = patch_type(self.headers.get("Content-Type", ""))
+                force = force_apply(query.get("force"), kind == APPLY_PATCH)
                 patch = decode_patch(raw, kind)
                 if kind == APPLY_PATCH and not sub:
-                    pod, created = fake.apply(ns, name, patch, query.get("fieldManager", ""))
+                    pod, created = fake.apply(
+                        ns, name, patch, query.get("fieldManager", ""), force=force, dry_run=dry
+                    )
                     return self._send(201 if created else 200, pod)
                 if kind == APPLY_PATCH:
                     raise ApiError(
                         405, "MethodNotAllowed", "server-side apply of pods/status is not served"
                     )
-                return self._send(200, fake.patch(ns, name, patch, kind, status_only=bool(sub)))
+                return self._send(
+                    200,
+                    fake.patch(
+                        ns, name, patch, kind, status_only=bool(sub), manager=manager, dry_run=dry
+                    ),
+                )
             body = json.loads(raw) if raw else None
             table = wants_table(self.headers.get("Accept", ""))
             if method == "GET" and name is None and query.get("watch", "").lower() in ("true", "1"):
@@ -754,8 +760,7 @@ class Handler(BaseHTTPRequestHandler):
                     return self._send(200, pod_table(listed["items"], rv))
                 return self._send(200, listed)
             if method == "POST" and name is None:
-                dry = query.get("dryRun") == "All"
-                return self._send(200 if dry else 201, fake.create(ns, body or {}, dry))
+                return self._send(201, fake.create(ns, body or {}, dry, manager=manager))
             if method == "GET" and name and not sub:
                 pod = fake.pod(name, ns)
                 if table:
@@ -767,18 +772,49 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(
                     200,
                     fake.delete(
-                        ns, name, None if grace is None else int(grace), opts.get("preconditions")
+                        ns,
+                        name,
+                        None if grace is None else int(grace),
+                        opts.get("preconditions"),
+                        dry_run=dry,
                     ),
                 )
             if method == "GET" and name and sub == "log":
                 return self._send_log(ns, name, query)
             if method == "POST" and name and sub == "eviction":
-                return self._send(201, fake.create_eviction(ns, name, body))
+                return self._send(201, fake.create_eviction(ns, name, body, dry_run=dry))
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {url.path}")
         except ApiError as exc:
             self._send(exc.status["code"], exc.status)
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             self._send(400, ApiError(400, "BadRequest", f"bad request: {exc}").status)
+
+    def _read_body(self) -> bytes:
+        """The request's body: ``Content-Length`` bytes, or the chunks of a chunked one
+        (``kubectl create --raw -f`` streams its file)."""
+        if "chunked" not in self.headers.get("Transfer-Encoding", "").lower():
+            length = int(self.headers.get("Content-Length") or 0)
+            return self.rfile.read(length) if length else b""
+        chunks = []
+        while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+            chunks.append(self.rfile.read(size))
+            self.rfile.readline()  # the chunk's CRLF
+        while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+            pass
+        return b"".join(chunks)
+
+    def _dry_run_values(self, method: str, query: str, raw: bytes) -> list[str]:
+        """A write's ``dryRun`` values: the query's, or for a delete its DeleteOptions body's
+        where that names them (kubectl delete --dry-run=server sends them there)."""
+        values = parse_qs(query, keep_blank_values=True).get("dryRun", [])
+        if method == "DELETE" and raw:
+            try:
+                options = json.loads(raw)
+            except ValueError:
+                options = None
+            if isinstance(options, dict) and isinstance(options.get("dryRun"), list):
+                values = [str(v) for v in options["dryRun"]]
+        return values
 
     def _send_log(self, ns: str, name: str, query: dict[str, str]) -> None:
         """``pods/log`` (``kubectl logs``): a container's output as text; ``tailLines``; with
@@ -843,14 +879,22 @@ class Handler(BaseHTTPRequestHandler):
         self.end_stream()
 
     def _dispatch_object(
-        self, method: str, call: ApiCall, query: dict[str, str], raw: bytes, events_v1: bool
+        self,
+        method: str,
+        call: ApiCall,
+        query: dict[str, str],
+        raw: bytes,
+        events_v1: bool,
+        dry: bool = False,
+        manager: str = "",
     ) -> None:
         """A stored object of a kind other than Pod; ``events_v1``: an Event read through
-        ``events.k8s.io/v1`` (get and list only)."""
+        ``events.k8s.io/v1`` (get and list only). ``dry``: a dry run of a write; ``manager``:
+        the write's field manager."""
         fake = self.server.fake
         resource, ns, name = call.resource, call.namespace, call.name or None
         if call.subresource == "scale":
-            return self._dispatch_scale(method, call, raw)
+            return self._dispatch_scale(method, call, raw, dry, manager)
         table = wants_table(self.headers.get("Accept", ""))
         watching = query.get("watch", "").lower() in ("true", "1")
         if events_v1 and (method != "GET" or watching):
@@ -877,7 +921,10 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(200, object_table(resource, listed["items"], rv))
             return self._send(200, to_events_v1_list(listed) if events_v1 else listed)
         if method == "POST" and name is None:
-            return self._send(201, fake.create_object(resource, ns, json.loads(raw or b"{}")))
+            body = json.loads(raw or b"{}")
+            return self._send(
+                201, fake.create_object(resource, ns, body, manager=manager, dry_run=dry)
+            )
         if method == "GET" and name:
             obj = fake.get_object(resource, ns, name)
             if table:
@@ -885,22 +932,34 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(200, object_table(resource, [obj], rv))
             return self._send(200, to_events_v1(obj) if events_v1 else obj)
         if method == "PUT" and name:
-            return self._send(200, fake.replace_object(resource, ns, json.loads(raw or b"{}")))
+            body = json.loads(raw or b"{}")
+            return self._send(
+                200, fake.replace_object(resource, ns, body, manager=manager, dry_run=dry)
+            )
         if method == "PATCH" and name:
             kind = patch_type(self.headers.get("Content-Type", ""))
+            force = force_apply(query.get("force"), kind == APPLY_PATCH)
             body = decode_patch(raw, kind)
             if kind == APPLY_PATCH:
-                manager = query.get("fieldManager", "")
-                obj, created = fake.apply_object(resource, ns, name, body, manager)
+                applier = query.get("fieldManager", "")
+                obj, created = fake.apply_object(
+                    resource, ns, name, body, applier, force=force, dry_run=dry
+                )
                 return self._send(201 if created else 200, obj)
-            return self._send(200, fake.patch_object(resource, ns, name, body, kind))
+            return self._send(
+                200,
+                fake.patch_object(resource, ns, name, body, kind, manager=manager, dry_run=dry),
+            )
         if method == "DELETE" and name:
-            return self._send(200, fake.delete_object(resource, ns, name))
+            return self._send(200, fake.delete_object(resource, ns, name, dry_run=dry))
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {resource}")
 
-    def _dispatch_scale(self, method: str, call: ApiCall, raw: bytes) -> None:
+    def _dispatch_scale(
+        self, method: str, call: ApiCall, raw: bytes, dry: bool = False, manager: str = ""
+    ) -> None:
         """A ReplicaSet's ``scale`` subresource (``kubectl scale``): GET, PUT and PATCH of its
-        autoscaling/v1 Scale; a write changes the ReplicaSet's ``spec.replicas``."""
+        autoscaling/v1 Scale; a write changes the ReplicaSet's ``spec.replicas`` (its manager's
+        ``Update`` entry through the ``scale`` subresource owns it)."""
         fake = self.server.fake
         obj = fake.get_object(call.resource, call.namespace, call.name)
         scale = to_scale(obj)
@@ -937,7 +996,14 @@ class Handler(BaseHTTPRequestHandler):
                 f"{replicas}: must be greater than or equal to 0",
             )
         new = fake.patch_object(
-            call.resource, call.namespace, call.name, {"spec": {"replicas": replicas}}, MERGE_PATCH
+            call.resource,
+            call.namespace,
+            call.name,
+            {"spec": {"replicas": replicas}},
+            MERGE_PATCH,
+            manager=manager,
+            dry_run=dry,
+            subresource="scale",
         )
         return self._send(200, to_scale(new))
 

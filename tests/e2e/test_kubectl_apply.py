@@ -98,23 +98,174 @@ def test_kubectl_apply_client_side_creates_then_patches(
     assert "Forbidden: pod updates may not change fields" in refused.stderr
 
 
+def owners(cluster: TestCluster, *args: str) -> dict[str, set[str]]:
+    """manager (with its operation and subresource) -> the fields it owns, as kubectl shows
+    them (``--show-managed-fields``), the FieldsV1 flattened to ``data.a``-like paths."""
+
+    def paths(fields: dict, prefix: str = "") -> set[str]:
+        out = set()
+        for key, sub in fields.items():
+            if key == ".":
+                out.add(prefix)
+                continue
+            path = f"{prefix}.{key[2:]}" if key.startswith("f:") else f"{prefix}[{key}]"
+            out |= paths(sub, path) if sub else {path}
+        return out
+
+    live = get_json(cluster, *args, "--show-managed-fields")
+    return {
+        ":".join(filter(None, (m["manager"], m["operation"], m.get("subresource")))): paths(
+            m["fieldsV1"]
+        )
+        for m in live["metadata"].get("managedFields") or []
+    }
+
+
 def test_kubectl_apply_server_side(cluster: TestCluster, tmp_path: Path) -> None:
     manifest = tmp_path / "cm.yaml"
-    manifest.write_text(config_map({"a": "1"}))
-    applied = run_kubectl(cluster, "apply", "--server-side", "-f", str(manifest))
+
+    def apply(data: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        manifest.write_text(config_map(data))
+        return run_kubectl(cluster, "apply", "--server-side", *args, "-f", str(manifest))
+
+    applied = apply({"a": "1"})
     assert applied.returncode == 0, applied.stderr
     assert applied.stdout.strip() == "configmap/demo serverside-applied"
-    manifest.write_text(config_map({"a": "2", "c": "3"}))
-    again = run_kubectl(
+    # another manager setting a field kubectl owns to another value: a conflict, which kubectl
+    # prints as on a real cluster
+    refused = apply({"a": "2", "c": "3"}, "--field-manager=team")
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines()[0] == (
+        'error: Apply failed with 1 conflict: conflict with "kubectl": .data.a'
+    )
+    assert "--force-conflicts" in refused.stderr
+    assert get_json(cluster, "configmap", "demo")["data"] == {"a": "1"}  # nothing written
+    # the same value: both own it
+    shared = apply({"a": "1", "c": "3"}, "--field-manager=team")
+    assert shared.returncode == 0, shared.stderr
+    assert owners(cluster, "configmap", "demo") == {
+        "kubectl:Apply": {".data.a"},
+        "team:Apply": {".data.a", ".data.c"},
+    }
+    # kubectl leaves a out: team still owns it, it stays
+    assert apply({"b": "2"}).returncode == 0
+    assert get_json(cluster, "configmap", "demo")["data"] == {"a": "1", "b": "2", "c": "3"}
+    # team leaves it out too: no one owns it, it is removed
+    assert apply({"c": "3"}, "--field-manager=team").returncode == 0
+    assert get_json(cluster, "configmap", "demo")["data"] == {"b": "2", "c": "3"}
+    # --force-conflicts takes kubectl's field over: kubectl owns nothing left, its entry goes
+    forced = apply({"b": "5", "c": "3"}, "--field-manager=team", "--force-conflicts")
+    assert forced.returncode == 0, forced.stderr
+    assert get_json(cluster, "configmap", "demo")["data"] == {"b": "5", "c": "3"}
+    assert owners(cluster, "configmap", "demo") == {"team:Apply": {".data.b", ".data.c"}}
+
+
+def test_kubectl_apply_server_side_over_client_side_apply(
+    cluster: TestCluster, tmp_path: Path
+) -> None:
+    manifest = tmp_path / "cm.yaml"
+    manifest.write_text(config_map({"a": "1"}))
+    assert run_kubectl(cluster, "apply", "-f", str(manifest)).returncode == 0
+    assert owners(cluster, "configmap", "demo") == {
+        "kubectl-client-side-apply:Update": {
+            ".data",
+            ".data.a",
+            ".metadata.annotations",
+            ".metadata.annotations.kubectl.kubernetes.io/last-applied-configuration",
+        }
+    }
+    manifest.write_text(config_map({"a": "2"}))
+    # another server-side applier conflicts with client-side apply's field...
+    refused = run_kubectl(
         cluster, "apply", "--server-side", "--field-manager=team", "-f", str(manifest)
     )
-    assert again.returncode == 0, again.stderr
-    live = get_json(cluster, "configmap", "demo", "--show-managed-fields")
-    assert live["data"] == {"a": "2", "c": "3"}
-    managers = {m["manager"]: m for m in live["metadata"]["managedFields"]}
-    assert set(managers) == {"kubectl", "team"}
-    assert managers["team"]["operation"] == "Apply"
-    assert managers["team"]["fieldsV1"] == {"f:data": {"f:a": {}, "f:c": {}}}
+    assert refused.stderr.splitlines()[0] == (
+        'error: Apply failed with 1 conflict: conflict with "kubectl-client-side-apply" '
+        "using v1: .data.a"
+    )
+    # ...kubectl's own takes it over (what client-side apply last applied is still there), and
+    # moves client-side apply's fields to its own manager
+    moved = run_kubectl(cluster, "apply", "--server-side", "-f", str(manifest))
+    assert moved.returncode == 0, moved.stderr
+    live = get_json(cluster, "configmap", "demo")
+    assert live["data"] == {"a": "2"}
+    last_applied = live["metadata"]["annotations"][
+        "kubectl.kubernetes.io/last-applied-configuration"
+    ]
+    assert json.loads(last_applied)["data"] == {"a": "2"}
+    managers = owners(cluster, "configmap", "demo")
+    assert "kubectl-client-side-apply:Update" not in managers
+    assert ".data.a" in managers["kubectl:Apply"]
+    # and a client-side apply after it still works from the annotation the server kept
+    manifest.write_text(config_map({"a": "3"}))
+    back = run_kubectl(cluster, "apply", "-f", str(manifest))
+    assert back.stdout.strip() == "configmap/demo configured", back.stderr
+    assert get_json(cluster, "configmap", "demo")["data"] == {"a": "3"}
+
+
+def test_kubectl_apply_server_side_lists_and_scale(cluster: TestCluster, tmp_path: Path) -> None:
+    def replica_set(containers: list[dict], replicas: int | None = 0) -> str:
+        spec: dict = {
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": containers},
+            },
+        }
+        if replicas is not None:
+            spec["replicas"] = replicas
+        return yaml.safe_dump(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "metadata": {"name": "web"},
+                "spec": spec,
+            }
+        )
+
+    main = {
+        "name": "main",
+        "image": "web:1",
+        "args": ["--port", "8080"],
+        "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
+        "ports": [{"containerPort": 8080}],
+    }
+    side = {"name": "side", "image": "proxy:1"}
+    manifest = tmp_path / "rs.yaml"
+
+    def apply(text: str, *args: str) -> subprocess.CompletedProcess[str]:
+        manifest.write_text(text)
+        return run_kubectl(cluster, "apply", "--server-side", *args, "-f", str(manifest))
+
+    assert apply(replica_set([main, side])).returncode == 0
+    fields = owners(cluster, "rs", "web")["kubectl:Apply"]
+    container = '.spec.template.spec.containers[k:{"name":"main"}]'
+    assert container in fields  # an item of a list merged by key
+    assert f"{container}.args" in fields  # an atomic list: one field
+    assert f'{container}.ports[k:{{"containerPort":8080,"protocol":"TCP"}}]' in fields
+    # kubectl scale owns the replicas through the scale subresource
+    scaled = run_kubectl(cluster, "scale", "rs", "web", "--replicas=2")
+    assert scaled.returncode == 0, scaled.stderr
+    assert owners(cluster, "rs", "web")["kubectl:Update:scale"] == {".spec.replicas"}
+    refused = apply(replica_set([main, side]))
+    assert refused.stderr.splitlines()[0] == (
+        'error: Apply failed with 1 conflict: conflict with "kubectl" with subresource "scale" '
+        "using apps/v1: .spec.replicas"
+    )
+    # left out: the side container, env B and (kubectl scale's now) the replicas
+    main["env"] = [{"name": "A", "value": "1"}]
+    trimmed = apply(replica_set([main], replicas=None))
+    assert trimmed.returncode == 0, trimmed.stderr
+    live = get_json(cluster, "rs", "web")
+    assert live["spec"]["replicas"] == 2
+    [container_spec] = live["spec"]["template"]["spec"]["containers"]
+    assert container_spec["name"] == "main"
+    assert container_spec["env"] == [{"name": "A", "value": "1"}]
+    # forced: the replicas are the applier's again
+    forced = apply(replica_set([main], replicas=1), "--force-conflicts")
+    assert forced.returncode == 0, forced.stderr
+    assert get_json(cluster, "rs", "web")["spec"]["replicas"] == 1
+    assert "kubectl:Update:scale" not in owners(cluster, "rs", "web")
 
 
 def test_kubectl_apply_k_manifests(cluster: TestCluster) -> None:

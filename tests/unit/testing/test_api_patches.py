@@ -1,4 +1,5 @@
-"""The stand-in API server's patch formats, access reviews and OpenAPI paths, pure."""
+"""The stand-in API server's patch formats, access reviews and OpenAPI paths, pure (server-side
+apply and field ownership: test_api_apply.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from kfp_elastic.testing.api_wire import (
     merge_patch,
     patch_type,
     patched,
-    server_side_apply,
     to_scale,
 )
 
@@ -92,27 +92,6 @@ def test_patch_types_and_unknown_media_type() -> None:
         patch_type("application/json")
     assert refused.value.status["code"] == 415
     assert patched({"a": [1, 2]}, {"a": [3]}, STRATEGIC_MERGE_PATCH) == {"a": [3]}
-
-
-def test_server_side_apply_creates_merges_and_records_the_manager() -> None:
-    applied = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": "c"},
-        "data": {"a": "1"},
-    }
-    created = server_side_apply(None, applied, "kubectl", "t0")
-    assert created["data"] == {"a": "1"}
-    [entry] = created["metadata"]["managedFields"]
-    assert entry["manager"] == "kubectl" and entry["operation"] == "Apply"
-    assert entry["fieldsV1"] == {"f:data": {"f:a": {}}}
-    other = {**applied, "data": {"b": "2"}}
-    merged = server_side_apply(created, other, "team", "t1")
-    assert merged["data"] == {"a": "1", "b": "2"}  # simplified: fields are merged, never removed
-    assert [m["manager"] for m in merged["metadata"]["managedFields"]] == ["kubectl", "team"]
-    with pytest.raises(ApiError) as refused:
-        server_side_apply(None, applied, "", "t0")
-    assert refused.value.status["code"] == 422
 
 
 def test_access_reviews_answer_from_rbac() -> None:
