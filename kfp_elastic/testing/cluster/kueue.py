@@ -69,6 +69,20 @@ WORKLOAD_PRIORITY_CLASSES: dict[str, int] = {
     if obj and obj.get("kind") == "WorkloadPriorityClass"
 }
 
+# Kueue's own CustomResourceDefinitions of the kinds manifests/kueue creates (its README says
+# which release): what :func:`install_kueue_crds` installs.
+KUEUE_CRDS = Path(__file__).parent / "kueue_crds"
+
+
+def install_kueue_crds(api: FakeKubernetes) -> list[str]:
+    """Store Kueue's CRDs (:data:`KUEUE_CRDS`) in ``api``, as installing Kueue does, so that
+    its kinds are served (``kubectl apply -k manifests/kueue``); their names."""
+    names = []
+    for path in sorted(KUEUE_CRDS.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        names.append(api.create_object("customresourcedefinitions", "", crd)["metadata"]["name"])
+    return names
+
 
 @dataclass(frozen=True)
 class KueueQueue:
