@@ -175,12 +175,21 @@ def begin_request(custom: CustomKind, version: str) -> None:
     if entry is None:
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
     if entry.get("deprecated"):
-        api_validation.warn(
-            entry.get("deprecationWarning")
-            or f"{custom.group}/{version} {custom.kind} is deprecated"
-        )
+        api_validation.warn(entry.get("deprecationWarning") or _deprecated(custom, version))
     _served.set((custom, version))
     use_printer(custom.resource, printer(custom))
+
+
+def _deprecated(custom: CustomKind, version: str) -> str:
+    """apiextensions-apiserver's warning for a deprecated version without its own: the most
+    preferred served version that is not deprecated and preferred to it, if any."""
+    text = f"{custom.group}/{version} {custom.kind} is deprecated"
+    better = [
+        v
+        for v, entry in custom.versions.items()  # most preferred first
+        if not entry.get("deprecated") and version_priority(v) < version_priority(version)
+    ]
+    return f"{text}; use {custom.group}/{better[0]} {custom.kind}" if better else text
 
 
 def served_version(custom: CustomKind) -> str:
