@@ -5,6 +5,7 @@ transport (routing, JSON replies, chunked watch streams, connections closed on s
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import json
 import re
@@ -952,7 +953,11 @@ class Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         from kfp_elastic.testing import api_validation  # built on this module
 
-        with api_validation.serving():  # the request's fieldValidation and warnings
-            self._dispatch(self.command)
+        def serve() -> None:
+            with api_validation.serving():  # the request's fieldValidation and warnings
+                self._dispatch(self.command)
+
+        # in a context of its own: what a request sets there (api_crds) ends with it
+        contextvars.copy_context().run(serve)
 
     do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = _handle  # http.server's naming
