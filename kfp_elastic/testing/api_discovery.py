@@ -1,7 +1,8 @@
 """The fake API server's discovery documents, pure: what ``kubectl`` (and any client-go client)
 reads before anything else — ``/version``, ``/api``, ``/api/v1``, ``/apis`` and
 ``/apis/{group}/{version}`` — built from the kinds the server stores (pods and
-``api_wire.OBJECT_KINDS``, passed in; Events also as ``events.k8s.io/v1``), in the shapes of
+``api_wire.OBJECT_KINDS``, passed in; Events also as ``events.k8s.io/v1``; the custom kinds of
+the stored CRDs, ``api_crds``), in the shapes of
 the Kubernetes API reference (``VersionInfo``, ``APIVersions``, ``APIGroupList``,
 ``APIResourceList``). Aggregated discovery (``apidiscovery.k8s.io/v2``) is not served: the
 documents are plain JSON, which clients take as a server without it.

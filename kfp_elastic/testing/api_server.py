@@ -27,7 +27,9 @@ Besides pods it stores PriorityClasses (``spec.priority`` and ``preemptionPolicy
 create; the DefaultTolerationSeconds admission adds 300 s not-ready/unreachable tolerations to
 pods without their own), ConfigMaps, Secrets, Nodes, RBAC objects, PodDisruptionBudgets,
 StatefulSets, ReplicaSets (with their ``scale`` subresource), Namespaces, ServiceAccounts (pod
-admission finds them), Services, NetworkPolicies and Events
+admission finds them), Services, NetworkPolicies, Events, CustomResourceDefinitions and the
+custom resources of their kinds (``api_crds``: served in every version a CRD serves, checked
+against its schema)
 (create/get/list/watch/replace/delete; patches JSON, merge, strategic merge and server-side
 apply, ``api_wire.patched`` and ``server_side_apply``; field selectors per kind
 (``api_wire.SELECTABLE_FIELDS``); their watches keep a history of their own), and
