@@ -15,7 +15,7 @@ from kfp_elastic.etcd.pki import generate_test_pki
 from kfp_elastic.testing.api_discovery import VERSION
 from kfp_elastic.testing.api_events import KUBELET
 from kfp_elastic.testing.api_server import FakeKubernetes
-from kfp_elastic.testing.api_wire import CLUSTER_SCOPED, OBJECT_KINDS, ApiError, now_timestamp
+from kfp_elastic.testing.api_wire import ApiError, now_timestamp
 from kfp_elastic.testing.cluster.kubelet import CLUSTER_ENV, ClusterAccess, Kubelet
 from kfp_elastic.testing.cluster.kueue import Kueue, KueueQueue, install_kueue_crds
 from kfp_elastic.testing.cluster.node_lifecycle import NodeLifecycle, NodeLifecycleSettings
@@ -178,11 +178,12 @@ class TestCluster:
 
     def apply(self, obj: dict[str, Any], ns: str | None = None) -> None:
         """Create or replace one object of the kinds the API server stores besides pods
-        (Role, RoleBinding, ServiceAccount, PodDisruptionBudget, ...), in ``ns`` unless
-        cluster-scoped."""
+        (Role, RoleBinding, ServiceAccount, PodDisruptionBudget, ..., and the custom kinds of
+        its CRDs), in ``ns`` unless cluster-scoped."""
         ns = obj.get("metadata", {}).get("namespace") or ns or self.namespace
-        resource = next(r for r, (kind, _) in OBJECT_KINDS.items() if kind == obj["kind"])
-        ns = "" if resource in CLUSTER_SCOPED else ns
+        kinds, cluster_scoped = self.api.object_kinds()  # custom kinds of its CRDs too
+        resource = next(r for r, (kind, _) in kinds.items() if kind == obj["kind"])
+        ns = "" if resource in cluster_scoped else ns
         try:
             self.api.create_object(resource, ns, obj)
         except ApiError as error:
