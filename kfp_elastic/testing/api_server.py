@@ -333,6 +333,17 @@ class FakeKubernetes:
             api_crds.begin_request(custom, version)
         return custom is not None
 
+    def _taken_plurals(self, crd_name: str) -> set[str]:
+        """The resources a CRD named ``crd_name`` may not serve: the built-in ones and those of
+        the other CRDs (the stores are keyed by plural)."""
+        with self._cond:
+            others = [
+                o["spec"]["names"]["plural"]
+                for (r, _, name), o in self._objects.items()
+                if r == api_crds.RESOURCE and name != crd_name
+            ]
+        return {*OBJECT_KINDS, "pods", *others}
+
     def _kind(self, resource: str) -> tuple[str, str]:
         """(kind, apiVersion) of a stored resource; a custom kind's in the version the request
         being served names."""
@@ -381,7 +392,7 @@ class FakeKubernetes:
         if resource == "services":
             self._allocate_cluster_ip(obj.setdefault("spec", {}))
         if resource == api_crds.RESOURCE:
-            api_crds.prepare(obj, {*OBJECT_KINDS, "pods"})
+            api_crds.prepare(obj, self._taken_plurals(name))
         _validate_object(resource, kind, name, obj)
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_timestamp(), generation=1)
         if ns:
@@ -447,7 +458,7 @@ class FakeKubernetes:
         obj = self._validation(resource).check_body(kind, api_version, obj)
         name = obj.get("metadata", {}).get("name", "")
         if resource == api_crds.RESOURCE:
-            api_crds.prepare(obj, {*OBJECT_KINDS, "pods"})
+            api_crds.prepare(obj, self._taken_plurals(name))
         _validate_object(resource, kind, name, obj)
         with self._cond:
             old = self.get_object(resource, ns, name)

@@ -11,6 +11,7 @@ import pytest
 
 from kfp_elastic.testing import api_crds, api_validation
 from kfp_elastic.testing.api_discovery import discovery, version_priority
+from kfp_elastic.testing.api_server import FakeKubernetes
 from kfp_elastic.testing.api_wire import CLUSTER_SCOPED, OBJECT_KINDS, ApiError
 
 SCHEMA = {
@@ -176,3 +177,19 @@ def test_printer_columns_from_json_paths() -> None:
     columns, cells = api_crds.printer(api_crds.custom_kind(crd(version)))
     assert [c[0] for c in columns] == ["Name", "First", "Missing", "Free"]
     assert cells(thing({"items": [4], "free": {"a": 1}})) == ["t", 4, None, '{"a":1}']
+
+
+def test_a_second_crd_of_the_same_plural_is_refused() -> None:
+    with FakeKubernetes() as k8s:
+        k8s.create_object(api_crds.RESOURCE, "", crd(V1))
+        k8s.replace_object(api_crds.RESOURCE, "", crd(V1))  # the same CRD again: fine
+        other = crd(V1)
+        other["spec"]["group"] = "example.org"
+        other["metadata"]["name"] = "things.example.org"
+        with pytest.raises(ApiError, match="serves a resource of this name already"):
+            k8s.create_object(api_crds.RESOURCE, "", other)
+        built_in = crd(V1)
+        built_in["spec"]["names"] = {"plural": "events", "kind": "Event"}
+        built_in["metadata"]["name"] = "events.example.com"
+        with pytest.raises(ApiError, match="serves a resource of this name already"):
+            k8s.create_object(api_crds.RESOURCE, "", built_in)
