@@ -1,7 +1,8 @@
 """The fake API server's discovery documents, pure: what ``kubectl`` (and any client-go client)
 reads before anything else — ``/version``, ``/api``, ``/api/v1``, ``/apis`` and
 ``/apis/{group}/{version}`` — built from the kinds the server stores (pods and
-``api_wire.OBJECT_KINDS``, passed in; Events also as ``events.k8s.io/v1``), in the shapes of
+``api_wire.OBJECT_KINDS``, passed in; Events also as ``events.k8s.io/v1``; the custom kinds of
+the stored CRDs, ``api_crds``), in the shapes of
 the Kubernetes API reference (``VersionInfo``, ``APIVersions``, ``APIGroupList``,
 ``APIResourceList``). Aggregated discovery (``apidiscovery.k8s.io/v2``) is not served: the
 documents are plain JSON, which clients take as a server without it.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -55,7 +57,20 @@ _SHORT_NAMES = {
     "serviceaccounts": ["sa"],
     "services": ["svc"],
     "networkpolicies": ["netpol"],
+    "customresourcedefinitions": ["crd", "crds"],
 }
+# kube-apiserver's version priority (GA, then beta, then alpha; higher numbers first)
+_VERSION = re.compile(r"v(\d+)(?:(alpha|beta)(\d+))?")
+
+
+def version_priority(version: str) -> tuple[int, int, int]:
+    """A sort key putting versions in kube-apiserver's order of preference (v2, v1, v1beta2,
+    v1beta1, v1alpha1, then others)."""
+    m = _VERSION.fullmatch(version)
+    if not m:
+        return (3, 0, 0)
+    level = {None: 0, "beta": 1, "alpha": 2}[m[2]]
+    return (level, -int(m[1]), -int(m[3] or 0))
 
 
 def _resources(
@@ -133,12 +148,18 @@ def _resources(
 
 
 def discovery(
-    path: str, object_kinds: Mapping[str, tuple[str, str]], cluster_scoped: Collection[str]
+    path: str,
+    object_kinds: Mapping[str, tuple[str, str]],
+    cluster_scoped: Collection[str],
+    custom: Mapping[str, list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any] | None:
     """The discovery document at ``path`` (None: not a discovery path) of a server that
     stores pods and ``object_kinds`` (resource -> (kind, apiVersion)), ``cluster_scoped``
-    among them without a namespace."""
+    among them without a namespace, and serves the custom kinds of ``custom``
+    (groupVersion -> their APIResources, ``api_crds``)."""
     resources = _resources(object_kinds, cluster_scoped)
+    for group_version, entries in (custom or {}).items():
+        resources.setdefault(group_version, []).extend(entries)
     if path == "/openapi/v3":
         return {
             "paths": {
@@ -160,20 +181,16 @@ def discovery(
             "versions": ["v1"],
             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}],
         }
-    if path == "/apis":
-        groups = sorted({gv for gv in resources if "/" in gv})
-        return {
-            "kind": "APIGroupList",
-            "apiVersion": "v1",
-            "groups": [
-                {
-                    "name": gv.partition("/")[0],
-                    "versions": [{"groupVersion": gv, "version": gv.partition("/")[2]}],
-                    "preferredVersion": {"groupVersion": gv, "version": gv.partition("/")[2]},
-                }
-                for gv in groups
-            ],
-        }
+    if path == "/apis":  # each group with its versions, the preferred one first
+        groups: dict[str, list[str]] = {}
+        for gv in sorted(gv for gv in resources if "/" in gv):
+            groups.setdefault(gv.partition("/")[0], []).append(gv.partition("/")[2])
+        listed = []
+        for group, versions in groups.items():
+            versions.sort(key=version_priority)
+            entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+            listed.append({"name": group, "versions": entries, "preferredVersion": entries[0]})
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": listed}
     group_version = path.removeprefix("/api/") if path.startswith("/api/") else None
     if path.startswith("/apis/"):
         group_version = path.removeprefix("/apis/")

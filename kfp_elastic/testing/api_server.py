@@ -27,7 +27,9 @@ Besides pods it stores PriorityClasses (``spec.priority`` and ``preemptionPolicy
 create; the DefaultTolerationSeconds admission adds 300 s not-ready/unreachable tolerations to
 pods without their own), ConfigMaps, Secrets, Nodes, RBAC objects, PodDisruptionBudgets,
 StatefulSets, ReplicaSets (with their ``scale`` subresource), Namespaces, ServiceAccounts (pod
-admission finds them), Services, NetworkPolicies and Events
+admission finds them), Services, NetworkPolicies, Events, CustomResourceDefinitions and the
+custom resources of their kinds (``api_crds``: served in every version a CRD serves, checked
+against its schema)
 (create/get/list/watch/replace/delete; patches JSON, merge, strategic merge and server-side
 apply, ``api_wire.patched`` and ``api_apply.server_side_apply``, with conflicts and the
 managedFields of every write, ``api_apply``; ``dryRun=All``: answered, nothing stored; field
@@ -59,6 +61,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from kfp_elastic.testing import api_crds, api_validation
 from kfp_elastic.testing.api_apply import server_side_apply, update_managed_fields
 from kfp_elastic.testing.api_events import new_event
 from kfp_elastic.testing.api_rules import (
@@ -75,6 +78,7 @@ from kfp_elastic.testing.api_rules import (
 )
 from kfp_elastic.testing.api_validation import check_applied, check_body, check_patched
 from kfp_elastic.testing.api_wire import (
+    CLUSTER_SCOPED,
     OBJECT_KINDS,
     STRATEGIC_MERGE_PATCH,
     ApiCall,
@@ -183,6 +187,8 @@ class FakeKubernetes:
         self._held = self._stopping = False
         self._ips = itertools.count(10)
         self._service_ips = itertools.count(10)
+        # api_crds.Validation per (CRD uid, its resourceVersion, version)
+        self._custom_validations: dict[tuple[str, str, str], api_crds.Validation] = {}
         for name, (value, policy) in (
             PRIORITY_CLASSES if priority_classes is None else priority_classes
         ).items():
@@ -301,6 +307,68 @@ class FakeKubernetes:
         with self._cond:
             return [copy.deepcopy(p) for p in self._pods.values()]
 
+    # -- custom resources: the kinds of the stored CustomResourceDefinitions (api_crds) ----
+
+    def custom_kinds(self) -> dict[str, api_crds.CustomKind]:
+        """resource -> the custom kind of each stored CRD."""
+        with self._cond:
+            crds = [o for (r, _, _), o in self._objects.items() if r == api_crds.RESOURCE]
+        return api_crds.custom_kinds(crds)
+
+    def object_kinds(self) -> tuple[dict[str, tuple[str, str]], set[str]]:
+        """What the server routes besides pods: resource -> (kind, apiVersion), built-in and
+        custom (in its storage version); the cluster-scoped resources among them."""
+        custom = self.custom_kinds()
+        kinds = {**OBJECT_KINDS, **{r: (c.kind, c.api_version()) for r, c in custom.items()}}
+        scoped = CLUSTER_SCOPED | {r for r, c in custom.items() if not c.namespaced}
+        return kinds, scoped
+
+    def custom_discovery(self) -> dict[str, list[dict[str, Any]]]:
+        """groupVersion -> the APIResources of the custom kinds (``api_discovery``)."""
+        return api_crds.discovery_resources(self.custom_kinds().values())
+
+    def serve_custom(self, resource: str, version: str) -> bool:
+        """Whether ``resource`` is a custom kind; if so, the request being served is for it
+        in ``version`` (404 for a version it does not serve, warnings for a deprecated one)."""
+        custom = self.custom_kinds().get(resource)
+        if custom is not None:
+            api_crds.begin_request(custom, version)
+        return custom is not None
+
+    def _taken_plurals(self, crd_name: str) -> set[str]:
+        """The resources a CRD named ``crd_name`` may not serve: the built-in ones and those of
+        the other CRDs (the stores are keyed by plural)."""
+        with self._cond:
+            others = [
+                o["spec"]["names"]["plural"]
+                for (r, _, name), o in self._objects.items()
+                if r == api_crds.RESOURCE and name != crd_name
+            ]
+        return {*OBJECT_KINDS, "pods", *others}
+
+    def _kind(self, resource: str) -> tuple[str, str]:
+        """(kind, apiVersion) of a stored resource; a custom kind's in the version the request
+        being served names."""
+        if resource in OBJECT_KINDS:
+            return OBJECT_KINDS[resource]
+        custom = self.custom_kinds().get(resource)
+        if custom is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return custom.kind, custom.api_version(api_crds.served_version(custom))
+
+    def _validation(self, resource: str) -> Any:
+        """The field validation of ``resource``: ``api_validation`` for a built-in kind, the
+        CRD's schema of the request's version for a custom one (``api_crds.Validation``)."""
+        if resource in OBJECT_KINDS:
+            return api_validation
+        custom = self.custom_kinds()[resource]
+        version = api_crds.served_version(custom)
+        crd = self._objects[(api_crds.RESOURCE, "", f"{resource}.{custom.group}")]
+        key = (crd["metadata"]["uid"], crd["metadata"]["resourceVersion"], version)
+        if key not in self._custom_validations:
+            self._custom_validations[key] = api_crds.Validation(custom, version)
+        return self._custom_validations[key]
+
     # -- other kinds: priority classes, config maps, secrets, nodes -----------------------
 
     def create_object(
@@ -315,8 +383,8 @@ class FakeKubernetes:
         """Create an object; ``manager``: the field manager whose ``Update`` entry owns what it
         sent (None: managedFields as given, the test cluster's own writes); ``dry_run``: the
         object as it would be created (no resourceVersion), nothing stored."""
-        kind, api_version = OBJECT_KINDS[resource]
-        obj = copy.deepcopy(check_body(kind, api_version, obj))
+        kind, api_version = self._kind(resource)
+        obj = copy.deepcopy(self._validation(resource).check_body(kind, api_version, obj))
         if manager is not None:
             obj.setdefault("kind", kind)
             obj = update_managed_fields(None, obj, manager, api_version, now_timestamp())
@@ -339,6 +407,8 @@ class FakeKubernetes:
             meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
         if resource == "services":
             self._allocate_cluster_ip(obj.setdefault("spec", {}))
+        if resource == api_crds.RESOURCE:
+            api_crds.prepare(obj, self._taken_plurals(name))
         _validate_object(resource, kind, name, obj)
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_timestamp(), generation=1)
         if ns:
@@ -392,7 +462,7 @@ class FakeKubernetes:
                 and fields_match(fields or [], obj)
             ]
             rv = str(self._rv)
-        kind, api_version = OBJECT_KINDS[resource]
+        kind, api_version = self._kind(resource)
         return {
             "kind": f"{kind}List",
             "apiVersion": api_version,
@@ -414,9 +484,12 @@ class FakeKubernetes:
         manager whose ``Update`` entry (through ``subresource``) owns what it changed (None:
         managedFields as given, else kept: the test cluster's own writes); ``dry_run``: the
         object as it would be stored, nothing stored."""
-        obj = check_body(*OBJECT_KINDS[resource], obj)
+        kind, api_version = self._kind(resource)
+        obj = self._validation(resource).check_body(kind, api_version, obj)
         name = obj.get("metadata", {}).get("name", "")
-        _validate_object(resource, OBJECT_KINDS[resource][0], name, obj)
+        if resource == api_crds.RESOURCE:
+            api_crds.prepare(obj, self._taken_plurals(name))
+        _validate_object(resource, kind, name, obj)
         with self._cond:
             old = self.get_object(resource, ns, name)
             if manager is not None:
@@ -480,8 +553,9 @@ class FakeKubernetes:
             old = self.get_object(resource, ns, name)
             new = patched(old, body, patch_type)
             strategic = patch_type == STRATEGIC_MERGE_PATCH
-            new = check_patched(*OBJECT_KINDS[resource], new, body, strategic)
-            _check_unchanged(resource, name, old, new)
+            kind = self._kind(resource)
+            new = self._validation(resource).check_patched(*kind, new, body, strategic)
+            _check_unchanged(resource, kind, name, old, new)
             if new == old:  # nothing to write: the resourceVersion stays (kubectl: no change)
                 return old
             return self.replace_object(
@@ -502,8 +576,9 @@ class FakeKubernetes:
         """Server-side apply (``api_apply.server_side_apply``, conflicts unless ``force``): the
         object created from ``body`` if there is none, else ``body``'s fields merged into it;
         (the object, whether created). ``dry_run``: nothing stored."""
-        _check_applied(OBJECT_KINDS[resource], name, body)
-        check_applied(*OBJECT_KINDS[resource], ns, name, body)
+        kind = self._kind(resource)
+        _check_applied(kind, name, body)
+        self._validation(resource).check_applied(*kind, ns, name, body)
         with self._cond:
             live = None
             if (resource, ns, name) in self._objects:
@@ -511,10 +586,10 @@ class FakeKubernetes:
             new = server_side_apply(live, body, manager, now_timestamp(), force)
             if live is None:
                 return self.create_object(resource, ns, new, dry_run=dry_run), True
-            _check_unchanged(resource, name, live, new)
+            _check_unchanged(resource, kind, name, live, new)
             if new == live:  # nothing to write: the resourceVersion stays
                 return live, False
-            _validate_object(resource, OBJECT_KINDS[resource][0], name, new)
+            _validate_object(resource, kind[0], name, new)
             return self._replace(resource, ns, live, new, dry_run), False
 
     def delete_object(
@@ -535,6 +610,10 @@ class FakeKubernetes:
             self._record_object(ns, "DELETED", obj, obj)
             self._cond.notify_all()
             self._collect_dependents(obj["metadata"]["uid"])
+            if resource == api_crds.RESOURCE:  # its custom resources go with it
+                plural = obj["spec"]["names"]["plural"]
+                for key in [k for k in self._objects if k[0] == plural]:
+                    self.delete_object(*key)
             return copy.deepcopy(obj)
 
     # -- namespaces: the NamespaceLifecycle admission plugin and the namespace controller ----
@@ -551,7 +630,7 @@ class FakeKubernetes:
             error.status["details"] = {"name": ns, "kind": "namespaces"}
             raise error
         if namespace["status"].get("phase") == "Terminating":
-            group = "" if resource == "pods" else OBJECT_KINDS[resource][1].rpartition("/")[0]
+            group = "" if resource == "pods" else self._kind(resource)[1].rpartition("/")[0]
             error = ApiError(
                 403,
                 "Forbidden",
@@ -766,6 +845,8 @@ class FakeKubernetes:
         if resource == "poddisruptionbudgets":
             with self._cond:
                 obj["status"] = self._budget_status(obj)
+        if resource not in OBJECT_KINDS:  # a custom resource, in the request's version
+            obj["apiVersion"] = self._kind(resource)[1]
         return obj
 
     def _budget_status(self, pdb: dict[str, Any]) -> dict[str, Any]:
@@ -1352,7 +1433,7 @@ class FakeKubernetes:
         """Stream the changes of ``resource`` (pods, or another stored kind) in ``ns`` ("":
         every namespace) as watch events, from ``query``'s resourceVersion."""
         pods = resource == "pods"
-        kind, api_version = ("Pod", "v1") if pods else OBJECT_KINDS[resource]
+        kind, api_version = ("Pod", "v1") if pods else self._kind(resource)
         history = self._history if pods else self._object_history
 
         def floor() -> int:
@@ -1432,6 +1513,8 @@ class FakeKubernetes:
                             continue
                         cursor = ev_rv
                         was, now = visible(old), visible(new) and change != "DELETED"
+                        if not pods and resource not in OBJECT_KINDS:  # the request's version
+                            new = {**new, "apiVersion": api_version}
                         if now:
                             backlog.append(("MODIFIED" if was else "ADDED", new))
                         elif was:  # deleted, or changed so that it left the selection
@@ -1493,10 +1576,12 @@ def _check_applied(kind: tuple[str, str], name: str, body: dict[str, Any]) -> No
         )
 
 
-def _check_unchanged(resource: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+def _check_unchanged(
+    resource: str, kind_version: tuple[str, str], name: str, old: dict, new: dict
+) -> None:
     """An update may not rename an object, nor change what its kind keeps immutable (a
     PriorityClass' value, a ReplicaSet's selector): 422 as the API server's validation says."""
-    kind, api_version = OBJECT_KINDS[resource]
+    kind, api_version = kind_version
     group = api_version.rpartition("/")[0]
     qualified = f"{kind}.{group}" if group else kind
     problems = []

@@ -14,6 +14,7 @@ server does, every row carries the wide cells too (priority-1 columns); kubectl 
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -432,10 +433,27 @@ _DEFAULT: tuple[tuple[Column, ...], Callable[[Obj], list[Any]]] = (
 )
 
 
+Printer = tuple[tuple[Column, ...], Callable[[Obj], list[Any]]]
+# The printer of the custom kind the request being served reads (``api_crds``): resource ->
+# its columns from the CRD's additionalPrinterColumns.
+_custom_printer: contextvars.ContextVar[tuple[str, Printer] | None] = contextvars.ContextVar(
+    "fake_k8s_custom_printer", default=None
+)
+
+
+def use_printer(resource: str, printer: Printer) -> None:
+    """The printer of ``resource`` (a custom kind) for the rest of the request being served."""
+    _custom_printer.set((resource, printer))
+
+
 def table(resource: str, objects: Sequence[Obj], resource_version: str) -> dict[str, Any]:
     """The Table of ``objects`` (a list's items, or one object) of ``resource`` (the URL's
     plural), each row with its object's metadata as a ``PartialObjectMetadata``."""
-    columns, cells = _PRINTERS.get(resource, _DEFAULT)
+    custom = _custom_printer.get()
+    if custom is not None and custom[0] == resource:
+        columns, cells = custom[1]
+    else:
+        columns, cells = _PRINTERS.get(resource, _DEFAULT)
     return {
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",

@@ -108,7 +108,8 @@ def _directive() -> str:
     return request.directive if request else STRICT
 
 
-def _warn(texts: list[str]) -> None:
+def warn(*texts: str) -> None:
+    """Warnings for the request being served (kubectl prints each as ``Warning: <text>``)."""
     request = _current.get()
     if request is not None:
         request.warnings.extend(t for t in texts if t not in request.warnings)
@@ -335,6 +336,8 @@ class _Walk:
                 out[key] = self.value(item, properties[key], where, [*stack, key], go_struct)
             elif isinstance(extra, dict):
                 out[key] = self.value(item, extra, where, stack, struct)
+            elif schema.get("x-kubernetes-preserve-unknown-fields"):  # a CRD's open object
+                out[key] = item
             else:
                 self.unknown.append(where)
                 self.apply_errors.append(f"{_smd_path(where)}: field not declared in schema")
@@ -358,10 +361,13 @@ def _smd_type(value: Any) -> str:
     return "[]interface {}" if isinstance(value, list) else "map[string]interface {}"
 
 
-def decode(kind: str, api_version: str, obj: dict[str, Any]) -> Decoded:
-    """``obj`` decoded as kube-apiserver decodes a body of ``kind``."""
+def decode(
+    kind: str, api_version: str, obj: dict[str, Any], schema: dict[str, Any] | None = None
+) -> Decoded:
+    """``obj`` decoded as kube-apiserver decodes a body of ``kind`` (``schema``: the kind's,
+    a custom kind's from its CRD; by default the built-in kind's)."""
     walk = _Walk()
-    decoded = walk.value(obj, kind_schema(kind, api_version), "", [], kind)
+    decoded = walk.value(obj, schema or kind_schema(kind, api_version), "", [], kind)
     return Decoded(decoded, walk.unknown, walk.error, walk.apply_errors)
 
 
@@ -369,7 +375,7 @@ def _strict_error(unknown: list[str]) -> str:
     return "strict decoding error: " + ", ".join(f'unknown field "{p}"' for p in unknown)
 
 
-def _settle(decoded: Decoded) -> str | None:
+def settle(decoded: Decoded) -> str | None:
     """What the request's directive makes of the unknown fields: the strict decoding error to
     refuse with (Strict), else None after recording the warnings (Warn)."""
     if not decoded.unknown:
@@ -378,7 +384,7 @@ def _settle(decoded: Decoded) -> str | None:
     if directive == STRICT:
         return _strict_error(decoded.unknown)
     if directive == WARN:
-        _warn([f'unknown field "{p}"' for p in decoded.unknown])
+        warn(*(f'unknown field "{p}"' for p in decoded.unknown))
     return None
 
 
@@ -386,7 +392,7 @@ def check_body(kind: str, api_version: str, obj: dict[str, Any]) -> dict[str, An
     """A create's or update's body (POST, PUT): the object to store (unknown fields dropped),
     or 400 as kube-apiserver's decoder refuses it."""
     decoded = decode(kind, api_version, obj)
-    problem = decoded.error or _settle(decoded)
+    problem = decoded.error or settle(decoded)
     if problem:
         version = str(obj.get("apiVersion") or api_version).rpartition("/")[2]
         raise ApiError(
@@ -405,7 +411,7 @@ def check_patched(
     the ``patch`` as kube-apiserver's patch handler words it (the patched object as JSON, a
     strategic merge patch as Go prints the patch map)."""
     decoded = decode(kind, api_version, patched)
-    problem = decoded.error or _settle(decoded)
+    problem = decoded.error or settle(decoded)
     if problem:
         shown = _go_format(patch) if strategic else json.dumps(patched, separators=(",", ":"))
         raise ApiError(
@@ -416,12 +422,19 @@ def check_patched(
     return decoded.obj
 
 
-def check_applied(kind: str, api_version: str, ns: str, name: str, body: dict[str, Any]) -> None:
+def check_applied(
+    kind: str,
+    api_version: str,
+    ns: str,
+    name: str,
+    body: dict[str, Any],
+    schema: dict[str, Any] | None = None,
+) -> None:
     """A server-side apply's body: refused with the 500 kube-apiserver answers (its
     structured-merge-diff conversion fails, an error with no Status reason) when it names a
     field the schema does not declare or has a value of the wrong type, whatever the
-    directive."""
-    errors = decode(kind, api_version, body).apply_errors
+    directive (``schema``: as for :func:`decode`)."""
+    errors = decode(kind, api_version, body, schema).apply_errors
     if not errors:
         return
     text = errors[0] if len(errors) == 1 else "\n".join(["errors:", *("  " + e for e in errors)])

@@ -5,6 +5,7 @@ transport (routing, JSON replies, chunked watch streams, connections closed on s
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import json
 import re
@@ -45,6 +46,8 @@ OBJECT_KINDS = {
     "serviceaccounts": ("ServiceAccount", "v1"),
     "services": ("Service", "v1"),
     "networkpolicies": ("NetworkPolicy", "networking.k8s.io/v1"),
+    # what the stand-in serves of their custom kinds: api_crds
+    "customresourcedefinitions": ("CustomResourceDefinition", "apiextensions.k8s.io/v1"),
 }
 CLUSTER_SCOPED = {
     "priorityclasses",
@@ -52,6 +55,7 @@ CLUSTER_SCOPED = {
     "clusterroles",
     "clusterrolebindings",
     "namespaces",
+    "customresourcedefinitions",
 }
 # The patch formats of a PATCH request's Content-Type.
 JSON_PATCH = "application/json-patch+json"
@@ -706,7 +710,9 @@ class Handler(BaseHTTPRequestHandler):
             )
             if call is None:
                 found = (
-                    discovery(url.path, OBJECT_KINDS, CLUSTER_SCOPED) if method == "GET" else None
+                    discovery(url.path, OBJECT_KINDS, CLUSTER_SCOPED, fake.custom_discovery())
+                    if method == "GET"
+                    else None
                 )
                 if found is not None:  # kubectl's first requests
                     return self._send(200, found)
@@ -734,7 +740,10 @@ class Handler(BaseHTTPRequestHandler):
                 if (body.get("kind"), body.get("apiVersion")) != review:
                     raise ApiError(400, "BadRequest", f"expected a {review[0]} of {review[1]}")
                 return self._send(201, fake.review_access(user, body))
-            kind = OBJECT_KINDS.get(call.resource, ("", ""))
+            kinds, cluster_scoped = fake.object_kinds()  # built-in and custom (api_crds)
+            kind = kinds.get(call.resource, ("", ""))
+            if kind[1].rpartition("/")[0] == call.group and call.resource not in OBJECT_KINDS:
+                fake.serve_custom(call.resource, _API_PATH.fullmatch(url.path)["version"])
             every_namespace = not call.namespace and method == "GET" and not call.name
             events_v1 = (call.group, call.resource) == ("events.k8s.io", "events")
             if (
@@ -742,7 +751,7 @@ class Handler(BaseHTTPRequestHandler):
                 and (kind[1].rpartition("/")[0] == call.group or events_v1)
                 and (
                     not call.namespace
-                    if call.resource in CLUSTER_SCOPED
+                    if call.resource in cluster_scoped
                     else call.namespace or every_namespace
                 )
                 and call.subresource in ("", "scale" if call.resource == "replicasets" else "")
@@ -1036,7 +1045,11 @@ class Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         from kfp_elastic.testing import api_validation  # built on this module
 
-        with api_validation.serving():  # the request's fieldValidation and warnings
-            self._dispatch(self.command)
+        def serve() -> None:
+            with api_validation.serving():  # the request's fieldValidation and warnings
+                self._dispatch(self.command)
+
+        # in a context of its own: what a request sets there (api_crds) ends with it
+        contextvars.copy_context().run(serve)
 
     do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = _handle  # http.server's naming

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,15 +16,16 @@ import yaml
 
 from kfp_elastic.testing.cluster import TestCluster
 from kfp_elastic.testing.cluster.replica_set import ReplicaSet
-from tests.helpers import MANIFESTS, kubectl, wait_for
+from tests.helpers import MANIFESTS, find, kubectl, render, wait_for
 
 MASTER = "system:serviceaccount:default:kfp-elastic-master"
 WORKER = "system:serviceaccount:default:kfp-elastic-worker"
-# What manifests/ holds that the stand-in cannot represent: Kueue's kinds (it installs no
-# CustomResourceDefinitions; the Kueue stand-in is configured in Python).
-UNREPRESENTABLE = {
+# What manifests/ holds that needs CustomResourceDefinitions: Kueue's kinds (a test cluster
+# serves them once Kueue's CRDs are installed: TestCluster(kueue_crds=True)).
+NEEDS_CRDS = {
     "kueue": ["ClusterQueue", "LocalQueue", "ResourceFlavor", "WorkloadPriorityClass"],
 }
+DEPRECATED_KUEUE = "Warning: This version is deprecated. Use v1beta2 instead."
 
 
 def run_kubectl(
@@ -319,13 +321,14 @@ def test_kubectl_apply_k_manifests(cluster: TestCluster) -> None:
     assert "statefulset.apps/kfp-elastic-etcd serverside-applied" in server_side.stdout
 
 
-@pytest.mark.parametrize("kustomization", sorted(UNREPRESENTABLE))
-def test_kubectl_apply_refuses_what_the_stand_in_cannot_store(
+@pytest.mark.parametrize("kustomization", sorted(NEEDS_CRDS))
+def test_kubectl_apply_refuses_kinds_without_their_crds(
     cluster: TestCluster, kustomization: str
 ) -> None:
+    """A cluster without Kueue's CRDs refuses Kueue's kinds, as a real one does."""
     rendered = run_kubectl(cluster, "kustomize", str(MANIFESTS / kustomization))
     kinds = sorted({doc["kind"] for doc in yaml.safe_load_all(rendered.stdout) if doc})
-    assert kinds == UNREPRESENTABLE[kustomization]
+    assert kinds == NEEDS_CRDS[kustomization]
     for args in (("--validate=false",), ()):
         refused = run_kubectl(cluster, "apply", *args, "-k", str(MANIFESTS / kustomization))
         assert refused.returncode == 1
@@ -342,6 +345,91 @@ def test_kubectl_apply_refuses_what_the_stand_in_cannot_store(
         "Error from server (NotFound): the server could not find the requested resource"
         in raw.stderr
     )
+
+
+@pytest.fixture
+def kueue_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
+    """A test cluster with Kueue's CRDs installed (no node: nothing runs on it)."""
+    with TestCluster(tmp_path_factory.mktemp("kueue"), nodes={}, kueue_crds=True) as cluster:
+        yield cluster
+
+
+def test_kubectl_apply_kueue_with_its_crds(kueue_cluster: TestCluster, tmp_path: Path) -> None:
+    """With Kueue's CRDs installed, ``kubectl apply -k manifests/kueue`` creates its objects
+    (the LocalQueue in the overlay's namespace), kubectl lists and prints them, a misspelled
+    field is refused as for built-in kinds, and the deprecated v1beta1 is served with Kueue's
+    deprecation warning."""
+    cluster = kueue_cluster
+    overlay = run_kubectl(cluster, "apply", "-k", str(MANIFESTS / "overlays" / "local-kind"))
+    assert overlay.returncode == 0, overlay.stderr
+    applied = run_kubectl(cluster, "apply", "-k", str(MANIFESTS / "kueue"))
+    assert applied.returncode == 0, applied.stderr
+    objs = render("kueue")
+    assert sorted(applied.stdout.splitlines()) == sorted(
+        f"{o['kind'].lower()}.kueue.x-k8s.io/{o['metadata']['name']} created" for o in objs
+    )
+    (local_queue,) = find(objs, "LocalQueue")
+    ns = local_queue["metadata"]["namespace"]
+    queues = run_kubectl(cluster, "get", "clusterqueues,localqueues", "-A")
+    assert queues.returncode == 0, queues.stderr
+    lines = [line.split() for line in queues.stdout.splitlines() if line.strip()]
+    assert lines[0] == ["NAME", "COHORT", "PENDING", "WORKLOADS"]  # its printer columns
+    assert lines[1][0] == "clusterqueue.kueue.x-k8s.io/kfp-elastic"
+    assert lines[3][:3] == [ns, "localqueue.kueue.x-k8s.io/kfp-elastic", "kfp-elastic"]
+    classes = yaml.safe_load(
+        run_kubectl(cluster, "get", "workloadpriorityclasses", "-o", "yaml").stdout
+    )
+    assert {o["metadata"]["name"]: o["value"] for o in classes["items"]} == {
+        o["metadata"]["name"]: o["value"] for o in find(objs, "WorkloadPriorityClass")
+    }
+    assert {o["apiVersion"] for o in classes["items"]} == {"kueue.x-k8s.io/v1beta2"}
+    again = run_kubectl(cluster, "apply", "-k", str(MANIFESTS / "kueue"))
+    assert again.stdout.count(" unchanged") == len(objs), again.stdout
+    # a misspelled field: refused (kubectl's default --validate=strict), or dropped with a
+    # warning, as for built-in kinds
+    (queue,) = find(objs, "ClusterQueue")
+    typo = {**queue, "spec": {**queue["spec"], "cohrt": "x"}}
+    refused = run_kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(typo))
+    assert refused.returncode == 1  # a patch of the live object
+    assert 'patch: Invalid value: "{' in refused.stderr
+    assert refused.stderr.endswith('": strict decoding error: unknown field "spec.cohrt"\n')
+    new_typo = {**typo, "metadata": {"name": "typo"}}
+    refused = run_kubectl(cluster, "create", "-f", "-", stdin=yaml.safe_dump(new_typo))
+    assert refused.returncode == 1  # a create
+    assert refused.stderr == (
+        'Error from server (BadRequest): error when creating "STDIN": ClusterQueue in version '
+        '"v1beta2" cannot be handled as a ClusterQueue: strict decoding error: unknown field '
+        '"spec.cohrt"\n'
+    )
+    warned = run_kubectl(cluster, "apply", "--validate=warn", "-f", "-", stdin=yaml.safe_dump(typo))
+    assert warned.returncode == 0, warned.stderr
+    assert 'Warning: unknown field "spec.cohrt"' in warned.stderr
+    assert "cohrt" not in get_json(cluster, "clusterqueue", "kfp-elastic")["spec"]
+    # a value the schema refuses: 422 in kube's words
+    wrong = {**queue, "spec": {**queue["spec"], "queueingStrategy": "Fifo"}}
+    invalid = run_kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(wrong))
+    assert invalid.returncode == 1
+    assert (
+        'The ClusterQueue "kfp-elastic" is invalid: spec.queueingStrategy: Unsupported value: '
+        '"Fifo": supported values: "StrictFIFO", "BestEffortFIFO"' in invalid.stderr
+    )
+    # the deprecated version: served, with Kueue's warning
+    old = {
+        "apiVersion": "kueue.x-k8s.io/v1beta1",
+        "kind": "WorkloadPriorityClass",
+        "metadata": {"name": "old-api"},
+        "value": 7,
+    }
+    deprecated = run_kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(old))
+    assert deprecated.returncode == 0, deprecated.stderr
+    assert deprecated.stdout.strip() == "workloadpriorityclass.kueue.x-k8s.io/old-api created"
+    assert DEPRECATED_KUEUE in deprecated.stderr
+    read_old = run_kubectl(
+        cluster, "get", "workloadpriorityclasses.v1beta1.kueue.x-k8s.io", "old-api", "-o", "json"
+    )
+    assert json.loads(read_old.stdout)["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+    assert DEPRECATED_KUEUE in read_old.stderr
+    assert get_json(cluster, "wpc", "old-api")["apiVersion"] == "kueue.x-k8s.io/v1beta2"
 
 
 def test_kubectl_patch_pod_node_and_replicaset(cluster: TestCluster) -> None:

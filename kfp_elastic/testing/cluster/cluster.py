@@ -15,9 +15,9 @@ from kfp_elastic.etcd.pki import generate_test_pki
 from kfp_elastic.testing.api_discovery import VERSION
 from kfp_elastic.testing.api_events import KUBELET
 from kfp_elastic.testing.api_server import FakeKubernetes
-from kfp_elastic.testing.api_wire import CLUSTER_SCOPED, OBJECT_KINDS, ApiError, now_timestamp
+from kfp_elastic.testing.api_wire import ApiError, now_timestamp
 from kfp_elastic.testing.cluster.kubelet import CLUSTER_ENV, ClusterAccess, Kubelet
-from kfp_elastic.testing.cluster.kueue import Kueue, KueueQueue
+from kfp_elastic.testing.cluster.kueue import Kueue, KueueQueue, install_kueue_crds
 from kfp_elastic.testing.cluster.node_lifecycle import NodeLifecycle, NodeLifecycleSettings
 from kfp_elastic.testing.cluster.scheduler import Scheduler
 
@@ -77,13 +77,16 @@ class TestCluster:
         rbac: list[dict[str, Any]] | None = None,
         node_lifecycle: NodeLifecycleSettings | None = None,
         kueue: KueueQueue | None = None,
+        kueue_crds: bool = False,
         **api_options: Any,
     ) -> None:
         """``rbac``: the Roles, ClusterRoles and bindings installed at start (None: the master's
         from ``manifests/base/rbac.yaml``, as ``kubectl apply -k`` installs them); the API
         server authorizes every pod's requests by them. ``kueue``: a Kueue stand-in
         (``kueue.py``) gates the pods that name a queue and admits those of this LocalQueue
-        into its quota (None: no Kueue)."""
+        into its quota (None: no Kueue). ``kueue_crds``: Kueue's CustomResourceDefinitions are
+        installed (``kueue.install_kueue_crds``), so that its kinds are served and ``kubectl
+        apply -k manifests/kueue`` creates its objects (the stand-in does not read them)."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         pki = generate_test_pki(self.root / "pki")
@@ -113,6 +116,8 @@ class TestCluster:
         self.write_kubeconfig(self.kubeconfig)
         for obj in MASTER_RBAC if rbac is None else rbac:
             self.apply(obj)
+        if kueue_crds:
+            install_kueue_crds(self.api)
         self.kubelets: dict[str, Kubelet] = {}  # the nodes that run
         self.lost: dict[str, Kubelet] = {}  # powered off or hung: silent, logs kept
         self.scheduler = Scheduler(self.api)
@@ -173,11 +178,12 @@ class TestCluster:
 
     def apply(self, obj: dict[str, Any], ns: str | None = None) -> None:
         """Create or replace one object of the kinds the API server stores besides pods
-        (Role, RoleBinding, ServiceAccount, PodDisruptionBudget, ...), in ``ns`` unless
-        cluster-scoped."""
+        (Role, RoleBinding, ServiceAccount, PodDisruptionBudget, ..., and the custom kinds of
+        its CRDs), in ``ns`` unless cluster-scoped."""
         ns = obj.get("metadata", {}).get("namespace") or ns or self.namespace
-        resource = next(r for r, (kind, _) in OBJECT_KINDS.items() if kind == obj["kind"])
-        ns = "" if resource in CLUSTER_SCOPED else ns
+        kinds, cluster_scoped = self.api.object_kinds()  # custom kinds of its CRDs too
+        resource = next(r for r, (kind, _) in kinds.items() if kind == obj["kind"])
+        ns = "" if resource in cluster_scoped else ns
         try:
             self.api.create_object(resource, ns, obj)
         except ApiError as error:

@@ -19,6 +19,8 @@ What it models of Kueue's pod integration ("plain pods"), and nothing else:
 
 Not modelled: Workload objects, cohorts and borrowing, flavors (one flavor covers every node),
 pod groups, admission checks, Kueue's finalizer on its pods, StrictFIFO, ``waitForPodsReady``.
+The queue is a :class:`KueueQueue` given in Python, or read from stored Kueue objects
+(:meth:`KueueQueue.from_api`, once :func:`install_kueue_crds` made their kinds served).
 :func:`admit` decides over a snapshot; :class:`Kueue` runs it on every change in the API server
 and applies what it decided, as :class:`~kfp_elastic.testing.cluster.scheduler.Scheduler` does.
 """
@@ -69,6 +71,20 @@ WORKLOAD_PRIORITY_CLASSES: dict[str, int] = {
     if obj and obj.get("kind") == "WorkloadPriorityClass"
 }
 
+# Kueue's own CustomResourceDefinitions of the kinds manifests/kueue creates (its README says
+# which release): what :func:`install_kueue_crds` installs.
+KUEUE_CRDS = Path(__file__).parent / "kueue_crds"
+
+
+def install_kueue_crds(api: FakeKubernetes) -> list[str]:
+    """Store Kueue's CRDs (:data:`KUEUE_CRDS`) in ``api``, as installing Kueue does, so that
+    its kinds are served (``kubectl apply -k manifests/kueue``); their names."""
+    names = []
+    for path in sorted(KUEUE_CRDS.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        names.append(api.create_object("customresourcedefinitions", "", crd)["metadata"]["name"])
+    return names
+
 
 @dataclass(frozen=True)
 class KueueQueue:
@@ -77,12 +93,35 @@ class KueueQueue:
     resource not given is not covered, so a pod that requests it is never admitted.
     ``preemption``: ``LowerPriority`` or ``Never`` (``withinClusterQueue``)."""
 
-    quota: Mapping[str, str | int]
+    quota: Mapping[str, str | int | float]
     name: str = "kfp-elastic"
     priority_classes: Mapping[str, int] = field(
         default_factory=lambda: dict(WORKLOAD_PRIORITY_CLASSES)
     )
     preemption: str = "LowerPriority"
+
+    @classmethod
+    def from_api(cls, api: FakeKubernetes, namespace: str, name: str = "kfp-elastic") -> KueueQueue:
+        """The queue as the Kueue objects stored in ``api`` describe it (what ``kubectl apply -k
+        manifests/kueue`` created, Kueue's CRDs installed): the LocalQueue ``name`` in
+        ``namespace``, its ClusterQueue's nominal quota (summed over its flavors: the stand-in
+        models one flavor) and ``preemption.withinClusterQueue`` (Kueue's default ``Never``),
+        and every WorkloadPriorityClass' value."""
+        local = api.get_object("localqueues", namespace, name)
+        queue = api.get_object("clusterqueues", "", local["spec"]["clusterQueue"])
+        quota: dict[str, int] = {}
+        for group in queue["spec"].get("resourceGroups") or []:
+            for flavor in group.get("flavors") or []:
+                for resource in flavor.get("resources") or []:
+                    amount = parse_quantity(resource["nominalQuota"])
+                    quota[resource["name"]] = quota.get(resource["name"], 0) + amount
+        classes = api.list_objects("workloadpriorityclasses", "")["items"]
+        return cls(
+            quota={r: q for r, q in quota.items() if r in RESOURCES},
+            name=name,
+            priority_classes={c["metadata"]["name"]: c["value"] for c in classes},
+            preemption=(queue["spec"].get("preemption") or {}).get("withinClusterQueue") or "Never",
+        )
 
     def nominal(self) -> Resources:
         given = {("nvidia.com/gpu" if k == "gpu" else k): v for k, v in self.quota.items()}

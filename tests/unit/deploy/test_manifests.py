@@ -267,8 +267,9 @@ def test_every_configmap_key_reaches_the_training_task(target: str) -> None:
 # --------------------------------------------------------------------------- Kueue (optional)
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"  # Kueue's storage version (v1beta1 is deprecated)
-# Kueue's own CRDs, as released (kueue_crds/README.md): the schemas manifests/kueue is held to.
-KUEUE_CRDS = Path(__file__).parent / "kueue_crds"
+# Kueue's own CRDs, as released (kueue_crds/README.md): the schemas manifests/kueue is held to,
+# and what the test cluster installs (testing/cluster/kueue.py).
+KUEUE_CRDS = REPO_ROOT / "kfp_elastic" / "testing" / "cluster" / "kueue_crds"
 
 
 def kueue_schemas() -> dict[tuple[str, str], dict[str, Any]]:

@@ -28,10 +28,11 @@ from kfp_elastic.testing.cluster.kueue import (
     Workload,
     admit,
     gate,
+    install_kueue_crds,
     stop_pod,
 )
 from kfp_elastic.testing.cluster.scheduler import Scheduler, plan
-from tests.helpers import eventually, job_worker_pods
+from tests.helpers import eventually, job_worker_pods, render
 
 NS = "kfp-elastic"
 MERGE = "application/merge-patch+json"
@@ -323,3 +324,54 @@ def test_the_test_cluster_runs_the_stand_in_when_asked(tmp_path: Path) -> None:
         assert eventually(lambda: api.pod("second")["status"]["phase"] == "Running")
         api.delete(ns, "second", grace=0)
     assert not cluster.leftover_processes()
+
+
+QUOTAS = "/spec/resourceGroups/0/flavors/0/resources"  # a ClusterQueue's first flavor's
+
+
+def test_the_queue_from_the_applied_kueue_objects() -> None:
+    """With Kueue's CRDs installed and manifests/kueue's objects stored, the stand-in's queue
+    is read from them (the ClusterQueue's quota and preemption, the WorkloadPriorityClasses),
+    and it gates and admits by that quota."""
+    with FakeKubernetes(namespace=NS) as k8s:
+        install_kueue_crds(k8s)
+        resources = {c.kind: r for r, c in k8s.custom_kinds().items()}
+        for obj in render("kueue"):
+            ns = obj["metadata"].get("namespace", "")
+            k8s.create_object(resources[obj["kind"]], ns, obj)
+        queue = KueueQueue.from_api(k8s, NS)
+        assert queue.priority_classes == WORKLOAD_PRIORITY_CLASSES
+        assert queue.preemption == "LowerPriority"
+        assert queue.nominal() == {"cpu": 64, "memory": 512 * 2**30, "nvidia.com/gpu": 8}
+        # another ClusterQueue: its own quota and Kueue's default preemption
+        k8s.patch_object(
+            "clusterqueues",
+            "",
+            "kfp-elastic",
+            [
+                {"op": "remove", "path": "/spec/preemption"},
+                {"op": "replace", "path": f"{QUOTAS}/0/nominalQuota", "value": 2},
+            ],
+            "application/json-patch+json",
+        )
+        queue = KueueQueue.from_api(k8s, NS)
+        assert (queue.preemption, queue.nominal()["cpu"]) == ("Never", 2)
+        kueue = Kueue(k8s, queue, NS)
+        try:
+            for name, cpu in (("big", "3"), ("small", "1")):
+                k8s.create(NS, queued_pod(name, cpu))
+            assert eventually(lambda: not k8s.pod("small")["spec"].get("schedulingGates"))
+            assert k8s.pod("big")["spec"]["schedulingGates"] == [{"name": ADMISSION_GATE}]
+        finally:
+            kueue.stop()
+
+
+def queued_pod(name: str, cpu: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {KUEUE_QUEUE_LABEL: "kfp-elastic"}},
+        "spec": {
+            "containers": [
+                {"name": "c", "image": "python", "resources": {"requests": {"cpu": cpu}}}
+            ]
+        },
+    }
