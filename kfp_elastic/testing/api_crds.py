@@ -231,6 +231,17 @@ def discovery_resources(kinds: Iterable[CustomKind]) -> dict[str, list[dict[str,
     return out
 
 
+def openapi_schemas(kinds: Iterable[CustomKind]) -> dict[str, dict[str, dict[str, Any]]]:
+    """groupVersion -> kind -> the ``openAPIV3Schema`` of the custom kinds served in it
+    (empty for a version without one), which the OpenAPI v3 documents publish."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for custom in kinds:
+        for version, entry in custom.versions.items():
+            schema = (entry.get("schema") or {}).get("openAPIV3Schema") or {}
+            out.setdefault(custom.api_version(version), {})[custom.kind] = schema
+    return out
+
+
 def printer(custom: CustomKind) -> Printer:
     """The Table columns of ``custom`` in the request's version (its
     ``additionalPrinterColumns`` after the name; Age without any) and the function that makes

@@ -7,13 +7,13 @@ the Kubernetes API reference (``VersionInfo``, ``APIVersions``, ``APIGroupList``
 ``APIResourceList``). Aggregated discovery (``apidiscovery.k8s.io/v2``) is not served: the
 documents are plain JSON, which clients take as a server without it.
 
-OpenAPI v3 (``/openapi/v3`` and a document per group version) is served as far as clients act
-on it without schemas: every resource's paths with their operations, the
-``x-kubernetes-group-version-kind`` of each and the query parameters they take, so that
-``kubectl apply`` and ``create`` see that the server validates fields itself
-(``fieldValidation``) and leave validation to it. The documents have no schemas
-(``components.schemas`` is empty): ``kubectl explain`` finds nothing to explain, and kubectl
-computes strategic merge patches from its compiled-in types. OpenAPI v2 is not served.
+OpenAPI v3 (``/openapi/v3`` and a document per group version) is served: every resource's
+paths with their operations, the ``x-kubernetes-group-version-kind`` of each and the query
+parameters they take, so that ``kubectl apply`` and ``create`` see that the server validates
+fields itself (``fieldValidation``) and leave validation to it; and the schemas of the group
+version's kinds (``components.schemas``, ``api_openapi``), which ``kubectl explain`` reads. A
+document's ``hash`` in ``/openapi/v3`` changes with its content (a CRD added or changed), so
+clients do not keep a stale copy. OpenAPI v2 is not served.
 """
 
 from __future__ import annotations
@@ -152,18 +152,24 @@ def discovery(
     object_kinds: Mapping[str, tuple[str, str]],
     cluster_scoped: Collection[str],
     custom: Mapping[str, list[dict[str, Any]]] | None = None,
+    custom_schemas: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
 ) -> dict[str, Any] | None:
     """The discovery document at ``path`` (None: not a discovery path) of a server that
     stores pods and ``object_kinds`` (resource -> (kind, apiVersion)), ``cluster_scoped``
     among them without a namespace, and serves the custom kinds of ``custom``
-    (groupVersion -> their APIResources, ``api_crds``)."""
+    (groupVersion -> their APIResources, ``api_crds``) with the schemas of
+    ``custom_schemas`` (groupVersion -> kind -> its ``openAPIV3Schema``)."""
+    schemas = custom_schemas or {}
     resources = _resources(object_kinds, cluster_scoped)
     for group_version, entries in (custom or {}).items():
         resources.setdefault(group_version, []).extend(entries)
     if path == "/openapi/v3":
         return {
             "paths": {
-                _gv_path(gv): {"serverRelativeURL": f"/openapi/v3/{_gv_path(gv)}?hash={_hash(r)}"}
+                _gv_path(gv): {
+                    "serverRelativeURL": f"/openapi/v3/{_gv_path(gv)}"
+                    f"?hash={_hash(openapi_v3(gv, r, schemas.get(gv)))}"
+                }
                 for gv, r in resources.items()
             }
         }
@@ -171,7 +177,7 @@ def discovery(
         wanted = path.removeprefix("/openapi/v3/")
         for gv, listed in resources.items():
             if _gv_path(gv) == wanted:
-                return openapi_v3(gv, listed)
+                return openapi_v3(gv, listed, schemas.get(gv))
         return None
     if path == "/version":
         return VERSION
@@ -208,8 +214,8 @@ def _gv_path(group_version: str) -> str:
     return f"apis/{group_version}" if "/" in group_version else f"api/{group_version}"
 
 
-def _hash(listed: list[dict[str, Any]]) -> str:
-    return hashlib.sha512(json.dumps(listed, sort_keys=True).encode()).hexdigest()[:128].upper()
+def _hash(content: Any) -> str:
+    return hashlib.sha512(json.dumps(content, sort_keys=True).encode()).hexdigest()[:128].upper()
 
 
 # The query parameters of a write, as kube-apiserver's OpenAPI lists them.
@@ -217,10 +223,18 @@ _WRITE_PARAMETERS = ("dryRun", "fieldManager", "fieldValidation", "pretty")
 _ACTIONS = {"create": ("post", False), "update": ("put", True), "patch": ("patch", True)}
 
 
-def openapi_v3(group_version: str, listed: list[dict[str, Any]]) -> dict[str, Any]:
-    """The OpenAPI v3 document of one group version, its paths only (no schemas): per resource
-    the collection and item paths with an operation per verb it serves, each naming its kind
-    (``x-kubernetes-group-version-kind``) and, for writes, the query parameters."""
+def openapi_v3(
+    group_version: str,
+    listed: list[dict[str, Any]],
+    custom_schemas: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The OpenAPI v3 document of one group version: per resource the collection and item
+    paths with an operation per verb it serves, each naming its kind
+    (``x-kubernetes-group-version-kind``) and, for writes, the query parameters; the schemas
+    of its kinds (``api_openapi``; ``custom_schemas``: kind -> ``openAPIV3Schema`` of the
+    custom ones)."""
+    from kfp_elastic.testing import api_openapi  # it reads api_validation, which imports this
+
     group, _, version = group_version.rpartition("/")
     paths: dict[str, dict[str, Any]] = {}
     for entry in listed:
@@ -250,5 +264,11 @@ def openapi_v3(group_version: str, listed: list[dict[str, Any]]) -> dict[str, An
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes", "version": VERSION["gitVersion"]},
         "paths": paths,
-        "components": {"schemas": {}},
+        "components": {
+            "schemas": api_openapi.schemas(
+                group_version,
+                [e["kind"] for e in listed if "/" not in e["name"]],
+                custom_schemas,
+            )
+        },
     }

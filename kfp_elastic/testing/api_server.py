@@ -327,6 +327,11 @@ class FakeKubernetes:
         """groupVersion -> the APIResources of the custom kinds (``api_discovery``)."""
         return api_crds.discovery_resources(self.custom_kinds().values())
 
+    def custom_schemas(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """groupVersion -> kind -> the ``openAPIV3Schema`` of each custom kind served in it
+        (``api_discovery``'s OpenAPI documents)."""
+        return api_crds.openapi_schemas(self.custom_kinds().values())
+
     def serve_custom(self, resource: str, version: str) -> bool:
         """Whether ``resource`` is a custom kind; if so, the request being served is for it
         in ``version`` (404 for a version it does not serve, warnings for a deprecated one)."""

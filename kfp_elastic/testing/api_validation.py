@@ -133,7 +133,9 @@ def _schema_file(name: str) -> dict[str, Any]:
 
 
 @functools.cache
-def _definitions() -> dict[str, Any]:
+def definitions() -> dict[str, Any]:
+    """Every definition of the schemas (name -> its strict JSON schema), ``api_openapi``'s
+    source too."""
     return _schema_file("_definitions.json")["$defs"]
 
 
@@ -151,7 +153,7 @@ def _resolve(schema: dict[str, Any]) -> tuple[dict[str, Any], str]:
     if ref is None:
         return schema, ""
     name = ref.rpartition("/")[2]
-    return _definitions()[name], name
+    return definitions()[name], name
 
 
 def _types(schema: dict[str, Any]) -> set[str]:

@@ -710,7 +710,13 @@ class Handler(BaseHTTPRequestHandler):
             )
             if call is None:
                 found = (
-                    discovery(url.path, OBJECT_KINDS, CLUSTER_SCOPED, fake.custom_discovery())
+                    discovery(
+                        url.path,
+                        OBJECT_KINDS,
+                        CLUSTER_SCOPED,
+                        fake.custom_discovery(),
+                        fake.custom_schemas() if url.path.startswith("/openapi/") else None,
+                    )
                     if method == "GET"
                     else None
                 )
