@@ -86,7 +86,7 @@ class TestCluster:
         (``kueue.py``) gates the pods that name a queue and admits those of this LocalQueue
         into its quota (None: no Kueue). ``kueue_crds``: Kueue's CustomResourceDefinitions are
         installed (``kueue.install_kueue_crds``), so that its kinds are served and ``kubectl
-        apply -k manifests/kueue`` creates its objects (the stand-in does not read them)."""
+        apply -k manifests/kueue`` creates its objects (:meth:`start_kueue` reads them)."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         pki = generate_test_pki(self.root / "pki")
@@ -125,6 +125,18 @@ class TestCluster:
         self.lifecycle = NodeLifecycle(self.api, self._heartbeat, self.node_lifecycle)
         for name, capacity in (nodes or {"node-1": {"cpu": "4", "memory": "8Gi"}}).items():
             self.add_node(name, **capacity)
+
+    def start_kueue(self, queue: KueueQueue | None = None) -> Kueue:
+        """Start the Kueue stand-in now (none may run yet) for ``queue``, by default the one the
+        stored Kueue objects describe (``KueueQueue.from_api``: after ``kubectl apply -k
+        manifests/kueue`` on a cluster made with ``kueue_crds=True``). Pods created before are
+        not gated."""
+        if self.kueue is not None:
+            raise RuntimeError("the Kueue stand-in runs already")
+        if queue is None:
+            queue = KueueQueue.from_api(self.api, self.namespace)
+        self.kueue = Kueue(self.api, queue, self.namespace)
+        return self.kueue
 
     def __enter__(self) -> TestCluster:
         return self
