@@ -6,7 +6,6 @@ a real API server refuses it."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ import yaml
 
 from kfp_elastic.testing.cluster import TestCluster
 from kfp_elastic.testing.cluster.replica_set import ReplicaSet
-from tests.helpers import MANIFESTS, find, kubectl, render, wait_for
+from tests.helpers import MANIFESTS, find, render, run_kubectl, wait_for
 
 MASTER = "system:serviceaccount:default:kfp-elastic-master"
 WORKER = "system:serviceaccount:default:kfp-elastic-worker"
@@ -26,21 +25,6 @@ NEEDS_CRDS = {
     "kueue": ["ClusterQueue", "LocalQueue", "ResourceFlavor", "WorkloadPriorityClass"],
 }
 DEPRECATED_KUEUE = "Warning: This version is deprecated. Use v1beta2 instead."
-
-
-def run_kubectl(
-    cluster: TestCluster, *args: str, stdin: str = ""
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
-    return subprocess.run(
-        [kubectl(), *args],
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def get_json(cluster: TestCluster, *args: str) -> dict:
@@ -432,6 +416,15 @@ def test_kubectl_apply_kueue_with_its_crds(kueue_cluster: TestCluster, tmp_path:
     assert get_json(cluster, "wpc", "old-api")["apiVersion"] == "kueue.x-k8s.io/v1beta2"
 
 
+def kubectl_patch(
+    cluster: TestCluster, target: str, body: object, patch_type: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """``kubectl patch TARGET [--type TYPE] -p BODY`` (``target``: "pod web"; no type: kubectl's
+    default, a strategic merge patch)."""
+    kind = ("--type", patch_type) if patch_type else ()
+    return run_kubectl(cluster, "patch", *target.split(), *kind, "-p", json.dumps(body))
+
+
 def test_kubectl_patch_pod_node_and_replicaset(cluster: TestCluster) -> None:
     pod = {
         "apiVersion": "v1",
@@ -444,69 +437,39 @@ def test_kubectl_patch_pod_node_and_replicaset(cluster: TestCluster) -> None:
         },
     }
     cluster.api.create(cluster.namespace, pod)
-    merge = run_kubectl(
-        cluster, "patch", "pod", "web", "--type", "merge", "-p", '{"metadata":{"labels":{"a":"1"}}}'
-    )
+    labels_a = {"metadata": {"labels": {"a": "1"}}}
+    merge = kubectl_patch(cluster, "pod web", labels_a, "merge")
     assert (merge.returncode, merge.stdout.strip()) == (0, "pod/web patched"), merge.stderr
-    json_patch = run_kubectl(
+    json_patch = kubectl_patch(
         cluster,
-        "patch",
-        "pod",
-        "web",
-        "--type",
+        "pod web",
+        [
+            {"op": "replace", "path": "/spec/containers/0/image", "value": "python:3.12"},
+            {"op": "add", "path": "/metadata/labels/b", "value": "2"},
+        ],
         "json",
-        "-p",
-        '[{"op":"replace","path":"/spec/containers/0/image","value":"python:3.12"},'
-        '{"op":"add","path":"/metadata/labels/b","value":"2"}]',
     )
     assert json_patch.returncode == 0, json_patch.stderr
-    strategic = run_kubectl(
-        cluster,
-        "patch",
-        "pod",
-        "web",
-        "-p",
-        '{"spec":{"containers":[{"name":"main","image":"python:3.13"}]}}',
+    strategic = kubectl_patch(
+        cluster, "pod web", {"spec": {"containers": [{"name": "main", "image": "python:3.13"}]}}
     )
     assert strategic.returncode == 0, strategic.stderr
     live = cluster.api.pod("web")
     assert live["metadata"]["labels"] == {"a": "1", "b": "2"}
     assert [c["image"] for c in live["spec"]["containers"]] == ["python:3.13"]  # merged by name
-    unchanged = run_kubectl(
-        cluster, "patch", "pod", "web", "--type", "merge", "-p", '{"metadata":{"labels":{"a":"1"}}}'
-    )
+    unchanged = kubectl_patch(cluster, "pod web", labels_a, "merge")
     assert unchanged.stdout.strip() == "pod/web patched (no change)"
-    failing = run_kubectl(
-        cluster,
-        "patch",
-        "pod",
-        "web",
-        "--type",
-        "json",
-        "-p",
-        '[{"op":"remove","path":"/metadata/labels/zzz"}]',
+    failing = kubectl_patch(
+        cluster, "pod web", [{"op": "remove", "path": "/metadata/labels/zzz"}], "json"
     )
     assert failing.returncode == 1 and "The request is invalid" in failing.stderr
-    forbidden = run_kubectl(
-        cluster,
-        "patch",
-        "pod",
-        "web",
-        "--type",
-        "merge",
-        "-p",
-        '{"spec":{"restartPolicy":"Never"}}',
-    )
+    forbidden = kubectl_patch(cluster, "pod web", {"spec": {"restartPolicy": "Never"}}, "merge")
     assert forbidden.returncode == 1 and "pod updates may not change fields" in forbidden.stderr
-    node = run_kubectl(
+    node = kubectl_patch(
         cluster,
-        "patch",
-        "node",
-        "node-1",
-        "--type",
+        "node node-1",
+        [{"op": "add", "path": "/metadata/labels/zone", "value": "a"}],
         "json",
-        "-p",
-        '[{"op":"add","path":"/metadata/labels/zone","value":"a"}]',
     )
     assert node.returncode == 0, node.stderr
     assert cluster.api.get_object("nodes", "", "node-1")["metadata"]["labels"]["zone"] == "a"
@@ -519,26 +482,12 @@ def test_kubectl_patch_pod_node_and_replicaset(cluster: TestCluster) -> None:
         },
     }
     with ReplicaSet(cluster.api, "serving", template, replicas=0):
-        patched = run_kubectl(
-            cluster,
-            "patch",
-            "replicaset",
-            "serving",
-            "--type",
-            "merge",
-            "-p",
-            '{"metadata":{"labels":{"tier":"web"}}}',
+        patched = kubectl_patch(
+            cluster, "replicaset serving", {"metadata": {"labels": {"tier": "web"}}}, "merge"
         )
         assert patched.returncode == 0, patched.stderr
-        selector = run_kubectl(
-            cluster,
-            "patch",
-            "rs",
-            "serving",
-            "--type",
-            "merge",
-            "-p",
-            '{"spec":{"selector":{"matchLabels":{"app":"x"}}}}',
+        selector = kubectl_patch(
+            cluster, "rs serving", {"spec": {"selector": {"matchLabels": {"app": "x"}}}}, "merge"
         )
         assert selector.returncode == 1 and "field is immutable" in selector.stderr
 
