@@ -272,73 +272,58 @@ KUEUE_API = "kueue.x-k8s.io/v1beta2"  # Kueue's storage version (v1beta1 is depr
 KUEUE_CRDS = REPO_ROOT / "kfp_elastic" / "testing" / "cluster" / "kueue_crds"
 
 
-def kueue_schemas() -> dict[tuple[str, str], dict[str, Any]]:
-    """(kind, apiVersion) -> the openAPIV3Schema of every version Kueue's CRDs serve, closed
-    as a strict API server reads it: an object with ``properties`` takes no other field unless
-    it says ``x-kubernetes-preserve-unknown-fields``."""
+def kueue_validations() -> dict[tuple[str, str], Any]:
+    """(kind, apiVersion) -> the test cluster's validation (``api_crds.Validation``) of every
+    version Kueue's CRDs serve: what a strict API server with those CRDs checks."""
+    from kfp_elastic.testing.api_crds import Validation, custom_kind
 
-    def closed(schema: Any) -> Any:
-        if isinstance(schema, list):
-            return [closed(item) for item in schema]
-        if not isinstance(schema, dict):
-            return schema
-        out = {key: closed(value) for key, value in schema.items()}
-        if (
-            "properties" in out
-            and "additionalProperties" not in out
-            and not out.get("x-kubernetes-preserve-unknown-fields")
-        ):
-            out["additionalProperties"] = False
-        return out
-
-    schemas = {}
+    validations = {}
     for path in sorted(KUEUE_CRDS.glob("*.yaml")):
-        crd = yaml.safe_load(path.read_text())
-        spec = crd["spec"]
-        for version in spec["versions"]:
-            if version["served"]:
-                schema = closed(version["schema"]["openAPIV3Schema"])
-                # metadata is the API server's ObjectMeta, not described by a CRD
-                schema["properties"]["metadata"] = {"type": "object"}
-                schemas[spec["names"]["kind"], f"{spec['group']}/{version['name']}"] = schema
-    return schemas
+        custom = custom_kind(yaml.safe_load(path.read_text()))
+        for version in custom.versions:
+            validations[custom.kind, custom.api_version(version)] = Validation(custom, version)
+    return validations
 
 
-def kueue_problems(obj: Obj, schemas: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
-    """What Kueue's CRD schema of ``obj``'s kind and version finds wrong with it (unknown
-    fields, types, enums, required fields, patterns); CEL rules (x-kubernetes-validations) are
-    not evaluated."""
-    jsonschema = pytest.importorskip("jsonschema")
-    schema = schemas.get((obj["kind"], obj["apiVersion"]))
-    if schema is None:
+def kueue_problems(obj: Obj, validations: dict[tuple[str, str], Any]) -> list[str]:
+    """What the API server answers ``obj`` with, given Kueue's CRD of its kind and version
+    (unknown fields, types, enums, required fields, patterns; CEL rules are not evaluated);
+    empty: accepted."""
+    from kfp_elastic.testing.api_wire import ApiError
+
+    validation = validations.get((obj["kind"], obj["apiVersion"]))
+    if validation is None:
         return [f"Kueue serves no {obj['kind']} in {obj['apiVersion']}"]
-    validator = jsonschema.Draft7Validator(schema)
-    return [
-        f"{'.'.join(str(p) for p in error.absolute_path) or '<root>'}: {error.message}"
-        for error in validator.iter_errors(obj)
-    ]
+    try:
+        validation.check_body(obj["kind"], obj["apiVersion"], obj)
+    except ApiError as error:
+        return [error.status["message"]]
+    return []
 
 
 def test_kueue_schemas_are_kueues_current_api() -> None:
     """The vendored CRDs serve the version manifests/kueue uses, as their storage version, and
     the schema check refuses what Kueue's API server refuses."""
-    schemas = kueue_schemas()
+    validations = kueue_validations()
     kinds = {"ClusterQueue", "LocalQueue", "ResourceFlavor", "WorkloadPriorityClass"}
-    assert {kind for kind, version in schemas if version == KUEUE_API} == kinds
+    assert {kind for kind, version in validations if version == KUEUE_API} == kinds
     for path in KUEUE_CRDS.glob("*.yaml"):
         versions = yaml.safe_load(path.read_text())["spec"]["versions"]
         (storage,) = [v["name"] for v in versions if v["storage"]]
         assert f"kueue.x-k8s.io/{storage}" == KUEUE_API, path.name
     queue = one(render("kueue"), "ClusterQueue", "kfp-elastic")
-    assert kueue_problems(queue, schemas) == []
-    typo = {**queue, "spec": {**queue["spec"], "queueingStrategy": "Fifo", "cohrt": "x"}}
-    problems = kueue_problems(typo, schemas)
-    assert any(p.startswith("spec: Additional properties") and "cohrt" in p for p in problems)
-    assert any(p.startswith("spec.queueingStrategy: 'Fifo' is not one of") for p in problems)
-    wpc = one(render("kueue"), "WorkloadPriorityClass", GUARANTEED_PC)
-    assert kueue_problems({**wpc, "value": "high"}, schemas) == [
-        "value: 'high' is not of type 'integer'"
+    assert kueue_problems(queue, validations) == []
+    typo = {**queue, "spec": {**queue["spec"], "cohrt": "x"}}
+    assert kueue_problems(typo, validations) == [
+        'ClusterQueue in version "v1beta2" cannot be handled as a ClusterQueue: strict decoding '
+        'error: unknown field "spec.cohrt"'
     ]
+    fifo = {**queue, "spec": {**queue["spec"], "queueingStrategy": "Fifo"}}
+    (problem,) = kueue_problems(fifo, validations)
+    assert 'spec.queueingStrategy: Unsupported value: "Fifo"' in problem
+    wpc = one(render("kueue"), "WorkloadPriorityClass", GUARANTEED_PC)
+    (problem,) = kueue_problems({**wpc, "value": "high"}, validations)
+    assert "value: Invalid value" in problem and "must be of type integer" in problem
 
 
 def test_kueue_folder_is_optional_and_well_formed() -> None:
@@ -352,11 +337,11 @@ def test_kueue_folder_is_optional_and_well_formed() -> None:
     assert kinds == ["ClusterQueue", "LocalQueue", "ResourceFlavor"] + ["WorkloadPriorityClass"] * (
         2 + len(LADDER_PCS)
     )
-    schemas = kueue_schemas()
+    validations = kueue_validations()
     for obj in objs:
         ident = f"{obj['kind']}/{obj['metadata']['name']}"
         assert obj["apiVersion"] == KUEUE_API, ident
-        assert kueue_problems(obj, schemas) == [], ident
+        assert kueue_problems(obj, validations) == [], ident
         assert ("namespace" in obj["metadata"]) == (obj["kind"] == "LocalQueue"), ident
     (queue,) = find(objs, "ClusterQueue")
     flavors = {o["metadata"]["name"] for o in find(objs, "ResourceFlavor")}
